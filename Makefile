@@ -1,0 +1,38 @@
+# Every target installs what it needs first: a fresh clone needs only Python 3.11+ and make.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# A CPU build of torch keeps the install small; set TORCH_SPEC="torch" (or a CUDA index) on GPU machines.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+BENCH_ARGS ?=
+
+.PHONY: install test demo lint bench gpu-check parity clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest
+
+demo: install
+	$(BIN)/dali-alchemi bench --json bench-results/demo.json --plot bench-results/demo.png $(BENCH_ARGS)
+
+lint: install
+	$(BIN)/ruff check dali_alchemi tests examples
+	$(BIN)/mypy
+
+bench: install
+	$(BIN)/dali-alchemi bench --n 20000 --rounds 3 --json bench-results/bench.json --plot bench-results/bench.png $(BENCH_ARGS)
+
+gpu-check: install
+	bash scripts/gpu-check.sh $(BIN)/python
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis bench-results

@@ -1,0 +1,78 @@
+"""dali_alchemi: feed atomistic training data from nvalchemi Zarr stores to PyTorch through NVIDIA DALI.
+
+Data flows one way: ``store`` (layout, writer, reader) -> ``planning`` (sampling, sharding, windows)
+-> ``pipeline`` (DALI source, pipeline, iterator) -> :class:`Batch`. Importing this package is cheap:
+torch, zarr and DALI are imported only when the names that need them are first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "AtomicDataZarrReader": "dali_alchemi.store.reader",
+    "AtomicDataZarrWriter": "dali_alchemi.store.writer",
+    "Batch": "dali_alchemi.batch",
+    "PackedSamples": "dali_alchemi.packed",
+    "WriteConfig": "dali_alchemi.config",
+    "ArrayConfig": "dali_alchemi.config",
+    "DaliAlchemiError": "dali_alchemi.errors",
+    "StoreFormatError": "dali_alchemi.errors",
+    "StoreNotFoundError": "dali_alchemi.errors",
+    "ChunkDecodeError": "dali_alchemi.errors",
+    "FieldLevelError": "dali_alchemi.errors",
+    "SampleDataError": "dali_alchemi.errors",
+    "SampleIndexError": "dali_alchemi.errors",
+    "ReaderClosedError": "dali_alchemi.errors",
+    "LoaderError": "dali_alchemi.errors",
+}
+
+__all__ = [
+    "ArrayConfig",
+    "AtomicDataZarrReader",
+    "AtomicDataZarrWriter",
+    "Batch",
+    "ChunkDecodeError",
+    "DaliAlchemiError",
+    "FieldLevelError",
+    "LoaderError",
+    "PackedSamples",
+    "ReaderClosedError",
+    "SampleDataError",
+    "SampleIndexError",
+    "StoreFormatError",
+    "StoreNotFoundError",
+    "WriteConfig",
+]
+
+if TYPE_CHECKING:
+    from dali_alchemi.batch import Batch
+    from dali_alchemi.config import ArrayConfig, WriteConfig
+    from dali_alchemi.errors import (
+        ChunkDecodeError,
+        DaliAlchemiError,
+        FieldLevelError,
+        LoaderError,
+        ReaderClosedError,
+        SampleDataError,
+        SampleIndexError,
+        StoreFormatError,
+        StoreNotFoundError,
+    )
+    from dali_alchemi.packed import PackedSamples
+    from dali_alchemi.store.reader import AtomicDataZarrReader
+    from dali_alchemi.store.writer import AtomicDataZarrWriter
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dali_alchemi' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,152 @@
+"""Write configuration: codecs, chunk and shard sizes per group and per field.
+
+Frozen, keyword-only dataclasses that validate on construction and do no I/O. Chunks and shards are
+only ever set along dim 0 (the sample, atom or edge axis); trailing dims are never split, so one row is
+always decoded whole. ``None`` for a size means "choose from :data:`DEFAULT_CHUNK_BYTES`", never zarr's
+own automatic guess (which splits trailing dims and is frozen at the first write).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from zarr.abc.codec import BytesBytesCodec
+from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
+
+DEFAULT_CHUNK_BYTES = 1 << 20
+"""Target uncompressed bytes per chunk when ``chunk_size`` is not set (1 MiB; see the README's store tuning)."""
+
+DEFAULT_SHARD_CHUNKS = 0
+"""Chunks per shard when ``shard_size`` is not set; 0 writes unsharded arrays."""
+
+DEFAULT_COMPRESSORS: tuple[BytesBytesCodec, ...] = (ZstdCodec(level=1, checksum=False),)
+"""Codec chain after the ``bytes`` serializer when none is configured."""
+
+
+def _codec_from_json(spec: Mapping[str, Any]) -> BytesBytesCodec:
+    """Build a compressor from zarr v3 JSON (``{"name": "zstd", "configuration": {...}}``)."""
+    name = spec.get("name")
+    conf = dict(spec.get("configuration", {}))
+    codecs: dict[str, type[BytesBytesCodec]] = {"zstd": ZstdCodec, "blosc": BloscCodec, "gzip": GzipCodec}
+    if name not in codecs:
+        raise ValueError(f"Unsupported compressor {name!r}: expected one of {sorted(codecs)}")
+    return codecs[str(name)](**conf)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ArrayConfig:
+    """How the arrays of one group (or one overridden field) are stored.
+
+    Parameters
+    ----------
+    compressors
+        Bytes-to-bytes codecs applied after little-endian serialisation. ``()`` stores raw bytes.
+    chunk_size
+        Rows per chunk along dim 0. ``None`` picks the largest power of two of rows that keeps a chunk
+        within :data:`DEFAULT_CHUNK_BYTES` uncompressed.
+    shard_size
+        Rows per shard along dim 0, a multiple of ``chunk_size``. ``None`` writes no shards.
+    """
+
+    compressors: tuple[BytesBytesCodec, ...] = DEFAULT_COMPRESSORS
+    chunk_size: int | None = None
+    shard_size: int | None = None
+
+    def __post_init__(self) -> None:
+        comps = tuple(_codec_from_json(c) if isinstance(c, Mapping) else c for c in (self.compressors or ()))
+        for c in comps:
+            if not isinstance(c, BytesBytesCodec):
+                raise TypeError(f"compressors must be zarr bytes-to-bytes codecs, got {c!r}")
+        object.__setattr__(self, "compressors", comps)
+        for name in ("chunk_size", "shard_size"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        if self.shard_size is not None and self.chunk_size is None:
+            raise ValueError("shard_size needs an explicit chunk_size (shards are a multiple of chunks)")
+        if self.shard_size is not None and self.chunk_size is not None and self.shard_size % self.chunk_size:
+            raise ValueError(f"shard_size ({self.shard_size}) must be a multiple of chunk_size ({self.chunk_size})")
+
+    def rows_per_chunk(self, row_bytes: int) -> int:
+        """Rows per chunk for an array whose rows are ``row_bytes`` long."""
+        if self.chunk_size is not None:
+            return self.chunk_size
+        rows = max(1, DEFAULT_CHUNK_BYTES // max(1, row_bytes))
+        return 1 << (rows.bit_length() - 1)  # a power of two: chunk boundaries line up across arrays
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, for benchmark records and ``from_dict``."""
+        return {
+            "compressors": [c.to_dict() for c in self.compressors],
+            "chunk_size": self.chunk_size,
+            "shard_size": self.shard_size,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ArrayConfig:
+        """Inverse of :meth:`to_dict`; unknown keys are an error."""
+        unknown = set(data) - {"compressors", "chunk_size", "shard_size"}
+        if unknown:
+            raise ValueError(f"Unknown ArrayConfig keys: {sorted(unknown)}")
+        kwargs = dict(data)
+        if "compressors" in kwargs:
+            kwargs["compressors"] = tuple(_codec_from_json(c) for c in kwargs["compressors"] or ())
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteConfig:
+    """Per-group array configs plus whole-config overrides per array name.
+
+    As in nvalchemi, an override *replaces* its group's config for that array (nothing is merged), and
+    overrides are looked up by array name, so they apply to meta arrays (``atoms_ptr``) too.
+    """
+
+    meta: ArrayConfig = field(default_factory=ArrayConfig)
+    core: ArrayConfig = field(default_factory=ArrayConfig)
+    custom: ArrayConfig = field(default_factory=ArrayConfig)
+    field_overrides: Mapping[str, ArrayConfig] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for group in ("meta", "core", "custom"):
+            value = getattr(self, group)
+            if isinstance(value, Mapping):
+                object.__setattr__(self, group, ArrayConfig.from_dict(value))
+            elif not isinstance(value, ArrayConfig):
+                raise TypeError(f"WriteConfig.{group} must be an ArrayConfig or a mapping, got {value!r}")
+        overrides = {
+            str(k): ArrayConfig.from_dict(v) if isinstance(v, Mapping) else v for k, v in self.field_overrides.items()
+        }
+        for k, v in overrides.items():
+            if not isinstance(v, ArrayConfig):
+                raise TypeError(f"field_overrides[{k!r}] must be an ArrayConfig or a mapping, got {v!r}")
+        object.__setattr__(self, "field_overrides", overrides)
+
+    def for_array(self, group: str, name: str) -> ArrayConfig:
+        """The config that applies to array ``name`` of ``group`` (``meta``, ``core`` or ``custom``)."""
+        if name in self.field_overrides:
+            return self.field_overrides[name]
+        return getattr(self, group)  # type: ignore[no-any-return]
+
+    def with_overrides(self, **overrides: ArrayConfig) -> WriteConfig:
+        """A copy with extra per-field overrides."""
+        return replace(self, field_overrides={**self.field_overrides, **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "meta": self.meta.to_dict(),
+            "core": self.core.to_dict(),
+            "custom": self.custom.to_dict(),
+            "field_overrides": {k: v.to_dict() for k, v in sorted(self.field_overrides.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WriteConfig:
+        """Inverse of :meth:`to_dict`; also accepts nvalchemi-style plain mappings."""
+        unknown = set(data) - {"meta", "core", "custom", "field_overrides"}
+        if unknown:
+            raise ValueError(f"Unknown WriteConfig keys: {sorted(unknown)}")
+        return cls(**dict(data))

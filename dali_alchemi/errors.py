@@ -1,0 +1,53 @@
+"""Exception hierarchy of dali_alchemi.
+
+Every error the package raises on purpose derives from :class:`DaliAlchemiError`. Each specific error
+also inherits the builtin a caller would naturally catch (a missing store is a ``FileNotFoundError``, a
+malformed store a ``ValueError``, a bad index an ``IndexError``), so code written against nvalchemi's
+reader keeps working. Messages name the store, the array or field, and what was expected versus found.
+"""
+
+from __future__ import annotations
+
+
+class DaliAlchemiError(Exception):
+    """Base class of every error raised on purpose by dali_alchemi."""
+
+
+class StoreNotFoundError(DaliAlchemiError, FileNotFoundError):
+    """The store does not exist where it was asked for."""
+
+
+class StoreFormatError(DaliAlchemiError, ValueError):
+    """The store exists but does not follow the nvalchemi 0.2.0 layout (missing or inconsistent arrays)."""
+
+
+class ChunkDecodeError(StoreFormatError):
+    """A chunk's bytes could not be decoded (corrupted or truncated); names the array and the chunk key."""
+
+
+class FieldLevelError(DaliAlchemiError, ValueError):
+    """A field has no known level, or a level string is not one of ``atom``, ``edge``, ``system``."""
+
+
+class SampleDataError(DaliAlchemiError, ValueError):
+    """Samples given to the writer are inconsistent (shapes, missing fields, dtypes)."""
+
+
+class SampleIndexError(DaliAlchemiError, IndexError):
+    """A sample index is out of range for the reader."""
+
+
+class ReaderClosedError(DaliAlchemiError, RuntimeError):
+    """An operation was attempted on a reader after :meth:`close`."""
+
+
+class LoaderError(DaliAlchemiError, RuntimeError):
+    """A failure inside the loader's reading machinery (reader, source callback or worker process).
+
+    The message starts with the original exception's type name, because DALI's worker processes only
+    forward the text of an exception, not its type.
+    """
+
+    def __init__(self, message: str, *, original_type: str | None = None) -> None:
+        super().__init__(message)
+        self.original_type = original_type

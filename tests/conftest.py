@@ -1,0 +1,58 @@
+"""Shared fixtures: small seeded stores built once per session, and the nvalchemi 0.2.0 fixture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dali_alchemi.bench.synth import write_synthetic_store
+from dali_alchemi.config import ArrayConfig, WriteConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NV_FIXTURE_DIR = REPO_ROOT.parent / "shared" / "fixtures" / "nvalchemi-0.2.0"
+
+# Small chunks so that a few hundred structures span many chunks and shards.
+SMALL_CHUNKS = WriteConfig(core=ArrayConfig(chunk_size=97), custom=ArrayConfig(chunk_size=13))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip ``gpu``-marked tests cleanly when there is no CUDA device."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run `make gpu-check` on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def nv_fixture() -> Path:
+    """Directory of the store written by nvalchemi 0.2.0 and what its reader returned."""
+    if not (NV_FIXTURE_DIR / "nv_basic.zarr").exists():
+        pytest.skip(f"nvalchemi fixture not found at {NV_FIXTURE_DIR}")
+    return NV_FIXTURE_DIR
+
+
+@pytest.fixture(scope="session")
+def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """300 synthetic structures (10-40 atoms) in small chunks; read-only for tests."""
+    path = tmp_path_factory.mktemp("stores") / "small.zarr"
+    return write_synthetic_store(path, 300, seed=7, min_atoms=10, max_atoms=40, config=SMALL_CHUNKS)
+
+
+@pytest.fixture(scope="session")
+def sharded_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same 300 structures, sharded (4 chunks per shard)."""
+    path = tmp_path_factory.mktemp("stores") / "sharded.zarr"
+    config = WriteConfig(
+        core=ArrayConfig(chunk_size=64, shard_size=256), meta=ArrayConfig(chunk_size=128, shard_size=256)
+    )
+    return write_synthetic_store(path, 300, seed=7, min_atoms=10, max_atoms=40, config=config)
+
+
+@pytest.fixture()
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from zarr.codecs import BloscCodec, ZstdCodec
+
+from dali_alchemi.config import DEFAULT_CHUNK_BYTES, ArrayConfig, WriteConfig
+
+
+def test_shard_must_be_a_multiple_of_chunk() -> None:
+    with pytest.raises(ValueError, match=r"shard_size \(10\) must be a multiple of chunk_size \(4\)"):
+        ArrayConfig(chunk_size=4, shard_size=10)
+    with pytest.raises(ValueError, match="needs an explicit chunk_size"):
+        ArrayConfig(shard_size=8)
+    with pytest.raises(ValueError, match="positive integer"):
+        ArrayConfig(chunk_size=0)
+
+
+def test_override_replaces_the_group_config() -> None:
+    config = WriteConfig(core=ArrayConfig(chunk_size=4, shard_size=8), field_overrides={"energy": {"chunk_size": 2}})
+    assert config.for_array("core", "positions").shard_size == 8
+    energy = config.for_array("core", "energy")
+    assert (energy.chunk_size, energy.shard_size) == (2, None)
+
+
+def test_auto_rows_target_the_default_chunk_bytes() -> None:
+    assert ArrayConfig().rows_per_chunk(12) == 65536 == 2 ** int(np.log2(DEFAULT_CHUNK_BYTES // 12))
+    assert ArrayConfig().rows_per_chunk(DEFAULT_CHUNK_BYTES * 2) == 1
+    assert ArrayConfig(chunk_size=7).rows_per_chunk(12) == 7
+
+
+def test_dict_round_trip() -> None:
+    config = WriteConfig(
+        core=ArrayConfig(compressors=(BloscCodec(cname="lz4", clevel=3),), chunk_size=64, shard_size=128),
+        field_overrides={"neighbor_list": ArrayConfig(compressors=(), chunk_size=32)},
+    )
+    again = WriteConfig.from_dict(config.to_dict())
+    assert again.to_dict() == config.to_dict()
+    assert isinstance(again.core.compressors[0], BloscCodec)
+    assert WriteConfig.from_dict({"core": {"compressors": [ZstdCodec(level=3).to_dict()]}}).core.compressors == (
+        ZstdCodec(level=3),
+    )
+
+
+def test_unknown_keys_and_codecs_are_rejected() -> None:
+    with pytest.raises(ValueError, match="Unknown WriteConfig keys"):
+        WriteConfig.from_dict({"cores": {}})
+    with pytest.raises(ValueError, match="Unsupported compressor 'lzma'"):
+        ArrayConfig.from_dict({"compressors": [{"name": "lzma"}]})

@@ -1,0 +1,382 @@
+"""Batch: many structures collated into flat tensors, with nvalchemi's names and PyG's ``ptr`` logic.
+
+Collation is the forward direction (:meth:`Batch.from_packed`, :meth:`Batch.from_samples`) and
+separation the inverse (:meth:`Batch.__getitem__`, :meth:`Batch.to_data_list`, :meth:`Batch.to_packed`).
+Atom- and edge-level fields are concatenated; system-level fields are stacked on dim 0 (energy
+``[B, 1]``, cell ``[B, 3, 3]``, pbc ``[B, 3]``); ``neighbor_list`` is offset by each structure's node
+offset. Building a Batch from packed data has no per-sample Python step, and the per-atom ``batch_idx``
+and the offsets are computed on the Batch's device without a host synchronisation. This module does
+no I/O and knows nothing of DALI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from dali_alchemi.errors import SampleDataError
+from dali_alchemi.packed import PackedSamples
+from dali_alchemi.store import layout
+from dali_alchemi.store.gather import exclusive_cumsum
+
+if TYPE_CHECKING:
+    from dali_alchemi.types import Level
+
+_KEY_OF_LEVEL: dict[Level, str] = {"atom": "node", "edge": "edge", "system": "system"}
+
+ArrayLike = torch.Tensor | NDArray[Any]
+
+
+def _counts_ptr(counts: torch.Tensor) -> torch.Tensor:
+    ptr = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=counts.device)
+    torch.cumsum(counts, 0, out=ptr[1:])
+    return ptr
+
+
+class Batch:
+    """A collated batch of structures.
+
+    Attributes
+    ----------
+    fields
+        Field name -> tensor: atom level ``[V, *t]``, edge level ``[E, *t]``, system level ``[B, *t]``.
+    levels
+        Field name -> ``"atom"``, ``"edge"`` or ``"system"``.
+    batch_ptr
+        ``[B + 1]`` int64: structure ``i`` owns atom rows ``batch_ptr[i]:batch_ptr[i + 1]``.
+    edge_batch_ptr
+        ``[B + 1]`` int64: the same for edge rows.
+    batch_idx
+        ``[V]`` int32: the structure of each atom.
+    sample_indices
+        ``[B]`` int64 numpy array (host): the logical store index of each structure, when known.
+
+    Fields are also reachable as attributes (``batch.positions``) and by name (``batch["positions"]``).
+    ``batch[i]`` gives structure ``i`` back as a dict with local ``neighbor_list`` indices.
+    """
+
+    __slots__ = (
+        "_n_atoms",
+        "_n_edges",
+        "batch_idx",
+        "batch_ptr",
+        "edge_batch_ptr",
+        "fields",
+        "levels",
+        "sample_indices",
+    )
+
+    def __init__(
+        self,
+        *,
+        fields: Mapping[str, torch.Tensor],
+        levels: Mapping[str, Level],
+        n_atoms: torch.Tensor,
+        n_edges: torch.Tensor,
+        host_n_atoms: NDArray[np.int64],
+        host_n_edges: NDArray[np.int64],
+        sample_indices: NDArray[np.int64] | None = None,
+        neighbor_list_is_local: bool = True,
+    ) -> None:
+        """Assemble a Batch from flat tensors already on their device.
+
+        ``n_atoms``/``n_edges`` are ``[B]`` counts on the device of the fields; ``host_n_atoms`` and
+        ``host_n_edges`` the same counts on the host (so sizes never need a device synchronisation).
+        With ``neighbor_list_is_local`` the index fields are offset by each structure's node offset here.
+        """
+        missing = set(fields) - set(levels)
+        if missing:
+            raise KeyError(f"No level given for fields {sorted(missing)}")
+        n_graphs = int(host_n_atoms.size)
+        if n_graphs == 0:
+            raise ValueError("Cannot create batch from empty data list")
+        total_atoms, total_edges = int(host_n_atoms.sum()), int(host_n_edges.sum())
+        device = n_atoms.device
+        n_atoms = n_atoms.to(torch.int64)
+        n_edges = n_edges.to(torch.int64)
+        self.batch_ptr = _counts_ptr(n_atoms)
+        self.edge_batch_ptr = _counts_ptr(n_edges)
+        self.batch_idx = torch.repeat_interleave(
+            torch.arange(n_graphs, dtype=torch.int32, device=device), n_atoms, output_size=total_atoms
+        )
+        out = dict(fields)
+        if neighbor_list_is_local:
+            for name in layout.ATOM_INDEX_FIELDS & set(out):
+                if total_edges:
+                    offsets = torch.repeat_interleave(self.batch_ptr[:-1], n_edges, output_size=total_edges)
+                    index = out[name]
+                    out[name] = index + offsets.to(index.dtype).view((-1,) + (1,) * (index.dim() - 1))
+        self.fields: dict[str, torch.Tensor] = out
+        self.levels: dict[str, Level] = {name: levels[name] for name in out}
+        self.sample_indices = sample_indices
+        self._n_atoms = np.asarray(host_n_atoms, dtype=np.int64)
+        self._n_edges = np.asarray(host_n_edges, dtype=np.int64)
+
+    # -- constructors -------------------------------------------------------------------------------
+    @classmethod
+    def from_packed(
+        cls, packed: PackedSamples, *, device: torch.device | str | None = None, non_blocking: bool = False
+    ) -> Batch:
+        """Collate a packed read (see :class:`~dali_alchemi.packed.PackedSamples`) with no per-sample step.
+
+        The numpy arrays are wrapped without a copy on the CPU, or copied once per field to ``device``.
+        """
+        target = torch.device(device) if device is not None else torch.device("cpu")
+
+        def put(arr: NDArray[Any]) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(arr)).to(target, non_blocking=non_blocking)
+
+        return cls(
+            fields={name: put(arr) for name, arr in packed.fields.items()},
+            levels=packed.levels,
+            n_atoms=put(packed.n_atoms),
+            n_edges=put(packed.n_edges),
+            host_n_atoms=packed.n_atoms,
+            host_n_edges=packed.n_edges,
+            sample_indices=packed.logical_indices,
+        )
+
+    @classmethod
+    def from_samples(
+        cls,
+        samples: Sequence[Mapping[str, ArrayLike]],
+        *,
+        levels: Mapping[str, str] | None = None,
+        device: torch.device | str | None = None,
+    ) -> Batch:
+        """Collate per-sample dicts (nvalchemi shapes: atom ``[V, *t]``, edge ``[E, *t]``, system ``[1, *t]``).
+
+        Levels come from ``levels``, then nvalchemi's default key sets; an unknown field is an error.
+        ``neighbor_list`` must be sample-local. This loops over samples: it is the reference path, not
+        the fast one.
+        """
+        if not samples:
+            raise ValueError("Cannot create batch from empty data list")
+        packed = pack_samples(samples, levels=levels)
+        return cls.from_packed(packed, device=device)
+
+    # -- inverse ------------------------------------------------------------------------------------
+    def to_packed(self) -> PackedSamples:
+        """The inverse of :meth:`from_packed`: host numpy arrays with sample-local ``neighbor_list``."""
+        host = self.to("cpu")
+        fields: dict[str, NDArray[Any]] = {}
+        for name, tensor in host.fields.items():
+            if name in layout.ATOM_INDEX_FIELDS and tensor.numel():
+                offsets = torch.repeat_interleave(host.batch_ptr[:-1], torch.from_numpy(self._n_edges))
+                tensor = tensor - offsets.to(tensor.dtype).view((-1,) + (1,) * (tensor.dim() - 1))
+            fields[name] = tensor.numpy()
+        indices = self.sample_indices if self.sample_indices is not None else np.arange(self.num_graphs, dtype=np.int64)
+        return PackedSamples(
+            logical_indices=np.asarray(indices, dtype=np.int64),
+            physical_indices=np.asarray(indices, dtype=np.int64),
+            n_atoms=self._n_atoms.copy(),
+            n_edges=self._n_edges.copy(),
+            fields=fields,
+            levels=dict(self.levels),
+        )
+
+    def get_sample(self, index: int) -> dict[str, torch.Tensor]:
+        """Structure ``index`` as a dict in nvalchemi's per-sample shapes, with local ``neighbor_list``."""
+        n = self.num_graphs
+        if not -n <= index < n:
+            raise IndexError(f"Index {index} out of range for batch with {n} structures")
+        index %= n
+        atoms = exclusive_cumsum(self._n_atoms)
+        edges = exclusive_cumsum(self._n_edges)
+        bounds = {
+            "atom": (int(atoms[index]), int(atoms[index + 1])),
+            "edge": (int(edges[index]), int(edges[index + 1])),
+            "system": (index, index + 1),
+        }
+        sample = {}
+        for name, tensor in self.fields.items():
+            lo, hi = bounds[self.levels[name]]
+            part = tensor[lo:hi]
+            if name in layout.ATOM_INDEX_FIELDS:
+                part = part - int(atoms[index])
+            sample[name] = part
+        return sample
+
+    def to_data_list(self) -> list[dict[str, torch.Tensor]]:
+        """Every structure as a dict (see :meth:`get_sample`)."""
+        return [self.get_sample(i) for i in range(self.num_graphs)]
+
+    # -- access -------------------------------------------------------------------------------------
+    def __getitem__(self, key: str | int) -> Any:
+        if isinstance(key, str):
+            return self.fields[key]
+        if isinstance(key, (int, np.integer)):
+            return self.get_sample(int(key))
+        raise TypeError(f"Batch indices must be a field name or an int, got {type(key).__name__}")
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        # Only called when normal lookup fails: expose fields as attributes.
+        if name.startswith("_") or name in Batch.__slots__:
+            raise AttributeError(name)
+        try:
+            return self.fields[name]
+        except KeyError:
+            raise AttributeError(f"Batch has no field or attribute {name!r}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.fields
+
+    @property
+    def keys(self) -> dict[str, set[str]]:
+        """nvalchemi's view of the levels: ``{"node": {...}, "edge": {...}, "system": {...}}``."""
+        keys: dict[str, set[str]] = {"node": set(), "edge": set(), "system": set()}
+        for name, level in self.levels.items():
+            keys[_KEY_OF_LEVEL[level]].add(name)
+        return keys
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the batch's tensors."""
+        return self.batch_ptr.device
+
+    @property
+    def num_graphs(self) -> int:
+        """Number of structures (B)."""
+        return int(self._n_atoms.size)
+
+    batch_size = num_graphs
+
+    @property
+    def num_nodes(self) -> int:
+        """Total atoms (V)."""
+        return int(self._n_atoms.sum())
+
+    @property
+    def num_edges(self) -> int:
+        """Total edges (E)."""
+        return int(self._n_edges.sum())
+
+    @property
+    def num_nodes_list(self) -> list[int]:
+        """Atoms per structure, as a Python list (host data; no device synchronisation)."""
+        return self._n_atoms.tolist()  # type: ignore[no-any-return]
+
+    @property
+    def num_edges_list(self) -> list[int]:
+        """Edges per structure, as a Python list (host data; no device synchronisation)."""
+        return self._n_edges.tolist()  # type: ignore[no-any-return]
+
+    @property
+    def num_nodes_per_graph(self) -> torch.Tensor:
+        """``[B]`` int32 atoms per structure, on the batch's device."""
+        return torch.diff(self.batch_ptr).to(torch.int32)
+
+    @property
+    def num_edges_per_graph(self) -> torch.Tensor:
+        """``[B]`` int32 edges per structure, on the batch's device."""
+        return torch.diff(self.edge_batch_ptr).to(torch.int32)
+
+    # -- movement -----------------------------------------------------------------------------------
+    def _map(self, fn: Any) -> Batch:
+        new = object.__new__(Batch)
+        new.fields = {name: fn(t) for name, t in self.fields.items()}
+        new.levels = dict(self.levels)
+        new.batch_ptr = fn(self.batch_ptr)
+        new.edge_batch_ptr = fn(self.edge_batch_ptr)
+        new.batch_idx = fn(self.batch_idx)
+        new.sample_indices = self.sample_indices
+        new._n_atoms = self._n_atoms
+        new._n_edges = self._n_edges
+        return new
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """A copy on ``device`` (tensors already there are shared, not copied)."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def cpu(self) -> Batch:
+        """A copy on the CPU."""
+        return self.to("cpu")
+
+    def pin_memory(self) -> Batch:
+        """A copy with every tensor in pinned host memory (needs CUDA)."""
+        return self._map(lambda t: t.pin_memory())
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{k}={tuple(v.shape)}" for k, v in self.fields.items())
+        return f"Batch(num_graphs={self.num_graphs}, num_nodes={self.num_nodes}, num_edges={self.num_edges}, {shapes})"
+
+
+def _as_numpy(value: ArrayLike) -> NDArray[Any]:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def pack_samples(
+    samples: Sequence[Mapping[str, ArrayLike]], *, levels: Mapping[str, str] | None = None
+) -> PackedSamples:
+    """Concatenate per-sample dicts into a :class:`PackedSamples` (sample-local ``neighbor_list`` kept).
+
+    Every sample must have the same fields. Atom counts come from the atom-level fields, edge counts
+    from the edge-level ones (0 when there are none). System values are ``[1, *t]`` per sample (a 0-d
+    value counts as ``[1]``).
+
+    Raises
+    ------
+    SampleDataError
+        Naming the sample and field when fields differ between samples or row counts disagree.
+    FieldLevelError
+        When a field has no level.
+    """
+    if not samples:
+        raise ValueError("No samples given")
+    names = [k for k in samples[0] if k not in layout.NON_DATA_KEYS]
+    resolved = {name: layout.resolve_level(name, levels) for name in names}
+    arrays: dict[str, list[NDArray[Any]]] = {name: [] for name in names}
+    n_atoms = np.zeros(len(samples), dtype=np.int64)
+    n_edges = np.zeros(len(samples), dtype=np.int64)
+    for i, sample in enumerate(samples):
+        present = [k for k in sample if k not in layout.NON_DATA_KEYS]
+        if set(present) != set(names):
+            raise SampleDataError(
+                f"Sample {i} has fields {sorted(present)}; sample 0 has {sorted(names)} (all samples need the same fields)"
+            )
+        counts: dict[str, tuple[str, int]] = {}
+        for name in names:
+            arr = _as_numpy(sample[name])
+            level = resolved[name]
+            if level == "system":
+                if arr.ndim == 0:
+                    arr = arr.reshape(1)
+                if arr.shape[0] != 1:
+                    raise SampleDataError(
+                        f"Sample {i} field {name!r} (system level) has shape {arr.shape}; expected a leading 1, e.g. (1, ...)"
+                    )
+            else:
+                if arr.ndim == 0:
+                    raise SampleDataError(
+                        f"Sample {i} field {name!r} ({level} level) is 0-dimensional; expected one row per {level}"
+                    )
+                seen = counts.get(level)
+                if seen is not None and seen[1] != arr.shape[0]:
+                    raise SampleDataError(
+                        f"Sample {i}: field {name!r} has {arr.shape[0]} rows but {seen[0]!r} has {seen[1]} ({level} level)"
+                    )
+                counts[level] = (name, int(arr.shape[0]))
+            arrays[name].append(arr)
+        n_atoms[i] = counts.get("atom", ("", 0))[1]
+        n_edges[i] = counts.get("edge", ("", 0))[1]
+    fields: dict[str, NDArray[Any]] = {}
+    for name, parts in arrays.items():
+        trailing = {p.shape[1:] for p in parts}
+        if len(trailing) > 1:
+            raise SampleDataError(f"Field {name!r} has different trailing shapes across samples: {sorted(trailing)}")
+        fields[name] = np.concatenate(parts, axis=0)
+    indices = np.arange(len(samples), dtype=np.int64)
+    return PackedSamples(
+        logical_indices=indices,
+        physical_indices=indices,
+        n_atoms=n_atoms,
+        n_edges=n_edges,
+        fields=fields,
+        levels=resolved,
+    )

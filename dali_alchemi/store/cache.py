@@ -1,0 +1,83 @@
+"""A byte-bounded LRU cache of decoded row blocks, shared by every array of one reader.
+
+Later windows of a shuffled epoch touch the same chunks as earlier ones; keeping decoded blocks lets
+them skip both the fetch and the decode. Entries are read-only numpy arrays, so a caller cannot
+corrupt the cache through a returned view.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+DEFAULT_CACHE_BYTES = 1 << 30
+"""Default decoded-chunk cache: 1 GiB per reader (per worker process when workers are used)."""
+
+BlockKey = tuple[str, int]
+
+
+@dataclass(slots=True)
+class CacheStats:
+    """Counters since the reader was opened (or the cache cleared)."""
+
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    nbytes: int = 0
+    entries: int = 0
+
+
+class BlockCache:
+    """LRU of decoded blocks keyed by ``(array name, block index)``, bounded by total bytes.
+
+    A block larger than the whole budget is never kept. ``capacity_bytes=0`` disables caching.
+    """
+
+    def __init__(self, capacity_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        if capacity_bytes < 0:
+            raise ValueError(f"cache capacity must be >= 0 bytes, got {capacity_bytes}")
+        self.capacity_bytes = capacity_bytes
+        self._entries: OrderedDict[BlockKey, NDArray[Any]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.stats = CacheStats()
+
+    def get(self, key: BlockKey) -> NDArray[Any] | None:
+        """The cached block, marked most recently used, or ``None``."""
+        with self._lock:
+            block = self._entries.get(key)
+            if block is None:
+                self.stats.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.stats.hits += 1
+            return block
+
+    def put(self, key: BlockKey, block: NDArray[Any]) -> None:
+        """Insert ``block`` (made read-only) and evict least recently used blocks over the budget."""
+        size = int(block.nbytes)
+        if size > self.capacity_bytes:
+            return
+        block.flags.writeable = False
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.stats.nbytes -= int(old.nbytes)
+            self._entries[key] = block
+            self.stats.nbytes += size
+            while self.stats.nbytes > self.capacity_bytes:
+                _, evicted = self._entries.popitem(last=False)
+                self.stats.nbytes -= int(evicted.nbytes)
+                self.stats.evictions += 1
+            self.stats.entries = len(self._entries)
+
+    def clear(self) -> None:
+        """Drop every entry (counters other than size are kept)."""
+        with self._lock:
+            self._entries.clear()
+            self.stats.nbytes = 0
+            self.stats.entries = 0

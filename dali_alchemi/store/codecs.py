@@ -1,0 +1,233 @@
+"""Decoding of zarr v3 chunks without zarr's per-chunk machinery.
+
+zarr-python spends about half a millisecond of Python per chunk; a shuffled window touches hundreds of
+chunks, so the reader decodes chunk bytes itself with numcodecs (which releases the GIL). This module
+turns an array's zarr metadata into an :class:`ArrayCodec` that knows where each chunk's bytes live (a
+whole object, or a byte range inside a shard) and how to decode them. Codec chains it does not know are
+reported as unsupported, and the reader then falls back to zarr for that array.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import google_crc32c
+import numcodecs
+import numpy as np
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
+
+from dali_alchemi.errors import ChunkDecodeError
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+_MISSING = (1 << 64) - 1  # shard index entry of an inner chunk that was never written
+
+
+class UnsupportedCodecError(Exception):
+    """The array's codec chain is not one this module decodes; the caller falls back to zarr."""
+
+
+def _compressor(codec: Any) -> Any:
+    """numcodecs decoder for one zarr v3 bytes-to-bytes codec (``None`` for crc32c, handled apart)."""
+    if isinstance(codec, ZstdCodec):
+        return numcodecs.Zstd()
+    if isinstance(codec, BloscCodec):
+        return numcodecs.Blosc()
+    if isinstance(codec, GzipCodec):
+        return numcodecs.GZip()
+    raise UnsupportedCodecError(f"codec {type(codec).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Chain:
+    """A ``bytes`` serializer followed by bytes-to-bytes codecs, decoded in reverse order."""
+
+    stored_dtype: np.dtype[Any]
+    steps: tuple[Any, ...]  # numcodecs decoders, or "crc32c", in *encoding* order
+
+    @classmethod
+    def from_codecs(cls, codecs: tuple[Any, ...], dtype: np.dtype[Any]) -> _Chain:
+        if not codecs or not isinstance(codecs[0], BytesCodec):
+            raise UnsupportedCodecError("first codec is not 'bytes'")
+        endian = codecs[0].endian
+        stored = dtype.newbyteorder("<" if endian is None or endian.value == "little" else ">")
+        steps = tuple("crc32c" if isinstance(codec, Crc32cCodec) else _compressor(codec) for codec in codecs[1:])
+        return cls(stored_dtype=stored, steps=steps)
+
+    def decode(self, payload: Any, shape: tuple[int, ...], out: NDArray[Any] | None) -> NDArray[Any]:
+        """Decode ``payload`` into an array of ``shape``; into ``out`` (C-contiguous, native) when given."""
+        data: Any = payload
+        steps = tuple(reversed(self.steps))
+        for pos, step in enumerate(steps):
+            if step == "crc32c":
+                raw = np.frombuffer(data, dtype=np.uint8)
+                if raw.size < 4:
+                    raise ValueError("payload shorter than its crc32c checksum")
+                computed = np.uint32(google_crc32c.value(raw[:-4].tobytes())).tobytes()
+                if raw[-4:].tobytes() != computed:
+                    raise ValueError("crc32c checksum mismatch")
+                data = raw[:-4]
+            elif pos == len(steps) - 1 and out is not None and self.stored_dtype == out.dtype:
+                data = step.decode(data, out=out.reshape(-1).view(np.uint8))
+            else:
+                data = step.decode(data)
+        raw = data.reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
+        expected = math.prod(shape) * self.stored_dtype.itemsize
+        if raw.size != expected:
+            raise ValueError(f"decoded {raw.size} bytes, expected {expected} for chunk shape {shape}")
+        arr = raw.view(self.stored_dtype).reshape(shape)
+        if not self.stored_dtype.isnative:
+            arr = arr.astype(self.stored_dtype.newbyteorder("="))
+        if out is None:
+            return arr
+        if arr.ctypes.data != out.ctypes.data:
+            out[...] = arr
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkLocation:
+    """Where one inner chunk's bytes live: a whole stored object, or a byte range inside a shard."""
+
+    key: str
+    shard_key: str | None = None  # set for sharded arrays; ``key`` is then the shard's key too
+    inner_index: int = 0  # flat index of the inner chunk inside its shard's index
+
+
+class ArrayCodec:
+    """Chunk addressing and decoding for one zarr v3 array, built once from its metadata.
+
+    The read unit is an *inner* chunk (for sharded arrays, a chunk inside a shard). A *row block* is the
+    set of chunks sharing a first chunk coordinate: rows ``[b * block_rows, (b + 1) * block_rows)`` with
+    every trailing dim whole, which is what the reader caches.
+    """
+
+    def __init__(self, *, name: str, path: str, metadata: Any) -> None:
+        self.name = name
+        self.path = path
+        self.shape: tuple[int, ...] = tuple(int(s) for s in metadata.shape)
+        self.dtype: np.dtype[Any] = np.dtype(metadata.dtype.to_native_dtype()).newbyteorder("=")
+        self.fill_value = metadata.fill_value
+        self._key_encoding = metadata.chunk_key_encoding
+        grid_shape = tuple(int(s) for s in metadata.chunk_grid.chunk_shape)
+        codecs = tuple(metadata.codecs)
+        self.sharded = len(codecs) == 1 and isinstance(codecs[0], ShardingCodec)
+        if self.sharded:
+            sharding: ShardingCodec = codecs[0]
+            self.chunk_shape = tuple(int(s) for s in sharding.chunk_shape)
+            self.shard_shape = grid_shape
+            self._chain = _Chain.from_codecs(tuple(sharding.codecs), self.dtype)
+            index_codecs = tuple(sharding.index_codecs)
+            self._index_chain = _Chain.from_codecs(index_codecs, np.dtype(np.uint64))
+            self.chunks_per_shard = tuple(s // c for s, c in zip(self.shard_shape, self.chunk_shape, strict=True))
+            n_inner = math.prod(self.chunks_per_shard)
+            checksum = sum(4 for c in index_codecs[1:] if isinstance(c, Crc32cCodec))
+            if any(not isinstance(c, (BytesCodec, Crc32cCodec)) for c in index_codecs):
+                raise UnsupportedCodecError("compressed shard index")
+            self.index_nbytes = 16 * n_inner + checksum
+            self.index_at_end = sharding.index_location.value == "end"
+        else:
+            self.chunk_shape = grid_shape
+            self.shard_shape = grid_shape
+            self._chain = _Chain.from_codecs(codecs, self.dtype)
+            self.chunks_per_shard = tuple(1 for _ in grid_shape)
+            self.index_nbytes = 0
+            self.index_at_end = True
+        if any(s == 0 for s in self.chunk_shape):
+            raise UnsupportedCodecError("zero-sized chunk shape")
+        self.block_rows = self.chunk_shape[0] if self.shape else 1
+        trailing = self.shape[1:]
+        self.trailing_grid = tuple(math.ceil(s / c) for s, c in zip(trailing, self.chunk_shape[1:], strict=True))
+        self.row_nbytes = int(math.prod(trailing)) * self.dtype.itemsize
+
+    # -- addressing ---------------------------------------------------------------------------------
+    @property
+    def n_blocks(self) -> int:
+        """Number of row blocks along dim 0."""
+        return math.ceil(self.shape[0] / self.block_rows) if self.shape else 0
+
+    def block_shape(self, block: int) -> tuple[int, ...]:
+        """Shape of row block ``block`` clipped to the array (the last block may be short)."""
+        rows = min(self.block_rows, self.shape[0] - block * self.block_rows)
+        return (rows, *self.shape[1:])
+
+    def _key(self, coords: tuple[int, ...]) -> str:
+        return f"{self.path}/{self._key_encoding.encode_chunk_key(coords)}"
+
+    def chunks_of_block(self, block: int) -> list[tuple[tuple[int, ...], ChunkLocation]]:
+        """Every inner chunk of row block ``block``: its chunk coordinates and where its bytes live."""
+        result: list[tuple[tuple[int, ...], ChunkLocation]] = []
+        for trailing in np.ndindex(*self.trailing_grid) if self.trailing_grid else [()]:
+            coords = (block, *trailing)
+            if not self.sharded:
+                result.append((coords, ChunkLocation(key=self._key(coords))))
+                continue
+            shard = tuple(c // n for c, n in zip(coords, self.chunks_per_shard, strict=True))
+            inner = tuple(c % n for c, n in zip(coords, self.chunks_per_shard, strict=True))
+            flat = int(np.ravel_multi_index(inner, self.chunks_per_shard))
+            key = self._key(shard)
+            result.append((coords, ChunkLocation(key=key, shard_key=key, inner_index=flat)))
+        return result
+
+    # -- decoding -----------------------------------------------------------------------------------
+    def parse_shard_index(self, key: str, payload: Any) -> NDArray[np.uint64]:
+        """Decode a shard index read from the end (or start) of shard ``key``: ``[n_inner, 2]`` offsets/lengths."""
+        try:
+            index = self._index_chain.decode(payload, (math.prod(self.chunks_per_shard), 2), None)
+        except Exception as err:  # numcodecs raises several types; all mean corrupt bytes
+            raise ChunkDecodeError(f"Array {self.name!r}: shard index of {key!r} is corrupt: {err}") from err
+        return index
+
+    def shard_payload_range(
+        self, index: NDArray[np.uint64], inner: int, shard_nbytes_hint: int | None
+    ) -> tuple[int, int] | None:
+        """Byte range ``(start, stop)`` of inner chunk ``inner``, or ``None`` if it was never written."""
+        offset, nbytes = int(index[inner, 0]), int(index[inner, 1])
+        if offset == _MISSING and nbytes == _MISSING:
+            return None
+        if shard_nbytes_hint is not None and offset + nbytes > shard_nbytes_hint:
+            raise ChunkDecodeError(
+                f"Array {self.name!r}: shard index points past the end of the shard "
+                f"(chunk {inner}: bytes {offset}..{offset + nbytes} of {shard_nbytes_hint})"
+            )
+        return offset, offset + nbytes
+
+    def decode_block(self, block: int, payloads: list[Any | None], keys: list[str]) -> NDArray[Any]:
+        """Assemble row block ``block`` from its inner chunks' payloads (``None`` = never written).
+
+        Returns a new, read-only array of :meth:`block_shape`.
+        """
+        shape = self.block_shape(block)
+        full_rows = self.chunk_shape[0]
+        simple = not self.trailing_grid or all(g == 1 for g in self.trailing_grid)
+        if simple and shape[0] == full_rows and tuple(self.chunk_shape[1:]) == tuple(self.shape[1:]):
+            out = np.empty(shape, dtype=self.dtype)
+            self._decode_one(payloads[0], keys[0], tuple(self.chunk_shape), out)
+        else:
+            out = np.empty(shape, dtype=self.dtype)
+            for (coords, _), payload, key in zip(self.chunks_of_block(block), payloads, keys, strict=True):
+                chunk = self._decode_one(payload, key, tuple(self.chunk_shape), None)
+                dst = tuple(
+                    slice(c * n, min((c + 1) * n, s))
+                    for c, n, s in zip(coords[1:], self.chunk_shape[1:], self.shape[1:], strict=True)
+                )
+                src = (slice(0, shape[0]), *(slice(0, d.stop - d.start) for d in dst))
+                out[(slice(None), *dst)] = chunk[src]
+        out.flags.writeable = False
+        return out
+
+    def _decode_one(
+        self, payload: Any | None, key: str, shape: tuple[int, ...], out: NDArray[Any] | None
+    ) -> NDArray[Any]:
+        if payload is None:
+            if out is None:
+                return np.full(shape, self.fill_value, dtype=self.dtype)
+            out[...] = self.fill_value
+            return out
+        try:
+            return self._chain.decode(payload, shape, out)
+        except Exception as err:  # numcodecs raises several types; all mean corrupt or truncated bytes
+            raise ChunkDecodeError(f"Array {self.name!r}: chunk {key!r} could not be decoded: {err}") from err

@@ -1,0 +1,168 @@
+"""The nvalchemi-toolkit 0.2.0 store layout: names, levels and the root-attribute schema.
+
+This module is pure: it knows the group and array names, the default level of every AtomicData field,
+which fields hold atom indices (and so are re-based per sample), and how to parse and check the root
+``fields`` attribute. It performs no I/O; the reader and writer call it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dali_alchemi.errors import FieldLevelError, StoreFormatError
+from dali_alchemi.types import LEVELS, Level
+
+META_GROUP = "meta"
+CORE_GROUP = "core"
+CUSTOM_GROUP = "custom"
+
+ATOMS_PTR = "atoms_ptr"
+EDGES_PTR = "edges_ptr"
+SAMPLES_MASK = "samples_mask"
+ATOMS_MASK = "atoms_mask"
+EDGES_MASK = "edges_mask"
+META_ARRAYS = (ATOMS_PTR, EDGES_PTR, SAMPLES_MASK, ATOMS_MASK, EDGES_MASK)
+
+NUM_SAMPLES_ATTR = "num_samples"
+FIELDS_ATTR = "fields"
+
+# Per-field levels of nvalchemi's AtomicData (store-format.md section 5). Fields outside these sets
+# need an explicit level: there is no silent fallback.
+ATOM_FIELDS = frozenset(
+    {
+        "atomic_numbers", "positions", "atomic_masses", "atom_categories", "velocities", "momenta",
+        "forces", "charges", "node_attrs", "node_embeddings", "node_alpha_spins", "node_beta_spins",
+        "kinetic_energies", "neighbor_matrix", "neighbor_matrix_shifts", "num_neighbors",
+    }
+)  # fmt: skip
+EDGE_FIELDS = frozenset({"neighbor_list", "shifts", "neighbor_list_shifts", "edge_embeddings"})
+SYSTEM_FIELDS = frozenset({"energy", "charge", "spin", "stress", "virial", "cell", "dipole", "pbc", "graph_embeddings"})
+
+# Fields whose values are atom row indices. On disk they are store-global (local + atoms_ptr[i]);
+# the reader returns them sample-local and Batch offsets them by each sample's node offset.
+ATOM_INDEX_FIELDS = frozenset({"neighbor_list"})
+
+# Keys that describe a batch rather than hold sample data; never written.
+NON_DATA_KEYS = frozenset({"batch_idx", "batch_ptr", "device", "dtype", "info", "num_nodes"})
+
+
+def default_level(name: str) -> Level | None:
+    """Level of an nvalchemi AtomicData field, or ``None`` when ``name`` is in none of its key sets."""
+    if name in ATOM_FIELDS:
+        return "atom"
+    if name in EDGE_FIELDS:
+        return "edge"
+    if name in SYSTEM_FIELDS:
+        return "system"
+    return None
+
+
+def check_level(level: str, *, what: str) -> Level:
+    """Return ``level`` if it is one of ``atom``/``edge``/``system``; raise :class:`FieldLevelError` otherwise."""
+    if level not in LEVELS:
+        raise FieldLevelError(f"Invalid level {level!r} for {what}: expected one of {', '.join(LEVELS)}")
+    return level  # type: ignore[return-value]
+
+
+def resolve_level(name: str, explicit: Mapping[str, str] | None = None) -> Level:
+    """The level of field ``name``: an explicit entry wins, then the nvalchemi default key sets.
+
+    Raises
+    ------
+    FieldLevelError
+        If the field is in no default key set and has no explicit level.
+    """
+    if explicit and name in explicit:
+        return check_level(explicit[name], what=f"field {name!r}")
+    level = default_level(name)
+    if level is None:
+        raise FieldLevelError(
+            f"Field {name!r} is not a known AtomicData field; pass levels={{{name!r}: 'atom'|'edge'|'system'}}"
+        )
+    return level
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSchema:
+    """The root attributes of a store: its physical sample count and every field's group and level."""
+
+    num_samples: int
+    core: dict[str, Level] = field(default_factory=dict)
+    custom: dict[str, Level] = field(default_factory=dict)
+
+    @property
+    def field_levels(self) -> dict[str, Level]:
+        """Core and custom levels flattened into one map; custom wins on a name collision (as nvalchemi)."""
+        return {**self.core, **self.custom}
+
+    def group_of(self, name: str) -> str:
+        """``"custom"`` or ``"core"``: the group that holds array ``name`` (custom wins, as in the reader)."""
+        return CUSTOM_GROUP if name in self.custom else CORE_GROUP
+
+    def to_attributes(self) -> dict[str, Any]:
+        """The root ``zarr.json`` attributes, with field names sorted so the JSON is deterministic."""
+        return {
+            NUM_SAMPLES_ATTR: int(self.num_samples),
+            FIELDS_ATTR: {
+                CORE_GROUP: {k: self.core[k] for k in sorted(self.core)},
+                CUSTOM_GROUP: {k: self.custom[k] for k in sorted(self.custom)},
+            },
+        }
+
+
+def parse_schema(attributes: Mapping[str, Any], *, store: str) -> StoreSchema:
+    """Parse and check the root attributes of a store.
+
+    ``num_samples`` may be absent (nvalchemi's reader never reads it); it is then reported as -1 and the
+    reader derives the count from the pointers. ``fields`` may be absent in stores written by other tools,
+    in which case every array's level falls back to the nvalchemi default key sets.
+
+    Raises
+    ------
+    StoreFormatError
+        If ``fields`` is not a mapping of group -> {name: level}, or ``num_samples`` is not an integer.
+    FieldLevelError
+        If a level string is not one of ``atom``, ``edge``, ``system``.
+    """
+    raw_n = attributes.get(NUM_SAMPLES_ATTR, -1)
+    if isinstance(raw_n, bool) or not isinstance(raw_n, int) or raw_n < -1:
+        raise StoreFormatError(
+            f"Store {store}: root attribute {NUM_SAMPLES_ATTR!r} must be a non-negative integer, found {raw_n!r}"
+        )
+    raw_fields = attributes.get(FIELDS_ATTR, {})
+    if not isinstance(raw_fields, Mapping):
+        raise StoreFormatError(
+            f"Store {store}: root attribute {FIELDS_ATTR!r} must be a mapping, found {type(raw_fields).__name__}"
+        )
+    groups: dict[str, dict[str, Level]] = {}
+    for group in (CORE_GROUP, CUSTOM_GROUP):
+        entries = raw_fields.get(group, {})
+        if not isinstance(entries, Mapping):
+            raise StoreFormatError(
+                f"Store {store}: attribute fields.{group} must be a mapping of field -> level, "
+                f"found {type(entries).__name__}"
+            )
+        levels: dict[str, Level] = {}
+        for name, level in entries.items():
+            if not isinstance(level, str):
+                raise FieldLevelError(f"Store {store}: fields.{group}.{name} must be a level string, found {level!r}")
+            levels[str(name)] = check_level(level, what=f"store {store} fields.{group}.{name}")
+        groups[group] = levels
+    return StoreSchema(num_samples=raw_n, core=groups[CORE_GROUP], custom=groups[CUSTOM_GROUP])
+
+
+# Cheap metadata checks for well-known fields: allowed numpy dtype kinds and the trailing shape.
+# A store whose atomic_numbers are float, or whose neighbor_list is not [E, 2], is rejected at open.
+EXPECTED_DTYPE_KINDS: dict[str, str] = {
+    "atomic_numbers": "iu", "atom_categories": "iu", "num_neighbors": "iu", "neighbor_matrix": "iu",
+    "neighbor_list": "iu", "positions": "f", "forces": "f", "velocities": "f", "momenta": "f",
+    "atomic_masses": "f", "charges": "f", "shifts": "f", "energy": "f", "cell": "f", "stress": "f",
+    "virial": "f", "dipole": "f", "pbc": "b",
+}  # fmt: skip
+EXPECTED_TRAILING_SHAPES: dict[str, tuple[int, ...]] = {
+    "atomic_numbers": (), "positions": (3,), "forces": (3,), "velocities": (3,), "momenta": (3,),
+    "neighbor_list": (2,), "shifts": (3,), "neighbor_list_shifts": (3,), "cell": (3, 3), "stress": (3, 3),
+    "virial": (3, 3), "pbc": (3,),
+}  # fmt: skip

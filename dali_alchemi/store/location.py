@@ -1,0 +1,72 @@
+"""Resolving what a user passes as a store (path, URL, zarr Store) into one zarr Store.
+
+The reader and writer accept the same things nvalchemi does: ``str`` or ``pathlib.Path`` paths, a
+URL that fsspec understands (``memory://``, ``http(s)://``, ``s3://``, ``gs://``, ``file://``), a zarr
+``Store`` or ``StorePath``, or a ``dict`` used as in-memory storage. Local directories are recognised
+so the reader can read their chunk files directly.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zarr.abc.store import Store
+from zarr.storage import FsspecStore, LocalStore, MemoryStore, StorePath
+
+from dali_alchemi.errors import StoreNotFoundError
+
+StoreLike = str | os.PathLike[str] | Store | StorePath | dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLocation:
+    """A resolved store: the zarr store, the path prefix inside it, a display name, and a local root."""
+
+    store: Store
+    prefix: str
+    display: str
+    local_root: Path | None
+
+    def key(self, *parts: str) -> str:
+        """A key inside the store, below ``prefix``."""
+        return "/".join(p for p in (self.prefix, *parts) if p)
+
+
+def _is_url(text: str) -> bool:
+    return "://" in text and not text.startswith("file://")
+
+
+def resolve_store(store: StoreLike, *, read_only: bool, must_exist: bool) -> StoreLocation:
+    """Resolve ``store`` into a :class:`StoreLocation`.
+
+    Raises
+    ------
+    StoreNotFoundError
+        If ``must_exist`` and a local path does not exist.
+    TypeError
+        If ``store`` is none of the accepted kinds.
+    """
+    if isinstance(store, StorePath):
+        inner = store.store
+        root = Path(inner.root) / store.path if isinstance(inner, LocalStore) else None
+        return StoreLocation(store=inner, prefix=store.path, display=str(store), local_root=root)
+    if isinstance(store, LocalStore):
+        return StoreLocation(store=store, prefix="", display=str(store.root), local_root=Path(store.root))
+    if isinstance(store, Store):
+        return StoreLocation(store=store, prefix="", display=str(store), local_root=None)
+    if isinstance(store, dict):
+        return StoreLocation(store=MemoryStore(store), prefix="", display="<memory>", local_root=None)
+    if isinstance(store, (str, os.PathLike)):
+        text = os.fspath(store)
+        if _is_url(text):
+            return StoreLocation(
+                store=FsspecStore.from_url(text, read_only=read_only), prefix="", display=text, local_root=None
+            )
+        path = Path(text.removeprefix("file://")).expanduser()
+        if must_exist and not path.exists():
+            raise StoreNotFoundError(f"Zarr store does not exist at {path}")
+        return StoreLocation(store=LocalStore(path, read_only=read_only), prefix="", display=str(path), local_root=path)
+    raise TypeError(f"store must be a path, a URL, a zarr Store, a StorePath or a dict, got {type(store).__name__}")

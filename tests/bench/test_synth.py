@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dali_alchemi.bench.synth import size_plan, synthetic_samples
+
+
+def test_size_plan_follows_the_reference_recipe() -> None:
+    import random
+
+    rng = random.Random(42)
+    expected = []
+    for _ in range(50):
+        atoms = rng.randint(10, 100)
+        expected.append((atoms, rng.randint(1, 4 * atoms)))
+    atoms, edges = size_plan(50, 42)
+    assert list(zip(atoms.tolist(), edges.tolist(), strict=True)) == expected
+
+
+def test_synthetic_samples_are_deterministic_and_valid() -> None:
+    a, b = synthetic_samples(20, seed=3), synthetic_samples(20, seed=3)
+    assert len(a.fields) == 11
+    for key in a.fields:
+        assert np.array_equal(a.fields[key], b.fields[key]), key
+    assert not np.array_equal(synthetic_samples(20, seed=4).fields["positions"][:10], a.fields["positions"][:10])
+    owner_atoms = np.repeat(a.n_atoms, a.n_edges)
+    assert (a.fields["neighbor_list"] >= 0).all() and (a.fields["neighbor_list"] < owner_atoms[:, None]).all()
+    assert a.fields["atomic_numbers"].min() >= 1 and a.fields["atomic_numbers"].max() <= 19
+    assert a.fields["cell"].shape == (20, 3, 3) and a.fields["pbc"].all()
+
+
+def test_bad_sizes() -> None:
+    with pytest.raises(ValueError, match="min_atoms"):
+        size_plan(3, min_atoms=5, max_atoms=4)

@@ -1,0 +1,54 @@
+"""Stores written by dali_alchemi open in nvalchemi-toolkit 0.2.0 and read back equal.
+
+Runs only where nvalchemi is importable (``make parity`` builds such an environment); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter
+from dali_alchemi.bench.synth import synthetic_samples
+from dali_alchemi.config import ArrayConfig, WriteConfig
+
+nv_zarr = pytest.importorskip("nvalchemi.data.datapipes.backends.zarr", reason="nvalchemi-toolkit is not installed")
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_nvalchemi_reads_a_store_we_wrote_appended_and_extended(tmp_path: Path, sharded: bool) -> None:
+    config = WriteConfig(core=ArrayConfig(chunk_size=64, shard_size=128 if sharded else None))
+    samples = synthetic_samples(40, seed=3).split()
+    path = tmp_path / "ours.zarr"
+    writer = AtomicDataZarrWriter(path, config)
+    writer.write(samples[:25])
+    writer.append(samples[25:])
+    writer.add_custom("tag", np.arange(40, dtype=np.int32), "system")
+    writer.delete([5])
+    theirs = nv_zarr.AtomicDataZarrReader(str(path))
+    ours = AtomicDataZarrReader(path)
+    assert len(theirs) == len(ours) == 39
+    order = [0, 38, 5, 20, 24, 25, -1, 3, 3]
+    for (a, _), (b, _) in zip(theirs.read_many(order), ours.read_many(order), strict=True):
+        assert set(a) == set(b)
+        for key in a:
+            assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
+            assert np.array_equal(a[key].numpy(), b[key].numpy()), key
+    assert theirs.field_levels == ours.field_levels
+
+
+def test_we_read_a_store_nvalchemi_wrote(tmp_path: Path) -> None:
+    import torch
+    from nvalchemi.data import AtomicData
+
+    samples = synthetic_samples(12, seed=5).split()
+    data = [AtomicData(**{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in s.items()}) for s in samples]
+    path = tmp_path / "theirs.zarr"
+    nv_zarr.AtomicDataZarrWriter(str(path)).write(data)
+    theirs = nv_zarr.AtomicDataZarrReader(str(path))
+    ours = AtomicDataZarrReader(path)
+    for (a, _), (b, _) in zip(theirs.read_many(range(12)), ours.read_many(range(12)), strict=True):
+        for key in a:
+            assert np.array_equal(a[key].numpy(), b[key].numpy()), key

@@ -14,6 +14,9 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "AtomicDataZarrReader": "dali_alchemi.store.reader",
+    "DALIDataLoader": "dali_alchemi.pipeline.loader",
+    "LoaderConfig": "dali_alchemi.config",
+    "SamplePlan": "dali_alchemi.planning",
     "AtomicDataZarrWriter": "dali_alchemi.store.writer",
     "Batch": "dali_alchemi.batch",
     "PackedSamples": "dali_alchemi.packed",
@@ -36,13 +39,16 @@ __all__ = [
     "AtomicDataZarrWriter",
     "Batch",
     "ChunkDecodeError",
+    "DALIDataLoader",
     "DaliAlchemiError",
     "FieldLevelError",
+    "LoaderConfig",
     "LoaderError",
     "PackedSamples",
     "ReaderClosedError",
     "SampleDataError",
     "SampleIndexError",
+    "SamplePlan",
     "StoreFormatError",
     "StoreNotFoundError",
     "WriteConfig",
@@ -50,7 +56,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
-    from dali_alchemi.config import ArrayConfig, WriteConfig
+    from dali_alchemi.config import ArrayConfig, LoaderConfig, WriteConfig
     from dali_alchemi.errors import (
         ChunkDecodeError,
         DaliAlchemiError,
@@ -63,6 +69,8 @@ if TYPE_CHECKING:
         StoreNotFoundError,
     )
     from dali_alchemi.packed import PackedSamples
+    from dali_alchemi.pipeline.loader import DALIDataLoader
+    from dali_alchemi.planning import SamplePlan
     from dali_alchemi.store.reader import AtomicDataZarrReader
     from dali_alchemi.store.writer import AtomicDataZarrWriter
 

@@ -80,13 +80,13 @@ class Batch:
         host_n_atoms: NDArray[np.int64],
         host_n_edges: NDArray[np.int64],
         sample_indices: NDArray[np.int64] | None = None,
-        neighbor_list_is_local: bool = True,
     ) -> None:
         """Assemble a Batch from flat tensors already on their device.
 
         ``n_atoms``/``n_edges`` are ``[B]`` counts on the device of the fields; ``host_n_atoms`` and
         ``host_n_edges`` the same counts on the host (so sizes never need a device synchronisation).
-        With ``neighbor_list_is_local`` the index fields are offset by each structure's node offset here.
+        Index fields (``neighbor_list``) arrive sample-local and are offset here by each structure's
+        node offset.
         """
         missing = set(fields) - set(levels)
         if missing:
@@ -96,20 +96,32 @@ class Batch:
             raise ValueError("Cannot create batch from empty data list")
         total_atoms, total_edges = int(host_n_atoms.sum()), int(host_n_edges.sum())
         device = n_atoms.device
-        n_atoms = n_atoms.to(torch.int64)
-        n_edges = n_edges.to(torch.int64)
-        self.batch_ptr = _counts_ptr(n_atoms)
-        self.edge_batch_ptr = _counts_ptr(n_edges)
-        self.batch_idx = torch.repeat_interleave(
-            torch.arange(n_graphs, dtype=torch.int32, device=device), n_atoms, output_size=total_atoms
-        )
         out = dict(fields)
-        if neighbor_list_is_local:
-            for name in layout.ATOM_INDEX_FIELDS & set(out):
-                if total_edges:
-                    offsets = torch.repeat_interleave(self.batch_ptr[:-1], n_edges, output_size=total_edges)
-                    index = out[name]
-                    out[name] = index + offsets.to(index.dtype).view((-1,) + (1,) * (index.dim() - 1))
+        index_fields = [name for name in out if name in layout.ATOM_INDEX_FIELDS and total_edges]
+        if device.type == "cpu":
+            # Host counts are at hand: numpy avoids torch's intra-op thread pool, which contends with
+            # the reading threads for the same cores.
+            atoms_ptr, edges_ptr = exclusive_cumsum(host_n_atoms), exclusive_cumsum(host_n_edges)
+            self.batch_ptr = torch.from_numpy(atoms_ptr)
+            self.edge_batch_ptr = torch.from_numpy(edges_ptr)
+            self.batch_idx = torch.from_numpy(np.repeat(np.arange(n_graphs, dtype=np.int32), host_n_atoms))
+            for name in index_fields:
+                local = out[name].numpy()
+                shift = np.repeat(atoms_ptr[:-1], host_n_edges).astype(local.dtype, copy=False)
+                out[name] = torch.from_numpy(local + shift.reshape((-1,) + (1,) * (local.ndim - 1)))
+        else:
+            # On the device: counts are device tensors, sizes come from the host, so nothing syncs.
+            n_atoms = n_atoms.to(torch.int64)
+            n_edges = n_edges.to(torch.int64)
+            self.batch_ptr = _counts_ptr(n_atoms)
+            self.edge_batch_ptr = _counts_ptr(n_edges)
+            self.batch_idx = torch.repeat_interleave(
+                torch.arange(n_graphs, dtype=torch.int32, device=device), n_atoms, output_size=total_atoms
+            )
+            for name in index_fields:
+                offsets = torch.repeat_interleave(self.batch_ptr[:-1], n_edges, output_size=total_edges)
+                index = out[name]
+                out[name] = index + offsets.to(index.dtype).view((-1,) + (1,) * (index.dim() - 1))
         self.fields: dict[str, torch.Tensor] = out
         self.levels: dict[str, Level] = {name: levels[name] for name in out}
         self.sample_indices = sample_indices

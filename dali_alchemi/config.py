@@ -150,3 +150,48 @@ class WriteConfig:
         if unknown:
             raise ValueError(f"Unknown WriteConfig keys: {sorted(unknown)}")
         return cls(**dict(data))
+
+
+START_METHODS = ("auto", "fork", "spawn")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoaderConfig:
+    """Settings of :class:`~dali_alchemi.pipeline.loader.DALIDataLoader` (see its docstring).
+
+    ``prefetch_factor`` has nvalchemi's meaning: the number of batches read together in one call to the
+    reader (one *window*), not torch's batches-in-flight per worker.
+    """
+
+    batch_size: int = 64
+    shuffle: bool = True
+    seed: int = 0
+    drop_last: bool = False
+    prefetch_factor: int = 16
+    num_workers: int = 0
+    device: str = "auto"
+    fields: tuple[str, ...] | None = None
+    shard_id: int | None = None
+    num_shards: int | None = None
+    read_ahead: int = 2
+    start_method: str = "auto"
+    queue_depth: int = 2
+    cache_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "prefetch_factor", "read_ahead", "queue_depth"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 0:
+            raise ValueError(f"num_workers must be a non-negative integer, got {self.num_workers!r}")
+        if self.start_method not in START_METHODS:
+            raise ValueError(f"start_method must be one of {START_METHODS}, got {self.start_method!r}")
+        if (self.shard_id is None) != (self.num_shards is None):
+            raise ValueError("shard_id and num_shards must be given together (or both left to torch.distributed)")
+        if self.fields is not None:
+            object.__setattr__(self, "fields", tuple(self.fields))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, for benchmark records."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -1,0 +1,303 @@
+"""DALIDataLoader: the user-facing loader that owns epochs, resume state and the pipeline's lifetime.
+
+It plans epochs with :class:`~dali_alchemi.planning.SamplePlan`, reads each window with one packed
+read through :class:`~dali_alchemi.pipeline.source.WindowSource`, lets DALI stage and copy the data
+(``.gpu()`` on CUDA), and yields :class:`~dali_alchemi.batch.Batch` objects built on the device.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from dali_alchemi.config import LoaderConfig
+from dali_alchemi.errors import LoaderError
+from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline, close_pipeline
+from dali_alchemi.pipeline.iterator import WindowIterator
+from dali_alchemi.pipeline.source import OutputSpec, ReadAheadSource, WindowSource, output_specs
+from dali_alchemi.planning import SamplePlan
+from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES
+from dali_alchemi.store.reader import AtomicDataZarrReader
+
+if TYPE_CHECKING:
+    from dali_alchemi.batch import Batch
+    from dali_alchemi.store.location import StoreLike
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``"auto"`` -> CUDA when a GPU is visible, else CPU; a CUDA device without a GPU is an error."""
+    if isinstance(device, str) and device == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    resolved = torch.device(device)
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device={device!r} needs a CUDA GPU, and none is visible (use device='cpu' or 'auto')")
+        return torch.device("cuda", resolved.index if resolved.index is not None else torch.cuda.current_device())
+    if resolved.type != "cpu":
+        raise ValueError(f"device must be 'auto', 'cpu' or a CUDA device, got {device!r}")
+    return resolved
+
+
+def resolve_shard(shard_id: int | None, num_shards: int | None) -> tuple[int, int]:
+    """An explicit shard, else this rank of the initialised torch.distributed group, else ``(0, 1)``."""
+    if shard_id is not None and num_shards is not None:
+        return shard_id, num_shards
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+class DALIDataLoader:
+    """Iterate an nvalchemi Zarr store as :class:`~dali_alchemi.batch.Batch` objects through DALI.
+
+    Parameters
+    ----------
+    store_or_reader
+        A store (path, URL, zarr Store) or an open :class:`~dali_alchemi.store.reader.AtomicDataZarrReader`.
+    batch_size
+        Structures per batch.
+    shuffle, seed
+        Shuffle each epoch with a permutation seeded by ``(seed, epoch)``.
+    drop_last
+        Drop the last batch of an epoch when it is smaller than ``batch_size``; otherwise it is kept.
+    prefetch_factor
+        Batches read together in one packed read (a *window* of ``batch_size * prefetch_factor``
+        structures), as in nvalchemi.
+    num_workers
+        0 reads windows on a background thread of this process (the default: fastest measured; see
+        the README). ``n > 0`` uses DALI's parallel external source with ``n`` worker processes, each
+        reading whole windows.
+    device
+        ``"auto"`` (CUDA when a GPU is visible), ``"cpu"`` or a CUDA device. With CUDA, DALI copies each
+        window to the device through pinned memory and the Batch is built there.
+    fields
+        Read and return only these fields.
+    shard_id, num_shards
+        This loader's shard. ``None`` takes rank and world size from an initialised torch.distributed
+        process group, else ``(0, 1)``. Shards are padded like ``DistributedSampler``.
+    read_ahead
+        Windows read ahead on the background thread when ``num_workers == 0``.
+    start_method
+        How DALI starts workers: ``"fork"``, ``"spawn"``, or ``"auto"`` (fork unless CUDA is initialised).
+    queue_depth
+        DALI's pipeline prefetch queue depth (windows).
+    cache_bytes
+        Decoded-chunk cache of a reader the loader opens itself (per worker process).
+
+    Iteration resumes where the loader stands: ``(epoch, batch)`` advances as batches are yielded,
+    and moves to the next epoch when one ends. :meth:`set_epoch` jumps to the start of an epoch;
+    :meth:`state_dict`/:meth:`load_state_dict` save and restore the position exactly.
+    Errors from the reader, the source or a worker surface during iteration as
+    :class:`~dali_alchemi.errors.LoaderError`, naming the original exception type.
+    """
+
+    def __init__(
+        self,
+        store_or_reader: StoreLike | AtomicDataZarrReader,
+        *,
+        batch_size: int = 64,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        prefetch_factor: int = 16,
+        num_workers: int = 0,
+        device: str | torch.device = "auto",
+        fields: Iterable[str] | None = None,
+        shard_id: int | None = None,
+        num_shards: int | None = None,
+        read_ahead: int = 2,
+        start_method: str = "auto",
+        queue_depth: int = 2,
+        cache_bytes: int | None = None,
+    ) -> None:
+        self.config = LoaderConfig(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, prefetch_factor=prefetch_factor,
+            num_workers=num_workers, device=str(device), fields=None if fields is None else tuple(fields),
+            shard_id=shard_id, num_shards=num_shards, read_ahead=read_ahead, start_method=start_method,
+            queue_depth=queue_depth, cache_bytes=cache_bytes,
+        )  # fmt: skip
+        self.device = resolve_device(device)
+        if isinstance(store_or_reader, AtomicDataZarrReader):
+            self.reader = store_or_reader
+            self._owns_reader = False
+        else:
+            self.reader = AtomicDataZarrReader(
+                store_or_reader,
+                fields=self.config.fields,
+                cache_bytes=DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes,
+            )
+            self._owns_reader = True
+        self.fields = self.config.fields or self.reader.field_names
+        unknown = sorted(set(self.fields) - set(self.reader.field_names))
+        if unknown:
+            raise KeyError(f"Unknown fields {unknown}; the reader returns {list(self.reader.field_names)}")
+        shard, shards = resolve_shard(shard_id, num_shards)
+        self.plan = SamplePlan(
+            num_samples=len(self.reader), batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+            shard_id=shard, num_shards=shards, batches_per_window=prefetch_factor,
+        )  # fmt: skip
+        self.specs: tuple[OutputSpec, ...] = output_specs(self.reader, tuple(self.fields))
+        self._epoch = 0
+        self._batch = 0
+        self._pipe: Any = None
+        self._outputs: PipelineOutputs | None = None
+        self._read_ahead: ReadAheadSource | None = None
+        self._pipe_next: tuple[int, int] | None = None
+        self._generation = 0
+        self._closed = False
+
+    # -- sizes and position ---------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Batches per epoch (the same on every shard)."""
+        return self.plan.num_batches
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next iteration at the beginning of ``epoch`` (as ``DistributedSampler.set_epoch``)."""
+        if not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+        self._epoch, self._batch = int(epoch), 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position (epoch and batches already yielded in it) and the plan it belongs to."""
+        return {"epoch": self._epoch, "batch": self._batch, "plan": self.plan.to_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at the position of :meth:`state_dict`; the next batch is exactly the one that followed.
+
+        Raises ``ValueError`` if the state belongs to a different plan (sample count, batch size, seed,
+        shuffling, drop_last or sharding), since the batches would then differ.
+        """
+        plan = dict(state.get("plan", {}))
+        mine = self.plan.to_dict()
+        keys = ("num_samples", "batch_size", "shuffle", "seed", "drop_last", "shard_id", "num_shards")
+        differing = [k for k in keys if plan.get(k) != mine[k]]
+        if differing:
+            raise ValueError(
+                "state_dict belongs to a different plan: "
+                + ", ".join(f"{k}={plan.get(k)!r} (loader has {mine[k]!r})" for k in differing)
+            )
+        epoch, batch = int(state["epoch"]), int(state["batch"])
+        if not 0 <= batch <= self.plan.num_batches:
+            raise ValueError(f"state_dict batch {batch} is outside the epoch's {self.plan.num_batches} batches")
+        self._epoch, self._batch = epoch, batch
+
+    # -- iteration ----------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Batch]:
+        if self._closed:
+            raise RuntimeError("This DALIDataLoader is closed")
+        if self._batch >= self.plan.num_batches and self.plan.num_batches:
+            self._epoch, self._batch = self._epoch + 1, 0
+        self._ensure_pipeline(self._epoch, self._batch)
+        self._generation += 1
+        return self._iterate(self._generation)
+
+    def _iterate(self, generation: int) -> Iterator[Batch]:
+        assert self._outputs is not None
+        windows = WindowIterator(self._pipe, self._outputs, self.specs, self.device)
+        self._pipe_next = None  # mid-epoch until the epoch ends cleanly
+        try:
+            for window in windows.windows():
+                for batch in window:
+                    if generation != self._generation:
+                        raise RuntimeError(
+                            "This iterator was superseded by a newer iter() over the same DALIDataLoader"
+                        )
+                    self._batch += 1
+                    yield batch
+        except LoaderError:
+            self._discard_pipeline()
+            raise
+        if generation != self._generation:
+            return
+        self._pipe.reset()
+        self._epoch, self._batch = self._epoch + 1, 0
+        self._pipe_next = (self._epoch, 0)
+
+    def _ensure_pipeline(self, epoch: int, batch: int) -> None:
+        if self._pipe is not None and self._pipe_next == (epoch, batch):
+            return
+        self._discard_pipeline()
+        source = WindowSource(self.reader, self.plan, self.specs, start_epoch=epoch, start_batch=batch)
+        workers = self.config.num_workers
+        if workers == 0:
+            self._read_ahead = ReadAheadSource(
+                source, depth=self.config.read_ahead, keep_alive=self.config.queue_depth + 3
+            )
+        start_method = self.config.start_method
+        if start_method == "auto":
+            start_method = "spawn" if torch.cuda.is_available() and torch.cuda.is_initialized() else "fork"
+        self._pipe, self._outputs = build_pipeline(
+            self._read_ahead if workers == 0 else source,
+            self.specs,
+            batches_per_window=self.plan.batches_per_window,
+            device_id=self.device.index if self.device.type == "cuda" else None,
+            num_workers=workers,
+            start_method=start_method,
+            queue_depth=self.config.queue_depth,
+            bytes_per_batch=self._bytes_per_batch(),
+        )
+        self._pipe_next = (epoch, batch)
+
+    def _bytes_per_batch(self) -> int:
+        """A generous estimate of one packed batch, so DALI's shared memory rarely has to grow."""
+        n = max(1, len(self.reader))
+        atoms_ptr = self.reader.atoms_ptr
+        per_sample = 0.0
+        for spec in self.specs:
+            level, shape, dtype = (
+                self.reader.field_info(spec.name) if spec.is_field else ("system", (1,), np.dtype(np.int64))
+            )
+            row = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize
+            rows = {"atom": float(atoms_ptr[-1]) / n, "edge": 4.0 * float(atoms_ptr[-1]) / n, "system": 1.0}[level]
+            per_sample += rows * row
+        return int(per_sample * self.config.batch_size * 1.5) + (1 << 16)
+
+    def _discard_pipeline(self) -> None:
+        close_pipeline(self._pipe)
+        self._pipe, self._outputs, self._pipe_next = None, None, None
+        if self._read_ahead is not None:
+            self._read_ahead.close()
+            self._read_ahead = None
+
+    # -- lifetime -----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop workers, free shared memory and (if the loader opened it) close the reader. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._generation += 1
+        self._discard_pipeline()
+        if self._owns_reader:
+            self.reader.close()
+
+    def __enter__(self) -> DALIDataLoader:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: nothing left to release safely
+            logger.debug("error while closing a DALIDataLoader during garbage collection", exc_info=True)
+
+    def __repr__(self) -> str:
+        return (
+            f"DALIDataLoader({self.reader.source!r}, batch_size={self.config.batch_size}, "
+            f"batches={len(self)}, device={self.device}, workers={self.config.num_workers})"
+        )

@@ -1,0 +1,210 @@
+"""The external-source callable: ``(epoch_idx, iteration) -> one window of packed batches``.
+
+A DALI *iteration* here is one *window*: ``batches_per_window`` consecutive training batches, read
+with **one** call to the reader's packed path. Each DALI *sample* is one training batch, packed: one
+flat array per field (atoms ``[ΣV, *t]``, edges ``[ΣE, *t]``, systems ``[B, *t]``), plus the per-structure
+atom and edge counts and the logical indices. Everything is derived from DALI's ``BatchInfo``, so the
+callable is stateless in meaning (it may cache the current epoch's order) and can run in any DALI
+worker process; it raises ``StopIteration`` for every iteration past the end of the epoch.
+
+Errors are re-raised with a ``[dali-alchemi:TypeName]`` prefix, because DALI's worker processes
+forward only an exception's text; the iterator turns that back into a
+:class:`~dali_alchemi.errors.LoaderError` carrying the original type name and message.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dali_alchemi.errors import LoaderError
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from dali_alchemi.packed import PackedSamples
+    from dali_alchemi.planning import SamplePlan
+    from dali_alchemi.store.reader import AtomicDataZarrReader
+    from dali_alchemi.types import IndexArray, Level
+
+N_ATOMS = "__n_atoms"
+N_EDGES = "__n_edges"
+INDICES = "__indices"
+
+_MARKER = re.compile(r"\[dali-alchemi:(?P<type>[A-Za-z_][\w.]*)\] (?P<message>.*?)(?:\n|$)", re.S)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputSpec:
+    """One pipeline output: a field (or a count/index array), its dtype, rank and level."""
+
+    name: str
+    dtype: np.dtype[Any]
+    ndim: int
+    level: Level
+
+    @property
+    def is_field(self) -> bool:
+        return not self.name.startswith("__")
+
+
+def output_specs(reader: AtomicDataZarrReader, fields: tuple[str, ...]) -> tuple[OutputSpec, ...]:
+    """The pipeline outputs for ``fields``: one per field, then atom counts, edge counts and indices."""
+    specs = []
+    for name in fields:
+        level, shape, dtype = reader.field_info(name)
+        specs.append(OutputSpec(name=name, dtype=np.dtype(dtype), ndim=len(shape), level=level))
+    int64 = np.dtype(np.int64)
+    specs += [
+        OutputSpec(N_ATOMS, int64, 1, "system"),
+        OutputSpec(N_EDGES, int64, 1, "system"),
+        OutputSpec(INDICES, int64, 1, "system"),
+    ]
+    return tuple(specs)
+
+
+def source_error(err: BaseException) -> RuntimeError:
+    """An exception whose text carries ``err``'s type name and message through DALI."""
+    return RuntimeError(f"[dali-alchemi:{type(err).__name__}] {err}")
+
+
+def loader_error(err: BaseException) -> LoaderError:
+    """Turn an exception raised by a DALI pipeline back into a :class:`LoaderError` with the original type."""
+    for candidate in (err, err.__cause__, err.__context__):
+        if candidate is None:
+            continue
+        if isinstance(candidate, LoaderError):
+            return candidate
+        match = _MARKER.search(str(candidate))
+        if match:
+            kind, message = match.group("type"), match.group("message").strip()
+            return LoaderError(f"{kind}: {message}", original_type=kind)
+    return LoaderError(f"{type(err).__name__}: {err}", original_type=type(err).__name__)
+
+
+class WindowSource:
+    """Reads window ``iteration`` of epoch ``start_epoch + epoch_idx`` and splits it into packed batches.
+
+    The first epoch this source produces may resume at ``start_batch``; later ones start at 0.
+    Pickling drops the cached order; the reader pickles as a recipe and reopens in the worker.
+    """
+
+    def __init__(
+        self,
+        reader: AtomicDataZarrReader,
+        plan: SamplePlan,
+        specs: tuple[OutputSpec, ...],
+        *,
+        start_epoch: int = 0,
+        start_batch: int = 0,
+    ) -> None:
+        self.reader = reader
+        self.plan = plan
+        self.specs = specs
+        self.fields = tuple(spec.name for spec in specs if spec.is_field)
+        self.start_epoch = start_epoch
+        self.start_batch = start_batch
+        self._order: tuple[int, IndexArray] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_order"] = None
+        return state
+
+    def epoch_of(self, epoch_idx: int) -> tuple[int, int]:
+        """The epoch and its first batch for DALI's ``epoch_idx``."""
+        return self.start_epoch + epoch_idx, self.start_batch if epoch_idx == 0 else 0
+
+    def num_windows(self, epoch_idx: int) -> int:
+        """Windows in DALI epoch ``epoch_idx``."""
+        return self.plan.num_windows(self.epoch_of(epoch_idx)[1])
+
+    def read_window(self, epoch_idx: int, iteration: int) -> tuple[list[NDArray[Any]], ...]:
+        """One window as a tuple of outputs, each a list with one array per batch."""
+        epoch, first_batch = self.epoch_of(epoch_idx)
+        if iteration >= self.plan.num_windows(first_batch):
+            raise StopIteration
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, self.plan.shard_order(epoch))
+        indices, bounds = self.plan.window(epoch, iteration, first_batch, order=self._order[1])
+        packed = self.reader.read_packed(indices, fields=self.fields)
+        return split_window(packed, bounds, self.specs)
+
+    def __call__(self, info: Any) -> tuple[list[NDArray[Any]], ...]:
+        try:
+            return self.read_window(info.epoch_idx, info.iteration)
+        except StopIteration:
+            raise
+        except Exception as err:
+            raise source_error(err) from err
+
+
+def split_window(
+    packed: PackedSamples, bounds: IndexArray, specs: tuple[OutputSpec, ...]
+) -> tuple[list[NDArray[Any]], ...]:
+    """Cut a window into per-batch arrays (views of the window's flat arrays, so no copies)."""
+    atoms, edges = packed.atoms_ptr, packed.edges_ptr
+    level_bounds = {"atom": atoms[bounds], "edge": edges[bounds], "system": bounds}
+    extras = {N_ATOMS: packed.n_atoms, N_EDGES: packed.n_edges, INDICES: packed.logical_indices}
+    outputs: list[list[NDArray[Any]]] = []
+    for spec in specs:
+        arr = packed.fields[spec.name] if spec.is_field else extras[spec.name]
+        cuts = level_bounds[spec.level].tolist()
+        outputs.append([arr[cuts[j] : cuts[j + 1]] for j in range(len(cuts) - 1)])
+    return tuple(outputs)
+
+
+class ReadAheadSource:
+    """In-process prefetching around a :class:`WindowSource`: reads the next ``depth`` windows on a thread.
+
+    DALI calls a non-parallel source on the thread that runs the pipeline; this wrapper hands it a
+    window read in the background, so reading overlaps the training step. Results are kept alive for
+    ``keep_alive`` calls because the pipeline shares their buffers (``no_copy=True``).
+    """
+
+    def __init__(self, source: WindowSource, *, depth: int = 2, keep_alive: int = 4) -> None:
+        if depth < 1:
+            raise ValueError(f"read-ahead depth must be >= 1, got {depth}")
+        self.source = source
+        self.depth = depth
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="dali-alchemi-readahead")
+        self._pending: dict[tuple[int, int], Future[tuple[list[NDArray[Any]], ...]]] = {}
+        self._alive: deque[Any] = deque(maxlen=keep_alive)
+        self._lock = threading.Lock()
+
+    def _submit(self, key: tuple[int, int]) -> None:
+        if key not in self._pending and key[1] < self.source.num_windows(key[0]):
+            self._pending[key] = self._executor.submit(self.source.read_window, *key)
+
+    def __call__(self, info: Any) -> tuple[list[NDArray[Any]], ...]:
+        key = (info.epoch_idx, info.iteration)
+        with self._lock:
+            for stale in [k for k in self._pending if k[0] < key[0] or (k[0] == key[0] and k[1] < key[1])]:
+                self._pending.pop(stale).cancel()
+            if key[1] >= self.source.num_windows(key[0]):
+                raise StopIteration
+            self._submit(key)
+            future = self._pending.pop(key)
+            for ahead in range(1, self.depth + 1):
+                self._submit((key[0], key[1] + ahead))
+        try:
+            result = future.result()
+        except Exception as err:
+            raise source_error(err) from err
+        self._alive.append(result)
+        return result
+
+    def close(self) -> None:
+        """Cancel pending reads and stop the thread."""
+        with self._lock:
+            for future in self._pending.values():
+                future.cancel()
+            self._pending.clear()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._alive.clear()

@@ -1,0 +1,252 @@
+"""DALIDataLoader against the obvious reference: the reader plus Batch.from_samples, batch by batch."""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from dali_alchemi import AtomicDataZarrReader, Batch, DALIDataLoader, LoaderError
+from dali_alchemi.planning import SamplePlan
+
+N = 300
+
+
+class CountingReader(AtomicDataZarrReader):
+    """Records every packed read (in this process)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[np.ndarray] = []
+
+    def read_packed(self, indices: Any, *, fields: Any = None) -> Any:
+        self.calls.append(np.asarray(indices).copy())
+        return super().read_packed(indices, fields=fields)
+
+
+class FailingReader(AtomicDataZarrReader):
+    """Raises on the third packed read."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.n_calls = 0
+
+    def read_packed(self, indices: Any, *, fields: Any = None) -> Any:
+        self.n_calls += 1
+        if self.n_calls == 3:
+            raise ValueError("disk on fire at window 3")
+        return super().read_packed(indices, fields=fields)
+
+
+def _reference(reader: AtomicDataZarrReader, plan: SamplePlan, epoch: int, first_batch: int = 0) -> list[Batch]:
+    return [
+        Batch.from_samples([sample for sample, _ in reader.read_many(indices)], levels=reader.field_levels)
+        for indices in plan.batches(epoch, first_batch)
+    ]
+
+
+def _assert_batches_equal(got: list[Batch], want: list[Batch]) -> None:
+    assert len(got) == len(want)
+    for k, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert set(a.fields) == set(b.fields), k
+        for name in b.fields:
+            assert a[name].dtype == b[name].dtype, (k, name)
+            assert torch.equal(a[name].cpu(), b[name]), (k, name)
+        assert torch.equal(a.batch_idx.cpu(), b.batch_idx) and torch.equal(a.batch_ptr.cpu(), b.batch_ptr)
+        assert a.num_nodes_list == b.num_nodes_list and a.num_edges_list == b.num_edges_list
+
+
+@pytest.fixture(scope="module")
+def reader(small_store: Path) -> AtomicDataZarrReader:
+    with AtomicDataZarrReader(small_store) as r:
+        yield r
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_equal_the_reference_over_epochs(reader: AtomicDataZarrReader, workers: int) -> None:
+    with DALIDataLoader(reader, batch_size=16, prefetch_factor=4, seed=11, num_workers=workers, device="cpu") as loader:
+        assert len(loader) == 19
+        for epoch in range(2):
+            got = list(loader)
+            _assert_batches_equal(got, _reference(reader, loader.plan, epoch))
+            assert loader.epoch == epoch + 1
+            indices = np.concatenate([b.sample_indices for b in got])
+            assert np.array_equal(np.sort(indices), np.arange(N))  # every index exactly once
+            assert [b.num_graphs for b in got] == [16] * 18 + [12]  # the partial last batch is kept
+
+
+def test_same_seed_same_order_new_epoch_new_order(reader: AtomicDataZarrReader) -> None:
+    def order(seed: int, epoch: int) -> list[int]:
+        with DALIDataLoader(reader, batch_size=32, seed=seed, device="cpu") as loader:
+            loader.set_epoch(epoch)
+            return np.concatenate([b.sample_indices for b in loader]).tolist()
+
+    assert order(1, 0) == order(1, 0)
+    assert order(1, 0) != order(1, 1)
+    assert order(1, 0) != order(2, 0)
+    with DALIDataLoader(reader, batch_size=32, shuffle=False, device="cpu") as loader:
+        assert np.concatenate([b.sample_indices for b in loader]).tolist() == list(range(N))
+
+
+def test_drop_last(reader: AtomicDataZarrReader) -> None:
+    with DALIDataLoader(reader, batch_size=64, drop_last=True, device="cpu") as loader:
+        sizes = [b.num_graphs for b in loader]
+    assert sizes == [64] * 4 and len(loader) == 4
+
+
+@pytest.mark.parametrize("shards", [2, 3])
+def test_shards_are_disjoint_and_cover_the_data(reader: AtomicDataZarrReader, shards: int) -> None:
+    seen = []
+    lengths = set()
+    for shard_id in range(shards):
+        with DALIDataLoader(reader, batch_size=25, shard_id=shard_id, num_shards=shards, device="cpu") as loader:
+            lengths.add(len(loader))
+            seen.append(np.concatenate([b.sample_indices for b in loader]))
+    assert len(lengths) == 1
+    everything = np.concatenate(seen)
+    assert set(everything.tolist()) == set(range(N))
+    assert everything.size == shards * int(np.ceil(N / shards))  # DistributedSampler-style padding only
+
+
+@pytest.mark.parametrize("stop_after", [1, 5, 9])
+def test_resume_yields_exactly_the_remaining_batches(reader: AtomicDataZarrReader, stop_after: int) -> None:
+    with DALIDataLoader(reader, batch_size=20, prefetch_factor=4, seed=5, device="cpu") as loader:
+        loader.set_epoch(3)
+        full = list(loader)
+        loader.set_epoch(3)
+        for k, _ in enumerate(loader, start=1):
+            if k == stop_after:
+                break
+        state = loader.state_dict()
+    assert state["epoch"] == 3 and state["batch"] == stop_after
+    with DALIDataLoader(reader, batch_size=20, prefetch_factor=3, seed=5, device="cpu") as resumed:
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        assert resumed.epoch == 4
+        after = next(iter(resumed))
+    _assert_batches_equal(rest, full[stop_after:])
+    assert after.sample_indices.tolist() != full[0].sample_indices.tolist()
+    with DALIDataLoader(reader, batch_size=21, device="cpu") as other, pytest.raises(ValueError, match="batch_size=20"):
+        other.load_state_dict(state)
+
+
+def test_breaking_out_and_iterating_again_continues_the_epoch(reader: AtomicDataZarrReader) -> None:
+    with DALIDataLoader(reader, batch_size=50, prefetch_factor=2, device="cpu") as loader:
+        first = []
+        for batch in loader:
+            first.append(batch.sample_indices)
+            if len(first) == 3:
+                break
+        rest = [b.sample_indices for b in loader]
+        assert len(first) + len(rest) == 6
+        assert np.array_equal(np.sort(np.concatenate(first + rest)), np.arange(N))
+
+
+def test_one_packed_read_per_window_and_no_index_twice(small_store: Path) -> None:
+    counting = CountingReader(small_store)
+    with DALIDataLoader(counting, batch_size=16, prefetch_factor=4, device="cpu") as loader:
+        for epoch in range(2):
+            counting.calls.clear()
+            batches = list(loader)
+            assert len(counting.calls) == loader.plan.num_windows() == 5
+            read = np.concatenate(counting.calls)
+            assert read.size == N and np.unique(read).size == N
+            assert np.array_equal(read, np.concatenate([b.sample_indices for b in batches])), epoch
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_fields_limit_what_is_read_and_returned(small_store: Path, workers: int) -> None:
+    with DALIDataLoader(
+        small_store, batch_size=40, fields=["positions", "energy", "neighbor_list"], num_workers=workers, device="cpu"
+    ) as loader:
+        for _ in range(2):
+            for batch in loader:
+                assert set(batch.fields) == {"positions", "energy", "neighbor_list"}
+        assert loader.reader.field_names == ("positions", "energy", "neighbor_list")
+    with pytest.raises(KeyError, match="nope"):
+        DALIDataLoader(small_store, fields=["nope"], device="cpu")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 1])
+def test_reader_error_surfaces_with_its_type_and_message(small_store: Path, workers: int) -> None:
+    failing = FailingReader(small_store)
+    with DALIDataLoader(
+        failing, batch_size=10, prefetch_factor=2, num_workers=workers, start_method="fork", device="cpu"
+    ) as loader:
+        started = time.monotonic()
+        with pytest.raises(LoaderError, match="ValueError: disk on fire at window 3") as info:
+            for _ in loader:
+                pass
+        assert info.value.original_type == "ValueError"
+        assert time.monotonic() - started < 30
+
+
+def test_close_releases_workers_and_shared_memory(small_store: Path) -> None:
+    before = set(glob.glob("/dev/shm/*"))
+    loader = DALIDataLoader(small_store, batch_size=30, num_workers=2, start_method="fork", device="cpu")
+    next(iter(loader))
+    children = _children()
+    assert len(children) >= 2
+    loader.close()
+    loader.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(pid) for pid in children):
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in children)
+    assert set(glob.glob("/dev/shm/*")) <= before
+    with pytest.raises(RuntimeError, match="closed"):
+        iter(loader)
+
+
+def test_device_resolution() -> None:
+    from dali_alchemi.pipeline.loader import resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+            resolve_device("cuda")
+    with pytest.raises(ValueError, match="device must be"):
+        resolve_device("meta")
+
+
+def _children() -> list[int]:
+    pid = os.getpid()
+    kids = []
+    for status in glob.glob("/proc/[0-9]*/status"):
+        try:
+            text = Path(status).read_text()
+        except OSError:
+            continue
+        if f"\nPPid:\t{pid}\n" in text:
+            kids.append(int(status.split("/")[2]))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text().split("\nState:\t")[1][0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.gpu
+def test_cuda_batches_equal_the_cpu_path(reader: AtomicDataZarrReader) -> None:
+    with (
+        DALIDataLoader(reader, batch_size=16, seed=2, device="cpu") as cpu,
+        DALIDataLoader(reader, batch_size=16, seed=2, device="cuda") as gpu,
+    ):
+        for a, b in zip(cpu, gpu, strict=True):
+            assert b.positions.is_cuda and b.batch_idx.is_cuda and b.neighbor_list.is_cuda
+            for name in a.fields:
+                assert torch.equal(a[name], b[name].cpu()), name
+            assert torch.equal(a.batch_idx, b.batch_idx.cpu()) and torch.equal(a.batch_ptr, b.batch_ptr.cpu())
+            assert a.sample_indices.tolist() == b.sample_indices.tolist()

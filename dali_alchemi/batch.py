@@ -31,10 +31,93 @@ _KEY_OF_LEVEL: dict[Level, str] = {"atom": "node", "edge": "edge", "system": "sy
 ArrayLike = torch.Tensor | NDArray[Any]
 
 
-def _counts_ptr(counts: torch.Tensor) -> torch.Tensor:
+def _exclusive_cumsum_t(counts: torch.Tensor) -> torch.Tensor:
     ptr = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=counts.device)
     torch.cumsum(counts, 0, out=ptr[1:])
     return ptr
+
+
+def collate(
+    *,
+    fields: Mapping[str, torch.Tensor],
+    levels: Mapping[str, Level],
+    n_atoms: torch.Tensor,
+    n_edges: torch.Tensor,
+    host_n_atoms: NDArray[np.int64],
+    host_n_edges: NDArray[np.int64],
+    batch_size: int | None = None,
+    sample_indices: NDArray[np.int64] | None = None,
+) -> list[Batch]:
+    """Cut a window of structures (flat tensors, in order) into Batches of ``batch_size`` structures.
+
+    ``fields`` are flat and on one device, with sample-local index fields (``neighbor_list``);
+    ``n_atoms``/``n_edges`` are the per-structure counts on that device and ``host_n_atoms``/
+    ``host_n_edges`` the same counts on the host. The per-atom batch index, the pointers and the
+    index-field offsets are computed once for the whole window (numpy on the CPU, torch on a GPU, with
+    sizes from the host so nothing synchronises), and every Batch gets views of them. The last batch
+    may be smaller; ``batch_size=None`` makes one batch of everything.
+    """
+    missing = set(fields) - set(levels)
+    if missing:
+        raise KeyError(f"No level given for fields {sorted(missing)}")
+    n = int(host_n_atoms.size)
+    if n == 0:
+        raise ValueError("Cannot create batch from empty data list")
+    size = n if batch_size is None else batch_size
+    cuts = np.minimum(np.arange(0, n + size, size, dtype=np.int64), n)
+    cuts = cuts[: int(np.searchsorted(cuts, n)) + 1]
+    per_batch = np.diff(cuts)
+    atoms_ptr, edges_ptr = exclusive_cumsum(host_n_atoms), exclusive_cumsum(host_n_edges)
+    total_atoms, total_edges = int(atoms_ptr[-1]), int(edges_ptr[-1])
+    # Each structure's graph index and node offset *within its own batch*.
+    graph_in_batch = np.arange(n, dtype=np.int64) - np.repeat(cuts[:-1], per_batch)
+    node_offset = atoms_ptr[:-1] - np.repeat(atoms_ptr[cuts[:-1]], per_batch)
+    device = n_atoms.device
+    out = dict(fields)
+    index_fields = [name for name in out if name in layout.ATOM_INDEX_FIELDS and total_edges]
+    if device.type == "cpu":
+        # numpy, not torch: torch's intra-op thread pool contends with the reading threads for the cores.
+        window_atoms_ptr, window_edges_ptr = torch.from_numpy(atoms_ptr), torch.from_numpy(edges_ptr)
+        batch_idx = torch.from_numpy(np.repeat(graph_in_batch.astype(np.int32), host_n_atoms))
+        for name in index_fields:
+            local = out[name].numpy()
+            shift = np.repeat(node_offset, host_n_edges).astype(local.dtype, copy=False)
+            out[name] = torch.from_numpy(local + shift.reshape((-1,) + (1,) * (local.ndim - 1)))
+    else:
+        counts_atoms, counts_edges = n_atoms.to(torch.int64), n_edges.to(torch.int64)
+        window_atoms_ptr, window_edges_ptr = _exclusive_cumsum_t(counts_atoms), _exclusive_cumsum_t(counts_edges)
+        graph_t = torch.from_numpy(graph_in_batch.astype(np.int32)).to(device, non_blocking=True)
+        batch_idx = torch.repeat_interleave(graph_t, counts_atoms, output_size=total_atoms)
+        if index_fields:
+            offset_t = torch.from_numpy(node_offset).to(device, non_blocking=True)
+            shift_t = torch.repeat_interleave(offset_t, counts_edges, output_size=total_edges)
+            for name in index_fields:
+                index = out[name]
+                out[name] = index + shift_t.to(index.dtype).view((-1,) + (1,) * (index.dim() - 1))
+    batches = []
+    level_cuts = {"atom": atoms_ptr[cuts].tolist(), "edge": edges_ptr[cuts].tolist(), "system": cuts.tolist()}
+    kept_levels = {name: levels[name] for name in out}
+    for j in range(per_batch.size):
+        g0, g1 = int(cuts[j]), int(cuts[j + 1])
+        a0, a1 = level_cuts["atom"][j], level_cuts["atom"][j + 1]
+        e0 = level_cuts["edge"][j]
+        batch_fields = {}
+        for name, tensor in out.items():
+            bounds = level_cuts[kept_levels[name]]
+            batch_fields[name] = tensor[bounds[j] : bounds[j + 1]]
+        batches.append(
+            Batch(
+                fields=batch_fields,
+                levels=kept_levels,
+                batch_ptr=window_atoms_ptr[g0 : g1 + 1] - a0,
+                edge_batch_ptr=window_edges_ptr[g0 : g1 + 1] - e0,
+                batch_idx=batch_idx[a0:a1],
+                host_n_atoms=host_n_atoms[g0:g1],
+                host_n_edges=host_n_edges[g0:g1],
+                sample_indices=None if sample_indices is None else sample_indices[g0:g1],
+            )
+        )
+    return batches
 
 
 class Batch:
@@ -56,7 +139,9 @@ class Batch:
         ``[B]`` int64 numpy array (host): the logical store index of each structure, when known.
 
     Fields are also reachable as attributes (``batch.positions``) and by name (``batch["positions"]``).
-    ``batch[i]`` gives structure ``i`` back as a dict with local ``neighbor_list`` indices.
+    ``batch[i]`` gives structure ``i`` back as a dict with local ``neighbor_list`` indices. Build
+    Batches with :meth:`from_packed`, :meth:`from_samples` or :func:`collate`; the constructor takes
+    already collated parts.
     """
 
     __slots__ = (
@@ -75,55 +160,18 @@ class Batch:
         *,
         fields: Mapping[str, torch.Tensor],
         levels: Mapping[str, Level],
-        n_atoms: torch.Tensor,
-        n_edges: torch.Tensor,
+        batch_ptr: torch.Tensor,
+        edge_batch_ptr: torch.Tensor,
+        batch_idx: torch.Tensor,
         host_n_atoms: NDArray[np.int64],
         host_n_edges: NDArray[np.int64],
         sample_indices: NDArray[np.int64] | None = None,
     ) -> None:
-        """Assemble a Batch from flat tensors already on their device.
-
-        ``n_atoms``/``n_edges`` are ``[B]`` counts on the device of the fields; ``host_n_atoms`` and
-        ``host_n_edges`` the same counts on the host (so sizes never need a device synchronisation).
-        Index fields (``neighbor_list``) arrive sample-local and are offset here by each structure's
-        node offset.
-        """
-        missing = set(fields) - set(levels)
-        if missing:
-            raise KeyError(f"No level given for fields {sorted(missing)}")
-        n_graphs = int(host_n_atoms.size)
-        if n_graphs == 0:
-            raise ValueError("Cannot create batch from empty data list")
-        total_atoms, total_edges = int(host_n_atoms.sum()), int(host_n_edges.sum())
-        device = n_atoms.device
-        out = dict(fields)
-        index_fields = [name for name in out if name in layout.ATOM_INDEX_FIELDS and total_edges]
-        if device.type == "cpu":
-            # Host counts are at hand: numpy avoids torch's intra-op thread pool, which contends with
-            # the reading threads for the same cores.
-            atoms_ptr, edges_ptr = exclusive_cumsum(host_n_atoms), exclusive_cumsum(host_n_edges)
-            self.batch_ptr = torch.from_numpy(atoms_ptr)
-            self.edge_batch_ptr = torch.from_numpy(edges_ptr)
-            self.batch_idx = torch.from_numpy(np.repeat(np.arange(n_graphs, dtype=np.int32), host_n_atoms))
-            for name in index_fields:
-                local = out[name].numpy()
-                shift = np.repeat(atoms_ptr[:-1], host_n_edges).astype(local.dtype, copy=False)
-                out[name] = torch.from_numpy(local + shift.reshape((-1,) + (1,) * (local.ndim - 1)))
-        else:
-            # On the device: counts are device tensors, sizes come from the host, so nothing syncs.
-            n_atoms = n_atoms.to(torch.int64)
-            n_edges = n_edges.to(torch.int64)
-            self.batch_ptr = _counts_ptr(n_atoms)
-            self.edge_batch_ptr = _counts_ptr(n_edges)
-            self.batch_idx = torch.repeat_interleave(
-                torch.arange(n_graphs, dtype=torch.int32, device=device), n_atoms, output_size=total_atoms
-            )
-            for name in index_fields:
-                offsets = torch.repeat_interleave(self.batch_ptr[:-1], n_edges, output_size=total_edges)
-                index = out[name]
-                out[name] = index + offsets.to(index.dtype).view((-1,) + (1,) * (index.dim() - 1))
-        self.fields: dict[str, torch.Tensor] = out
-        self.levels: dict[str, Level] = {name: levels[name] for name in out}
+        self.fields: dict[str, torch.Tensor] = dict(fields)
+        self.levels: dict[str, Level] = dict(levels)
+        self.batch_ptr = batch_ptr
+        self.edge_batch_ptr = edge_batch_ptr
+        self.batch_idx = batch_idx
         self.sample_indices = sample_indices
         self._n_atoms = np.asarray(host_n_atoms, dtype=np.int64)
         self._n_edges = np.asarray(host_n_edges, dtype=np.int64)
@@ -142,7 +190,7 @@ class Batch:
         def put(arr: NDArray[Any]) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(arr)).to(target, non_blocking=non_blocking)
 
-        return cls(
+        return collate(
             fields={name: put(arr) for name, arr in packed.fields.items()},
             levels=packed.levels,
             n_atoms=put(packed.n_atoms),
@@ -150,7 +198,7 @@ class Batch:
             host_n_atoms=packed.n_atoms,
             host_n_edges=packed.n_edges,
             sample_indices=packed.logical_indices,
-        )
+        )[0]
 
     @classmethod
     def from_samples(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -56,6 +57,70 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    import json
+    import tempfile
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dali_alchemi.bench.loaders import validate_names
+    from dali_alchemi.bench.runner import BenchConfig, run_bench
+    from dali_alchemi.bench.synth import write_synthetic_store
+    from dali_alchemi.pipeline.loader import resolve_device
+
+    loaders = [name.strip() for name in args.loaders.split(",") if name.strip()]
+    validate_names(loaders)
+    device = resolve_device(args.device)
+    config = BenchConfig(
+        loaders=tuple(loaders), orders=tuple(o.strip() for o in args.order.split(",")), batch_size=args.batch_size,
+        epochs=args.epochs, rounds=args.rounds, step_ms=args.step_ms, device=str(device),
+        prefetch_factor=args.prefetch_factor, torch_workers=args.torch_workers,
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="dali-alchemi-bench-") as scratch:
+        if args.store:
+            store, store_info = args.store, {"path": args.store}
+        else:
+            store = str(Path(scratch) / "synthetic.zarr")
+            console.print(f"writing a synthetic store of {args.n} structures (seed {args.seed}) ...")
+            write_synthetic_store(store, args.n, seed=args.seed)
+            store_info = {"synthetic": True, "structures": args.n, "seed": args.seed}
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                      TimeElapsedColumn(), console=console) as bar:  # fmt: skip
+            task = bar.add_task("starting", total=None)
+
+            def progress(what: str, done: int, total: int) -> None:
+                bar.update(task, description=what, completed=done, total=total)
+
+            records = run_bench(store, config, store_info=store_info, progress=progress)
+    table = Table(
+        "loader", "order", "samples/s", "atoms/s", "x plain", "first batch s", "peak RSS MB",
+        *(["wait s"] if args.step_ms else []), title=f"batch {args.batch_size}, {device}, median of {args.rounds} rounds",
+    )  # fmt: skip
+    for r in records:
+        if r.note:
+            table.add_row(r.loader, r.order, r.note, "", "", "", "", *([""] if args.step_ms else []))
+            continue
+        table.add_row(
+            r.loader, r.order, _fmt(r.samples_per_s, ",.0f"), _fmt(r.atoms_per_s, ",.0f"), _fmt(r.ratio_vs_plain, ".2f"),
+            _fmt(r.first_batch_s, ".2f"), _fmt(r.peak_rss_mb, ".0f"), *([_fmt(r.wait_s, ".2f")] if args.step_ms else []),
+        )  # fmt: skip
+    console.print(table)
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps([r.to_dict() for r in records], indent=2))
+        console.print(f"wrote {out}")
+    if args.plot:
+        from dali_alchemi.bench.plot import plot_records
+
+        console.print(f"wrote {plot_records(records, args.plot, title=str(table.title or ''))}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dali-alchemi", description="Atomistic Zarr stores to PyTorch through DALI.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -71,6 +136,27 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="print a store's counts, arrays, chunks and codecs")
     inspect.add_argument("store", help="path or URL of the store")
     inspect.set_defaults(func=cmd_inspect)
+
+    from dali_alchemi.bench.loaders import DEFAULT_LOADERS, LOADER_HELP
+
+    bench = sub.add_parser("bench", help="compare loaders side by side on a store (a synthetic one by default)")
+    bench.add_argument(
+        "store", nargs="?", help="path or URL of a store; omitted: a synthetic store in a temporary folder"
+    )
+    bench.add_argument("--n", type=int, default=20000, help="structures in the synthetic store (default 20000)")
+    bench.add_argument("--seed", type=int, default=42, help="seed of the synthetic store")
+    bench.add_argument("--loaders", default=",".join(DEFAULT_LOADERS), help=f"comma-separated: {LOADER_HELP}")
+    bench.add_argument("--order", default="shuffle", help="comma-separated: shuffle, sequential")
+    bench.add_argument("--batch-size", type=int, default=64)
+    bench.add_argument("--prefetch-factor", type=int, default=16, help="batches per packed read window")
+    bench.add_argument("--epochs", type=int, default=2, help="epochs per measurement (default 2)")
+    bench.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the report gives medians")
+    bench.add_argument("--step-ms", type=float, default=0.0, help="simulated training step after each batch")
+    bench.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    bench.add_argument("--torch-workers", type=int, default=2, help="workers of a torch loader named without -wN")
+    bench.add_argument("--json", help="write the records to this JSON file")
+    bench.add_argument("--plot", help="write a PNG bar chart to this file")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

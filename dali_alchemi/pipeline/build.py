@@ -1,6 +1,6 @@
 """Building the DALI pipeline: one batch-aware external source, ``.gpu()`` outputs on a GPU.
 
-The pipeline's batch is one window (``batches_per_window`` samples, each a packed training batch).
+The pipeline's batch is one window, cut into at most ``samples_per_window`` DALI samples.
 On a CUDA device every field and the counts go ``.gpu()``: DALI then stages them in pinned memory
 and copies them asynchronously; the host keeps its own copy of the counts and indices so batch sizes
 never need a device synchronisation. Without a GPU the same graph runs with ``device_id=None``.
@@ -37,18 +37,18 @@ def build_pipeline(
     source: Any,
     specs: tuple[OutputSpec, ...],
     *,
-    batches_per_window: int,
+    samples_per_window: int,
     device_id: int | None,
     num_workers: int,
     start_method: str,
     queue_depth: int,
-    bytes_per_batch: int,
+    bytes_per_sample: int,
     num_threads: int = 2,
 ) -> tuple[Pipeline, PipelineOutputs]:
     """Build (and start) the pipeline; returns it with the names of its outputs."""
     parallel = num_workers > 0
     pipe = Pipeline(
-        batch_size=batches_per_window,
+        batch_size=samples_per_window,
         num_threads=num_threads,
         device_id=device_id,
         prefetch_queue_depth=queue_depth,
@@ -59,7 +59,7 @@ def build_pipeline(
     source_kwargs: dict[str, Any] = {"no_copy": True}
     if parallel:
         # One task per window; at least one window in flight per worker (dali-notes section 2.1).
-        source_kwargs.update(prefetch_queue_depth=max(num_workers, 1), bytes_per_sample_hint=bytes_per_batch)
+        source_kwargs.update(prefetch_queue_depth=max(num_workers, 1), bytes_per_sample_hint=bytes_per_sample)
     with pipe:
         nodes = fn.external_source(
             source=source,
@@ -83,9 +83,9 @@ def build_pipeline(
             pipe.set_outputs(*(by_name[s.name].gpu() for s in on_device), *(by_name[name] for name in host))
     pipe.build()
     logger.debug(
-        "built pipeline: %d outputs, window of %d batches, %d workers",
+        "built pipeline: %d outputs, %d samples per window, %d workers",
         len(outputs.names),
-        batches_per_window,
+        samples_per_window,
         num_workers,
     )
     return pipe, outputs

@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
-from dali_alchemi.batch import Batch
+from dali_alchemi.batch import Batch, collate
 from dali_alchemi.pipeline.source import INDICES, N_ATOMS, N_EDGES, OutputSpec, loader_error
 
 if TYPE_CHECKING:
@@ -22,13 +21,10 @@ if TYPE_CHECKING:
     from dali_alchemi.types import Level
 
 
-def _flat_view(tensor_list: Any) -> tuple[torch.Tensor, list[int]]:
-    """A ragged DALI TensorList as one flat torch tensor (zero-copy) and its per-sample row counts."""
-    shapes = tensor_list.shape()
-    rows = [int(s[0]) for s in shapes]
-    trailing = list(shapes[0][1:]) if shapes else []
-    flat = tensor_list.as_reshaped_tensor([sum(rows), *trailing])
-    return torch.from_dlpack(flat), rows
+def _flat_view(tensor_list: Any, trailing: tuple[int, ...]) -> torch.Tensor:
+    """A DALI TensorList's samples, concatenated on dim 0, as one torch tensor (zero-copy when contiguous)."""
+    rows = sum(int(shape[0]) for shape in tensor_list.shape())
+    return torch.from_dlpack(tensor_list.as_reshaped_tensor([rows, *trailing]))
 
 
 class WindowIterator:
@@ -40,18 +36,19 @@ class WindowIterator:
     """
 
     def __init__(
-        self, pipe: Any, outputs: PipelineOutputs, specs: tuple[OutputSpec, ...], device: torch.device
+        self, pipe: Any, outputs: PipelineOutputs, specs: tuple[OutputSpec, ...], device: torch.device, batch_size: int
     ) -> None:
         self.pipe = pipe
         self.outputs = outputs
-        self.specs = {spec.name: spec for spec in specs}
+        self.trailing = {spec.name: spec.trailing for spec in specs}
         self.levels: dict[str, Level] = {spec.name: spec.level for spec in specs if spec.is_field}
         self.device = device
+        self.batch_size = batch_size
 
     def _run(self) -> tuple[Any, ...] | None:
         try:
             if self.device.type == "cuda":
-                return tuple(self.pipe.run(torch.cuda.current_stream(self.device).cuda_stream))
+                return tuple(self.pipe.run(torch.cuda.current_stream(self.device)))
             return tuple(self.pipe.run())
         except StopIteration:
             return None
@@ -67,28 +64,15 @@ class WindowIterator:
             yield self._to_batches(on_device, on_host)
 
     def _to_batches(self, raw: dict[str, Any], host_raw: dict[str, Any]) -> list[Batch]:
-        device_counts = {name: _flat_view(raw[name]) for name in (N_ATOMS, N_EDGES)}
-        host = {name: _flat_view(host_raw[name])[0].numpy() for name in (N_ATOMS, N_EDGES, INDICES)}
-        graphs = device_counts[N_ATOMS][1]  # structures per batch
-        graph_ptr = np.concatenate([[0], np.cumsum(graphs)]).tolist()
-        fields: dict[str, tuple[torch.Tensor, list[int]]] = {
-            name: _flat_view(raw[name]) for name in self.outputs.device_names if name in self.levels
-        }
-        field_ptr = {name: np.concatenate([[0], np.cumsum(rows)]).tolist() for name, (_, rows) in fields.items()}
-        batches = []
-        for j in range(len(graphs)):
-            g0, g1 = graph_ptr[j], graph_ptr[j + 1]
-            batches.append(
-                Batch(
-                    fields={
-                        name: flat[field_ptr[name][j] : field_ptr[name][j + 1]] for name, (flat, _) in fields.items()
-                    },
-                    levels=self.levels,
-                    n_atoms=device_counts[N_ATOMS][0][g0:g1],
-                    n_edges=device_counts[N_EDGES][0][g0:g1],
-                    host_n_atoms=host[N_ATOMS][g0:g1],
-                    host_n_edges=host[N_EDGES][g0:g1],
-                    sample_indices=host[INDICES][g0:g1],
-                )
-            )
-        return batches
+        flat = {name: _flat_view(raw[name], self.trailing[name]) for name in raw}
+        host = {name: _flat_view(host_raw[name], ()).numpy() for name in (N_ATOMS, N_EDGES, INDICES)}
+        return collate(
+            fields={name: flat[name] for name in self.levels},
+            levels=self.levels,
+            n_atoms=flat[N_ATOMS],
+            n_edges=flat[N_EDGES],
+            host_n_atoms=host[N_ATOMS],
+            host_n_edges=host[N_EDGES],
+            batch_size=self.batch_size,
+            sample_indices=host[INDICES],
+        )

@@ -19,7 +19,7 @@ from dali_alchemi.config import LoaderConfig
 from dali_alchemi.errors import LoaderError
 from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline, close_pipeline
 from dali_alchemi.pipeline.iterator import WindowIterator
-from dali_alchemi.pipeline.source import OutputSpec, ReadAheadSource, WindowSource, output_specs
+from dali_alchemi.pipeline.source import LAYOUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
 from dali_alchemi.planning import SamplePlan
 from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES
 from dali_alchemi.store.reader import AtomicDataZarrReader
@@ -90,6 +90,9 @@ class DALIDataLoader:
         DALI's pipeline prefetch queue depth (windows).
     cache_bytes
         Decoded-chunk cache of a reader the loader opens itself (per worker process).
+    layout
+        How a window is cut into DALI samples: ``"window"`` (one sample per field per window, the
+        default and fastest measured), ``"batch"`` or ``"structure"``. Batches are identical either way.
 
     Iteration resumes where the loader stands: ``(epoch, batch)`` advances as batches are yielded,
     and moves to the next epoch when one ends. :meth:`set_epoch` jumps to the start of an epoch;
@@ -116,7 +119,11 @@ class DALIDataLoader:
         start_method: str = "auto",
         queue_depth: int = 2,
         cache_bytes: int | None = None,
+        layout: str = "window",
     ) -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        self.layout = layout
         self.config = LoaderConfig(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, prefetch_factor=prefetch_factor,
             num_workers=num_workers, device=str(device), fields=None if fields is None else tuple(fields),
@@ -205,7 +212,7 @@ class DALIDataLoader:
 
     def _iterate(self, generation: int) -> Iterator[Batch]:
         assert self._outputs is not None
-        windows = WindowIterator(self._pipe, self._outputs, self.specs, self.device)
+        windows = WindowIterator(self._pipe, self._outputs, self.specs, self.device, self.plan.batch_size)
         self._pipe_next = None  # mid-epoch until the epoch ends cleanly
         try:
             for window in windows.windows():
@@ -229,7 +236,9 @@ class DALIDataLoader:
         if self._pipe is not None and self._pipe_next == (epoch, batch):
             return
         self._discard_pipeline()
-        source = WindowSource(self.reader, self.plan, self.specs, start_epoch=epoch, start_batch=batch)
+        source = WindowSource(
+            self.reader, self.plan, self.specs, start_epoch=epoch, start_batch=batch, layout=self.layout
+        )
         workers = self.config.num_workers
         if workers == 0:
             self._read_ahead = ReadAheadSource(
@@ -241,28 +250,34 @@ class DALIDataLoader:
         self._pipe, self._outputs = build_pipeline(
             self._read_ahead if workers == 0 else source,
             self.specs,
-            batches_per_window=self.plan.batches_per_window,
+            samples_per_window=self._samples_per_window(),
             device_id=self.device.index if self.device.type == "cuda" else None,
             num_workers=workers,
             start_method=start_method,
             queue_depth=self.config.queue_depth,
-            bytes_per_batch=self._bytes_per_batch(),
+            bytes_per_sample=self._bytes_per_sample(),
         )
         self._pipe_next = (epoch, batch)
 
-    def _bytes_per_batch(self) -> int:
-        """A generous estimate of one packed batch, so DALI's shared memory rarely has to grow."""
+    def _samples_per_window(self) -> int:
+        """DALI samples in one window (the pipeline's batch size) for the layout."""
+        per_window = {
+            "window": 1,
+            "batch": self.plan.batches_per_window,
+            "structure": self.plan.batches_per_window * self.plan.batch_size,
+        }
+        return per_window[self.layout]
+
+    def _bytes_per_sample(self) -> int:
+        """A generous estimate of one DALI sample's bytes, so DALI's shared memory rarely has to grow."""
         n = max(1, len(self.reader))
         atoms_ptr = self.reader.atoms_ptr
-        per_sample = 0.0
+        per_structure = 0.0
         for spec in self.specs:
-            level, shape, dtype = (
-                self.reader.field_info(spec.name) if spec.is_field else ("system", (1,), np.dtype(np.int64))
-            )
-            row = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize
-            rows = {"atom": float(atoms_ptr[-1]) / n, "edge": 4.0 * float(atoms_ptr[-1]) / n, "system": 1.0}[level]
-            per_sample += rows * row
-        return int(per_sample * self.config.batch_size * 1.5) + (1 << 16)
+            rows = {"atom": float(atoms_ptr[-1]) / n, "edge": 4.0 * float(atoms_ptr[-1]) / n, "system": 1.0}[spec.level]
+            per_structure += rows * int(np.prod(spec.trailing, dtype=np.int64)) * spec.dtype.itemsize
+        structures = self.plan.batch_size * self.plan.batches_per_window / self._samples_per_window()
+        return int(per_structure * structures * 1.5) + (1 << 16)
 
     def _discard_pipeline(self) -> None:
         close_pipeline(self._pipe)

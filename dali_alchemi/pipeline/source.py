@@ -1,11 +1,14 @@
-"""The external-source callable: ``(epoch_idx, iteration) -> one window of packed batches``.
+"""The external-source callable: ``(epoch_idx, iteration) -> one window of packed samples``.
 
 A DALI *iteration* here is one *window*: ``batches_per_window`` consecutive training batches, read
-with **one** call to the reader's packed path. Each DALI *sample* is one training batch, packed: one
-flat array per field (atoms ``[ΣV, *t]``, edges ``[ΣE, *t]``, systems ``[B, *t]``), plus the per-structure
-atom and edge counts and the logical indices. Everything is derived from DALI's ``BatchInfo``, so the
-callable is stateless in meaning (it may cache the current epoch's order) and can run in any DALI
-worker process; it raises ``StopIteration`` for every iteration past the end of the epoch.
+with **one** call to the reader's packed path. The window's flat arrays (atoms ``[ΣV, *t]``, edges
+``[ΣE, *t]``, systems ``[B, *t]``, plus per-structure atom and edge counts and logical indices) are
+cut into DALI samples by a *layout*: one sample per field per window (``"window"``, the default and
+the fastest measured), per training batch (``"batch"``) or per structure (``"structure"``). The
+iterator concatenates the samples back into one flat view whatever the layout, so the layout only
+changes DALI's per-sample costs. Everything is derived from DALI's ``BatchInfo``, so the callable is
+stateless in meaning (it may cache the current epoch's order) and can run in any DALI worker
+process; it raises ``StopIteration`` for every iteration past the end of the epoch.
 
 Errors are re-raised with a ``[dali-alchemi:TypeName]`` prefix, because DALI's worker processes
 forward only an exception's text; the iterator turns that back into a
@@ -33,6 +36,8 @@ if TYPE_CHECKING:
     from dali_alchemi.store.reader import AtomicDataZarrReader
     from dali_alchemi.types import IndexArray, Level
 
+LAYOUTS = ("window", "batch", "structure")
+
 N_ATOMS = "__n_atoms"
 N_EDGES = "__n_edges"
 INDICES = "__indices"
@@ -46,12 +51,16 @@ class OutputSpec:
 
     name: str
     dtype: np.dtype[Any]
-    ndim: int
+    trailing: tuple[int, ...]
     level: Level
 
     @property
     def is_field(self) -> bool:
         return not self.name.startswith("__")
+
+    @property
+    def ndim(self) -> int:
+        return 1 + len(self.trailing)
 
 
 def output_specs(reader: AtomicDataZarrReader, fields: tuple[str, ...]) -> tuple[OutputSpec, ...]:
@@ -59,12 +68,12 @@ def output_specs(reader: AtomicDataZarrReader, fields: tuple[str, ...]) -> tuple
     specs = []
     for name in fields:
         level, shape, dtype = reader.field_info(name)
-        specs.append(OutputSpec(name=name, dtype=np.dtype(dtype), ndim=len(shape), level=level))
+        specs.append(OutputSpec(name=name, dtype=np.dtype(dtype), trailing=tuple(shape[1:]), level=level))
     int64 = np.dtype(np.int64)
     specs += [
-        OutputSpec(N_ATOMS, int64, 1, "system"),
-        OutputSpec(N_EDGES, int64, 1, "system"),
-        OutputSpec(INDICES, int64, 1, "system"),
+        OutputSpec(N_ATOMS, int64, (), "system"),
+        OutputSpec(N_EDGES, int64, (), "system"),
+        OutputSpec(INDICES, int64, (), "system"),
     ]
     return tuple(specs)
 
@@ -103,7 +112,11 @@ class WindowSource:
         *,
         start_epoch: int = 0,
         start_batch: int = 0,
+        layout: str = "window",
     ) -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        self.layout = layout
         self.reader = reader
         self.plan = plan
         self.specs = specs
@@ -134,6 +147,10 @@ class WindowSource:
             self._order = (epoch, self.plan.shard_order(epoch))
         indices, bounds = self.plan.window(epoch, iteration, first_batch, order=self._order[1])
         packed = self.reader.read_packed(indices, fields=self.fields)
+        if self.layout == "window":
+            bounds = bounds[[0, -1]]
+        elif self.layout == "structure":
+            bounds = np.arange(len(packed) + 1, dtype=np.int64)
         return split_window(packed, bounds, self.specs)
 
     def __call__(self, info: Any) -> tuple[list[NDArray[Any]], ...]:

@@ -52,8 +52,13 @@ class LevelPlan:
         if self.rows.size == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
         block_of_row = self.rows // block_rows
-        starts = np.flatnonzero(np.r_[True, block_of_row[1:] != block_of_row[:-1]])
-        bounds = np.r_[starts, block_of_row.size].astype(np.int64)
+        change = np.empty(block_of_row.size, dtype=np.bool_)
+        change[0] = True
+        np.not_equal(block_of_row[1:], block_of_row[:-1], out=change[1:])
+        starts = np.flatnonzero(change)
+        bounds = np.empty(starts.size + 1, dtype=np.int64)
+        bounds[:-1] = starts
+        bounds[-1] = block_of_row.size
         return block_of_row[starts], bounds
 
 

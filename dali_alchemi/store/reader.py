@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+INLINE_ROWS = 1 << 15
+"""Reads of at most this many rows, all cached, are copied on the calling thread (no pool hand-off)."""
+
 DEFAULT_MAX_CONCURRENCY = 32
 """Concurrent chunk requests for non-local stores (latency-bound, so more than the core count)."""
 
@@ -343,7 +346,6 @@ class AtomicDataZarrReader:
     def _gather(self, names: Sequence[str], plans: dict[Level, LevelPlan], outputs: dict[str, NDArray[Any]]) -> None:
         """Fill ``outputs``: fetch the blocks missing from the cache in one concurrent batch, then decode
         and scatter every block on the thread pool (each block's rows go to disjoint output rows)."""
-        pool = self._pool()
         block_plans: dict[tuple[Level, int], tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
         jobs: list[_BlockJob] = []
         for name in names:
@@ -377,16 +379,17 @@ class AtomicDataZarrReader:
                     self._cache.put((job.handle.name, job.block), data)
                 _scatter(outputs[job.handle.name], job.plan, job.lo, job.hi, data, job.block * codec.block_rows)
 
+        rows = sum(job.hi - job.lo for job in jobs)
+        if not missing and rows <= INLINE_ROWS:
+            run(jobs)  # small and cached: a thread hand-off would cost more than the copies
+            return
         groups = _balanced_groups(jobs, self._num_threads * 4)
-        if len(groups) <= 1:
-            for group in groups:
-                run(group)
-        else:
-            for _ in pool.map(run, groups):
-                pass
+        for _ in self._pool().map(run, groups):
+            pass
 
     def _fetch_blocks(self, blocks: list[tuple[ArrayCodec, int]]) -> list[tuple[list[Any | None], list[str]]]:
         """Fetch every chunk payload of the given row blocks in one concurrent batch (two for shards)."""
+        self._pool()  # the fetcher lives with the thread pool, rebuilt after a fork
         locations = [codec.chunks_of_block(block) for codec, block in blocks]
         # Sharded arrays: make sure every needed shard index is known, fetching the missing ones together.
         index_requests: dict[tuple[str, str], tuple[ArrayCodec, ByteRequest]] = {}

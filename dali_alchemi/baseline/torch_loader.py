@@ -1,0 +1,143 @@
+"""``torch.utils.data.DataLoader`` over the reader: per-sample reads, or one ``read_many`` per batch.
+
+Both variants use the same :class:`~dali_alchemi.planning.SamplePlan` as the DALI loader (so, for a
+seed and epoch, they produce the same batches) and collate with :meth:`Batch.from_samples`, the
+reference collation. ``num_workers`` and ``pin_memory`` mean what they mean in torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from dali_alchemi.batch import Batch
+from dali_alchemi.planning import SamplePlan
+from dali_alchemi.store.reader import AtomicDataZarrReader
+
+if TYPE_CHECKING:
+    from dali_alchemi.store.location import StoreLike
+    from dali_alchemi.types import Level
+
+
+class SampleDataset(Dataset[dict[str, torch.Tensor]]):
+    """Map-style dataset: ``dataset[i]`` is one sample dict read with ``reader.read(i)``."""
+
+    def __init__(self, reader: AtomicDataZarrReader) -> None:
+        self.reader = reader
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        sample, _ = self.reader.read(index)
+        return sample
+
+
+class BatchDataset(SampleDataset):
+    """``dataset[indices]`` reads a whole batch with one ``reader.read_many(indices)``."""
+
+    def __getitem__(self, indices: Sequence[int]) -> list[dict[str, torch.Tensor]]:  # type: ignore[override]
+        return [sample for sample, _ in self.reader.read_many(list(indices))]
+
+
+class Collater:
+    """Picklable collate function: sample dicts -> :class:`Batch` with the store's levels."""
+
+    def __init__(self, levels: Mapping[str, Level]) -> None:
+        self.levels = dict(levels)
+
+    def __call__(self, samples: list[dict[str, torch.Tensor]]) -> Batch:
+        return Batch.from_samples(samples, levels=self.levels)
+
+
+class PlanSampler(Sampler[int]):
+    """Yields one shard's indices of ``plan`` for the current epoch."""
+
+    def __init__(self, plan: SamplePlan) -> None:
+        self.plan = plan
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return min(self.plan.samples_per_shard, self.plan.num_batches * self.plan.batch_size)
+
+    def __iter__(self) -> Iterator[int]:
+        order = self.plan.shard_order(self.epoch)
+        return iter(order[: len(self)].tolist())
+
+
+class PlanBatchSampler(Sampler[list[int]]):
+    """Yields one shard's batches of ``plan`` for the current epoch."""
+
+    def __init__(self, plan: SamplePlan) -> None:
+        self.plan = plan
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.plan.num_batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return (batch.tolist() for batch in self.plan.batches(self.epoch))
+
+
+def plain_dataloader(
+    store_or_reader: StoreLike | AtomicDataZarrReader,
+    *,
+    batch_size: int = 64,
+    shuffle: bool = True,
+    seed: int = 0,
+    drop_last: bool = False,
+    num_workers: int = 2,
+    pin_memory: bool = False,
+    batched: bool = False,
+    fields: Sequence[str] | None = None,
+    prefetch_factor: int | None = None,
+    **reader_options: Any,
+) -> DataLoader[Any]:
+    """A torch DataLoader yielding :class:`Batch` objects from a store.
+
+    ``batched=False`` reads sample by sample (a map-style dataset, the common setup); ``batched=True``
+    passes each batch's indices to the dataset, which reads them with one ``read_many``. The loader's
+    sampler has a ``set_epoch`` like ``DistributedSampler``: call ``loader.sampler.set_epoch(e)`` for a
+    new order.
+    """
+    reader = (
+        store_or_reader
+        if isinstance(store_or_reader, AtomicDataZarrReader)
+        else AtomicDataZarrReader(store_or_reader, fields=fields, **reader_options)
+    )
+    plan = SamplePlan(num_samples=len(reader), batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
+    collate = Collater(reader.field_levels)
+    extra: dict[str, Any] = {}
+    if num_workers > 0:
+        extra["persistent_workers"] = True
+        if prefetch_factor is not None:
+            extra["prefetch_factor"] = prefetch_factor
+    if batched:
+        return DataLoader(
+            BatchDataset(reader),
+            batch_size=None,
+            sampler=PlanBatchSampler(plan),
+            collate_fn=collate,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            **extra,
+        )
+    return DataLoader(
+        SampleDataset(reader),
+        batch_size=batch_size,
+        sampler=PlanSampler(plan),
+        drop_last=drop_last,
+        collate_fn=collate,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        **extra,
+    )

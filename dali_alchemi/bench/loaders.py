@@ -1,0 +1,201 @@
+"""The loaders the benchmark compares, behind one small interface.
+
+Each entry opens a loader on a store for one order (shuffled or sequential) and yields, per epoch,
+``(structures, atoms)`` for every unit it delivers (a batch; a window for the read limits). Batches
+are moved to the benchmark device, as a training loop would. The DALI loader, the plain DataLoader
+and the limits all use the same reader; nvalchemi's loader uses nvalchemi's own reader.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from dali_alchemi.planning import SamplePlan
+from dali_alchemi.store.reader import AtomicDataZarrReader
+
+DECODE_CACHE_BYTES = 64 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoaderSettings:
+    """What every loader in a run shares: batch size, window size, device, worker counts."""
+
+    batch_size: int = 64
+    prefetch_factor: int = 16
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    torch_workers: int = 2
+    dali_workers: int = 2
+    seed: int = 0
+
+
+class Runnable(Protocol):
+    def epoch(self, epoch: int) -> Iterator[tuple[int, int]]: ...
+
+    def close(self) -> None: ...
+
+
+class _BatchLoader:
+    """Adapts anything that iterates Batches (and can set its epoch) to :class:`Runnable`."""
+
+    def __init__(
+        self, loader: Any, set_epoch: Callable[[int], None], device: torch.device, on_close: Callable[[], None]
+    ) -> None:
+        self.loader = loader
+        self._set_epoch = set_epoch
+        self.device = device
+        self._on_close = on_close
+
+    def epoch(self, epoch: int) -> Iterator[tuple[int, int]]:
+        self._set_epoch(epoch)
+        for batch in self.loader:
+            if self.device.type == "cuda" and batch.device != self.device:
+                batch = batch.to(self.device, non_blocking=True)
+            yield batch.num_graphs, batch.num_nodes
+
+    def close(self) -> None:
+        self._on_close()
+
+
+def _dali(store: str, shuffle: bool, s: LoaderSettings, workers: int) -> Runnable:
+    from dali_alchemi.pipeline.loader import DALIDataLoader
+
+    loader = DALIDataLoader(
+        store, batch_size=s.batch_size, shuffle=shuffle, seed=s.seed, prefetch_factor=s.prefetch_factor,
+        num_workers=workers, device=s.device,
+    )  # fmt: skip
+    return _BatchLoader(loader, loader.set_epoch, s.device, loader.close)
+
+
+def _torch(store: str, shuffle: bool, s: LoaderSettings, batched: bool, workers: int) -> Runnable:
+    from dali_alchemi.baseline import plain_dataloader
+
+    loader = plain_dataloader(
+        store, batch_size=s.batch_size, shuffle=shuffle, seed=s.seed, num_workers=workers,
+        pin_memory=s.device.type == "cuda", batched=batched,
+    )  # fmt: skip
+    sampler = loader.sampler  # PlanSampler, or PlanBatchSampler when batched (batch_size=None)
+
+    def close() -> None:
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()  # persistent workers: stop them now, not at garbage collection
+        loader.dataset.reader.close()  # type: ignore[attr-defined]
+
+    return _BatchLoader(loader, sampler.set_epoch, s.device, close)  # type: ignore[attr-defined]
+
+
+def nvalchemi_available() -> bool:
+    """Whether nvalchemi-toolkit can be imported here."""
+    return importlib.util.find_spec("nvalchemi") is not None
+
+
+def _nvalchemi(store: str, shuffle: bool, s: LoaderSettings) -> Runnable:
+    from nvalchemi.data.datapipes import AtomicDataZarrReader as NvReader
+    from nvalchemi.data.datapipes import DataLoader, Dataset
+
+    reader = NvReader(store)
+    dataset = Dataset(reader, device=s.device, skip_validation=True)
+    loader = DataLoader(
+        dataset, batch_size=s.batch_size, shuffle=shuffle, prefetch_factor=s.prefetch_factor,
+        pin_memory=s.device.type == "cuda", use_streams=s.device.type == "cuda",
+    )  # fmt: skip
+
+    def set_epoch(epoch: int) -> None:
+        torch.manual_seed(s.seed + epoch)  # its RandomSampler draws from torch's global generator
+        loader.set_epoch(epoch)
+
+    return _BatchLoader(loader, set_epoch, s.device, reader.close)
+
+
+class _PackedReads:
+    """The reader's own packed windowed reads: the ceiling for anything built on top of it."""
+
+    def __init__(self, store: str, shuffle: bool, s: LoaderSettings, *, cache_bytes: int | None = None) -> None:
+        self.reader = (
+            AtomicDataZarrReader(store) if cache_bytes is None else AtomicDataZarrReader(store, cache_bytes=cache_bytes)
+        )
+        self.plan = SamplePlan(
+            num_samples=len(self.reader), batch_size=s.batch_size, shuffle=shuffle, seed=s.seed,
+            batches_per_window=s.prefetch_factor,
+        )  # fmt: skip
+
+    def epoch(self, epoch: int) -> Iterator[tuple[int, int]]:
+        order = self.plan.shard_order(epoch)
+        for w in range(self.plan.num_windows()):
+            indices, _ = self.plan.window(epoch, w, order=order)
+            packed = self.reader.read_packed(indices)
+            yield len(packed), int(packed.n_atoms.sum())
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+class _SequentialDecode(_PackedReads):
+    """Every chunk of the store decoded once, in order: the decode limit of an epoch.
+
+    The small cache only carries the block shared by two consecutive windows; it never holds the store.
+    """
+
+    def __init__(self, store: str, shuffle: bool, s: LoaderSettings) -> None:
+        super().__init__(store, False, s, cache_bytes=DECODE_CACHE_BYTES)
+
+
+_PATTERN = re.compile(r"^(?P<kind>dali|torch|torch-batched)(?:-w(?P<workers>\d+))?$")
+
+LOADER_HELP = (
+    "dali (in-process read-ahead), dali-wN (N DALI worker processes), torch-wN (plain DataLoader, per-sample "
+    "reads), torch-batched-wN (one read_many per batch), nvalchemi (nvalchemi-toolkit's DataLoader), packed "
+    "(the reader's windowed reads), decode (sequential decode of the whole store)"
+)
+DEFAULT_LOADERS = (
+    "dali",
+    "dali-w2",
+    "torch-w2",
+    "torch-batched-w0",
+    "torch-batched-w2",
+    "nvalchemi",
+    "packed",
+    "decode",
+)
+LIMITS = ("packed", "decode")
+
+
+def is_plain(name: str) -> bool:
+    """Whether ``name`` is a plain torch DataLoader configuration (the ratio's reference)."""
+    return name.startswith("torch")
+
+
+def open_loader(name: str, store: str, shuffle: bool, settings: LoaderSettings) -> Runnable:
+    """Open loader ``name`` (see :data:`LOADER_HELP`); raises ``ValueError`` for an unknown name."""
+    if name == "nvalchemi":
+        return _nvalchemi(store, shuffle, settings)
+    if name == "packed":
+        return _PackedReads(store, shuffle, settings)
+    if name == "decode":
+        return _SequentialDecode(store, shuffle, settings)
+    match = _PATTERN.match(name)
+    if match is None:
+        raise ValueError(f"Unknown loader {name!r}; choose from: {LOADER_HELP}")
+    kind, workers = match.group("kind"), match.group("workers")
+    if kind == "dali":
+        return _dali(store, shuffle, settings, int(workers or 0))
+    count = settings.torch_workers if workers is None else int(workers)
+    return _torch(store, shuffle, settings, kind == "torch-batched", count)
+
+
+def validate_names(names: list[str]) -> None:
+    """Raise ``ValueError`` naming the first unknown loader."""
+    for name in names:
+        if name not in ("nvalchemi", *LIMITS) and not _PATTERN.match(name):
+            raise ValueError(f"Unknown loader {name!r}; choose from: {LOADER_HELP}")
+
+
+def median(values: list[float]) -> float:
+    return float(np.median(values)) if values else float("nan")

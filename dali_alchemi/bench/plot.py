@@ -1,0 +1,49 @@
+"""The benchmark's bar chart: samples/s per loader and order, with the decode limit as a line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dali_alchemi.bench.runner import Record
+
+
+def plot_records(records: list[Record], path: str | Path, *, title: str = "") -> Path:
+    """Write a PNG bar chart of ``records`` to ``path`` (matplotlib is imported here, lazily)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = [r for r in records if r.loader != "decode" and r.samples_per_s]
+    loaders = list(dict.fromkeys(r.loader for r in bars))
+    orders = list(dict.fromkeys(r.order for r in bars))
+    width = 0.8 / max(1, len(orders))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(loaders) + 2), 4.5))
+    for k, order in enumerate(orders):
+        xs: list[float] = []
+        ys: list[float] = []
+        for i, loader in enumerate(loaders):
+            rates = [r.samples_per_s for r in bars if r.loader == loader and r.order == order and r.samples_per_s]
+            if rates:
+                xs.append(i + (k - (len(orders) - 1) / 2) * width)
+                ys.append(rates[0])
+        ax.bar(xs, ys, width=width, label=order)
+    decode = [r for r in records if r.loader == "decode" and r.samples_per_s]
+    if decode:
+        ax.axhline(
+            decode[0].samples_per_s, color="black", linestyle="--", linewidth=1, label="decode limit (sequential)"
+        )
+    missing = [r.loader for r in records if r.note]
+    ax.set_xticks(range(len(loaders)), loaders, rotation=20, ha="right")
+    ax.set_ylabel("structures / s")
+    ax.set_yscale("log")
+    ax.set_title(title + (f"  (not run: {', '.join(sorted(set(missing)))})" if missing else ""), fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

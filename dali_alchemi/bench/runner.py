@@ -1,0 +1,293 @@
+"""Timing the loaders side by side: interleaved rounds, medians, records. Prints nothing.
+
+Loaders run round by round in a fixed interleaved order (A B C, A B C, ...), so slow drifts of a
+shared machine hit every loader alike; each record is the median over rounds. A measurement opens
+the loader (time to first batch counts from there), runs ``epochs`` epochs, and optionally sleeps
+``step_ms`` after each batch to stand for a training step; ``wait_s`` is then the time the loop spent
+waiting for data. Throughput counts everything after the first batch.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dali_alchemi.bench.loaders import LIMITS, LoaderSettings, is_plain, median, nvalchemi_available, open_loader
+
+ProgressCallback = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchConfig:
+    """What to compare and how (see ``dali-alchemi bench --help``)."""
+
+    loaders: tuple[str, ...]
+    orders: tuple[str, ...] = ("shuffle",)
+    batch_size: int = 64
+    epochs: int = 2
+    rounds: int = 3
+    step_ms: float = 0.0
+    device: str = "cpu"
+    prefetch_factor: int = 16
+    torch_workers: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        bad = [o for o in self.orders if o not in ("shuffle", "sequential")]
+        if bad:
+            raise ValueError(f"Unknown order {bad[0]!r}: use 'shuffle' and/or 'sequential'")
+        for name in ("batch_size", "epochs", "rounds", "prefetch_factor"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.step_ms < 0:
+            raise ValueError(f"step_ms must be >= 0, got {self.step_ms}")
+
+
+@dataclass(slots=True)
+class Measurement:
+    """One loader, one order, one round."""
+
+    loader: str
+    order: str
+    samples: int = 0
+    atoms: int = 0
+    seconds: float = 0.0
+    first_batch_s: float = float("nan")
+    peak_rss_mb: float = 0.0
+    wait_s: float = 0.0
+    batches: int = 0
+    note: str | None = None
+
+
+@dataclass(slots=True)
+class Record:
+    """A row of the report: medians over rounds for one loader and order."""
+
+    loader: str
+    order: str
+    batch_size: int
+    samples_per_s: float | None
+    atoms_per_s: float | None
+    ratio_vs_plain: float | None
+    first_batch_s: float | None
+    peak_rss_mb: float | None
+    wait_s: float | None
+    rounds: int
+    note: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    store: dict[str, Any] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _RssSampler:
+    """Polls the resident memory of this process and its children; reports the peak above the start."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval = interval
+        self.start = _rss_tree(os.getpid())
+        self.peak = self.start
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, _rss_tree(os.getpid()))
+
+    def __enter__(self) -> _RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_tree(os.getpid()))
+
+    @property
+    def added_mb(self) -> float:
+        return (self.peak - self.start) / 2**20
+
+
+def _rss_tree(pid: int) -> int:
+    """Resident bytes of ``pid`` and all its descendants (Linux /proc; 0 where unavailable)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return 0
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+        ppid = int(fields.get("PPid", "0").strip() or 0)
+        children.setdefault(ppid, []).append(int(entry))
+        rss[int(entry)] = int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
+    total, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        total += rss.get(current, 0)
+        stack.extend(children.get(current, []))
+    return total
+
+
+def measure(name: str, order: str, store: str, config: BenchConfig, device: torch.device) -> Measurement:
+    """Run one loader for ``config.epochs`` epochs over ``store`` and time it."""
+    result = Measurement(loader=name, order=order)
+    if name == "nvalchemi" and not nvalchemi_available():
+        result.note = "not installed"
+        return result
+    settings = LoaderSettings(
+        batch_size=config.batch_size, prefetch_factor=config.prefetch_factor, device=device,
+        torch_workers=config.torch_workers, seed=config.seed,
+    )  # fmt: skip
+    step = config.step_ms / 1000.0
+    with _RssSampler() as rss:
+        opened = time.perf_counter()
+        runnable = open_loader(name, store, order == "shuffle", settings)
+        started: float | None = None
+        try:
+            for epoch in range(config.epochs):
+                units = runnable.epoch(epoch)
+                while True:
+                    asked = time.perf_counter()
+                    try:
+                        samples, atoms = next(units)
+                    except StopIteration:
+                        break
+                    got = time.perf_counter()
+                    if started is None:
+                        started = got
+                        result.first_batch_s = got - opened
+                    else:
+                        result.wait_s += got - asked
+                        result.samples += samples
+                        result.atoms += atoms
+                        result.batches += 1
+                    if step and name not in LIMITS:
+                        time.sleep(step)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+            result.seconds = time.perf_counter() - (started if started is not None else opened)
+        finally:
+            runnable.close()
+    result.peak_rss_mb = rss.added_mb
+    return result
+
+
+def machine_info(device: torch.device) -> dict[str, Any]:
+    """The machine a run happened on."""
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "device": str(device),
+    }
+    try:
+        with open("/proc/meminfo") as fh:
+            info["memory_gb"] = round(int(fh.readline().split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of the packages that matter, and the git commit of this checkout when known."""
+    versions = {}
+    for dist in ("dali-alchemi", "numpy", "torch", "zarr", "numcodecs", "nvidia-dali-cuda120", "nvalchemi-toolkit"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = "not installed"
+    try:
+        root = Path(__file__).resolve().parents[2]
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
+        )
+        if commit.returncode == 0:
+            versions["commit"] = commit.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return versions
+
+
+def summarize(measurements: list[Measurement], config: BenchConfig) -> list[Record]:
+    """Medians per loader and order, with the ratio to the best plain DataLoader of the same order."""
+    records = []
+    groups: dict[tuple[str, str], list[Measurement]] = {}
+    for m in measurements:
+        groups.setdefault((m.loader, m.order), []).append(m)
+    for (loader, order), runs in groups.items():
+        done = [m for m in runs if m.note is None and m.seconds > 0]
+        note = next((m.note for m in runs if m.note), None)
+        rate = median([m.samples / m.seconds for m in done]) if done else None
+        records.append(
+            Record(
+                loader=loader, order=order, batch_size=config.batch_size, samples_per_s=rate,
+                atoms_per_s=median([m.atoms / m.seconds for m in done]) if done else None,
+                ratio_vs_plain=None, first_batch_s=median([m.first_batch_s for m in done]) if done else None,
+                peak_rss_mb=median([m.peak_rss_mb for m in done]) if done else None,
+                wait_s=median([m.wait_s for m in done]) if done else None, rounds=len(done), note=note,
+            )
+        )  # fmt: skip
+    for order in {r.order for r in records}:
+        plain = [r.samples_per_s for r in records if r.order == order and is_plain(r.loader) and r.samples_per_s]
+        best = max(plain) if plain else None
+        for r in records:
+            if r.order == order and best and r.samples_per_s is not None:
+                r.ratio_vs_plain = r.samples_per_s / best
+    return records
+
+
+def run_bench(
+    store: str,
+    config: BenchConfig,
+    *,
+    store_info: dict[str, Any] | None = None,
+    progress: ProgressCallback | None = None,
+) -> list[Record]:
+    """Measure every loader in every order for ``config.rounds`` interleaved rounds; return the records."""
+    device = torch.device(config.device)
+    # The decode limit does not depend on the order: it is measured once per round, in store order.
+    plan = [
+        (r, name, order)
+        for r in range(config.rounds)
+        for name in config.loaders
+        for order in (("sequential",) if name == "decode" else config.orders)
+    ]
+    measurements = []
+    for done, (_, name, order) in enumerate(plan):
+        if progress:
+            progress(f"{name} ({order})", done, len(plan))
+        measurements.append(measure(name, order, store, config, device))
+    if progress:
+        progress("done", len(plan), len(plan))
+    records = summarize(measurements, config)
+    machine, versions = machine_info(device), package_versions()
+    for record in records:
+        record.config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}
+        record.store = dict(store_info or {"path": store})
+        record.machine = machine
+        record.versions = versions
+    return records

@@ -30,11 +30,9 @@ def plot_records(records: list[Record], path: str | Path, *, title: str = "") ->
                 xs.append(i + (k - (len(orders) - 1) / 2) * width)
                 ys.append(rates[0])
         ax.bar(xs, ys, width=width, label=order)
-    decode = [r for r in records if r.loader == "decode" and r.samples_per_s]
+    decode = [float(r.samples_per_s) for r in records if r.loader == "decode" and r.samples_per_s is not None]
     if decode:
-        ax.axhline(
-            decode[0].samples_per_s, color="black", linestyle="--", linewidth=1, label="decode limit (sequential)"
-        )
+        ax.axhline(decode[0], color="black", linestyle="--", linewidth=1, label="decode limit (sequential)")
     missing = [r.loader for r in records if r.note]
     ax.set_xticks(range(len(loaders)), loaders, rotation=20, ha="right")
     ax.set_ylabel("structures / s")

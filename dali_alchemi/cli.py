@@ -10,9 +10,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from dali_alchemi.config import WriteConfig
 
 
 def _human_bytes(n: float) -> str:
@@ -61,6 +65,25 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+CODECS = ("zstd", "zstd3", "lz4", "none")
+
+
+def _store_config(codec: str, chunk_size: int | None, shard_size: int | None) -> WriteConfig:
+    """The write config of the benchmark's synthetic store from its command-line options."""
+    from zarr.codecs import BloscCodec, ZstdCodec
+
+    from dali_alchemi.config import DEFAULT_COMPRESSORS, ArrayConfig, WriteConfig
+
+    compressors = {
+        "zstd": DEFAULT_COMPRESSORS,
+        "zstd3": (ZstdCodec(level=3),),
+        "lz4": (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),),
+        "none": (),
+    }[codec]
+    core = ArrayConfig(compressors=compressors, chunk_size=chunk_size, shard_size=shard_size)
+    return WriteConfig(core=core)
+
+
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     import json
     import tempfile
@@ -79,6 +102,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         loaders=tuple(loaders), orders=tuple(o.strip() for o in args.order.split(",")), batch_size=args.batch_size,
         epochs=args.epochs, rounds=args.rounds, step_ms=args.step_ms, device=str(device),
         prefetch_factor=args.prefetch_factor, torch_workers=args.torch_workers,
+        cache_bytes=None if args.cache_mb is None else int(args.cache_mb * 2**20),
     )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="dali-alchemi-bench-") as scratch:
         if args.store:
@@ -86,8 +110,14 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         else:
             store = str(Path(scratch) / "synthetic.zarr")
             console.print(f"writing a synthetic store of {args.n} structures (seed {args.seed}) ...")
-            write_synthetic_store(store, args.n, seed=args.seed)
-            store_info = {"synthetic": True, "structures": args.n, "seed": args.seed}
+            write_config = _store_config(args.codec, args.chunk_size, args.shard_size)
+            write_synthetic_store(store, args.n, seed=args.seed, config=write_config)
+            store_info = {
+                "synthetic": True,
+                "structures": args.n,
+                "seed": args.seed,
+                "write_config": write_config.to_dict(),
+            }
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn(), console=console) as bar:  # fmt: skip
             task = bar.add_task("starting", total=None)
@@ -98,15 +128,17 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
             records = run_bench(store, config, store_info=store_info, progress=progress)
     table = Table(
         "loader", "order", "samples/s", "atoms/s", "x plain", "first batch s", "peak RSS MB",
-        *(["wait s"] if args.step_ms else []), title=f"batch {args.batch_size}, {device}, median of {args.rounds} rounds",
+        *(["wait s", "epoch / steps"] if args.step_ms else []),
+        title=f"batch {args.batch_size}, {device}, median of {args.rounds} rounds",
     )  # fmt: skip
     for r in records:
         if r.note:
-            table.add_row(r.loader, r.order, r.note, "", "", "", "", *([""] if args.step_ms else []))
+            table.add_row(r.loader, r.order, r.note, "", "", "", "", *(["", ""] if args.step_ms else []))
             continue
         table.add_row(
             r.loader, r.order, _fmt(r.samples_per_s, ",.0f"), _fmt(r.atoms_per_s, ",.0f"), _fmt(r.ratio_vs_plain, ".2f"),
-            _fmt(r.first_batch_s, ".2f"), _fmt(r.peak_rss_mb, ".0f"), *([_fmt(r.wait_s, ".2f")] if args.step_ms else []),
+            _fmt(r.first_batch_s, ".2f"), _fmt(r.peak_rss_mb, ".0f"),
+            *([_fmt(r.wait_s, ".2f"), _fmt(r.epoch_vs_steps, ".3f")] if args.step_ms else []),
         )  # fmt: skip
     console.print(table)
     if args.json:
@@ -118,6 +150,30 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         from dali_alchemi.bench.plot import plot_records
 
         console.print(f"wrote {plot_records(records, args.plot, title=str(table.title or ''))}")
+    return 0
+
+
+def cmd_h2d(args: argparse.Namespace, console: Console) -> int:
+    import json
+    import tempfile
+
+    from dali_alchemi.bench.h2d import measure_h2d
+    from dali_alchemi.bench.synth import write_synthetic_store
+
+    with tempfile.TemporaryDirectory(prefix="dali-alchemi-h2d-") as scratch:
+        store = args.store or str(Path(scratch) / "synthetic.zarr")
+        if not args.store:
+            write_synthetic_store(store, args.n, seed=42)
+        result = measure_h2d(store, batch_size=args.batch_size, epochs=args.epochs, device=args.device)
+    table = Table("GPU", "structures/s", "atoms/s", "loader H2D GB/s", "pinned copy GB/s", "first batch s")
+    table.add_row(
+        result.device, f"{result.samples_per_s:,.0f}", f"{result.atoms_per_s:,.0f}",
+        f"{result.loader_gb_per_s:.2f}", f"{result.pinned_copy_gb_per_s:.2f}", f"{result.first_batch_s:.2f}",
+    )  # fmt: skip
+    console.print(table)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result.to_dict(), indent=2))
     return 0
 
 
@@ -154,9 +210,24 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--step-ms", type=float, default=0.0, help="simulated training step after each batch")
     bench.add_argument("--device", default="auto", help="auto, cpu or cuda")
     bench.add_argument("--torch-workers", type=int, default=2, help="workers of a torch loader named without -wN")
+    bench.add_argument("--cache-mb", type=float, help="decoded-chunk cache per reader in MiB (default 1024)")
+    bench.add_argument(
+        "--codec", choices=CODECS, default="zstd", help="codec of the synthetic store (default zstd level 1)"
+    )
+    bench.add_argument("--chunk-size", type=int, help="rows per chunk of the synthetic store (default: 1 MiB chunks)")
+    bench.add_argument("--shard-size", type=int, help="rows per shard of the synthetic store (default: unsharded)")
     bench.add_argument("--json", help="write the records to this JSON file")
     bench.add_argument("--plot", help="write a PNG bar chart to this file")
     bench.set_defaults(func=cmd_bench)
+
+    h2d = sub.add_parser("h2d", help="GPU benchmark: the DALI loader on CUDA against a plain pinned copy")
+    h2d.add_argument("store", nargs="?", help="path or URL of a store; omitted: a synthetic store")
+    h2d.add_argument("--n", type=int, default=20000)
+    h2d.add_argument("--batch-size", type=int, default=64)
+    h2d.add_argument("--epochs", type=int, default=2)
+    h2d.add_argument("--device", default="cuda")
+    h2d.add_argument("--json", help="write the result to this JSON file")
+    h2d.set_defaults(func=cmd_h2d)
     return parser
 
 

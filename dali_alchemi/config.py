@@ -168,7 +168,7 @@ class LoaderConfig:
     seed: int = 0
     drop_last: bool = False
     prefetch_factor: int = 16
-    num_workers: int = 0
+    num_workers: int = 2
     device: str = "auto"
     fields: tuple[str, ...] | None = None
     shard_id: int | None = None

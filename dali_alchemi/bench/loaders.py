@@ -31,8 +31,8 @@ class LoaderSettings:
     prefetch_factor: int = 16
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     torch_workers: int = 2
-    dali_workers: int = 2
     seed: int = 0
+    cache_bytes: int | None = None
 
 
 class Runnable(Protocol):
@@ -63,12 +63,12 @@ class _BatchLoader:
         self._on_close()
 
 
-def _dali(store: str, shuffle: bool, s: LoaderSettings, workers: int) -> Runnable:
+def _dali(store: str, shuffle: bool, s: LoaderSettings, workers: int, layout: str) -> Runnable:
     from dali_alchemi.pipeline.loader import DALIDataLoader
 
     loader = DALIDataLoader(
         store, batch_size=s.batch_size, shuffle=shuffle, seed=s.seed, prefetch_factor=s.prefetch_factor,
-        num_workers=workers, device=s.device,
+        num_workers=workers, device=s.device, layout=layout, cache_bytes=s.cache_bytes,
     )  # fmt: skip
     return _BatchLoader(loader, loader.set_epoch, s.device, loader.close)
 
@@ -76,9 +76,10 @@ def _dali(store: str, shuffle: bool, s: LoaderSettings, workers: int) -> Runnabl
 def _torch(store: str, shuffle: bool, s: LoaderSettings, batched: bool, workers: int) -> Runnable:
     from dali_alchemi.baseline import plain_dataloader
 
+    options: dict[str, Any] = {} if s.cache_bytes is None else {"cache_bytes": s.cache_bytes}
     loader = plain_dataloader(
         store, batch_size=s.batch_size, shuffle=shuffle, seed=s.seed, num_workers=workers,
-        pin_memory=s.device.type == "cuda", batched=batched,
+        pin_memory=s.device.type == "cuda", batched=batched, **options,
     )  # fmt: skip
     sampler = loader.sampler  # PlanSampler, or PlanBatchSampler when batched (batch_size=None)
 
@@ -114,13 +115,35 @@ def _nvalchemi(store: str, shuffle: bool, s: LoaderSettings) -> Runnable:
     return _BatchLoader(loader, set_epoch, s.device, reader.close)
 
 
+class _NvalchemiReads:
+    """nvalchemi's own reader: one ``read_many`` per window, in the same order as ``packed``."""
+
+    def __init__(self, store: str, shuffle: bool, s: LoaderSettings) -> None:
+        from nvalchemi.data.datapipes import AtomicDataZarrReader as NvReader
+
+        self.reader = NvReader(store)
+        self.plan = SamplePlan(
+            num_samples=len(self.reader), batch_size=s.batch_size, shuffle=shuffle, seed=s.seed,
+            batches_per_window=s.prefetch_factor,
+        )  # fmt: skip
+
+    def epoch(self, epoch: int) -> Iterator[tuple[int, int]]:
+        order = self.plan.shard_order(epoch)
+        for w in range(self.plan.num_windows()):
+            indices, _ = self.plan.window(epoch, w, order=order)
+            samples = self.reader.read_many(indices.tolist())
+            yield len(samples), sum(int(d["atomic_numbers"].shape[0]) for d, _ in samples)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
 class _PackedReads:
     """The reader's own packed windowed reads: the ceiling for anything built on top of it."""
 
     def __init__(self, store: str, shuffle: bool, s: LoaderSettings, *, cache_bytes: int | None = None) -> None:
-        self.reader = (
-            AtomicDataZarrReader(store) if cache_bytes is None else AtomicDataZarrReader(store, cache_bytes=cache_bytes)
-        )
+        budget = s.cache_bytes if cache_bytes is None else cache_bytes
+        self.reader = AtomicDataZarrReader(store) if budget is None else AtomicDataZarrReader(store, cache_bytes=budget)
         self.plan = SamplePlan(
             num_samples=len(self.reader), batch_size=s.batch_size, shuffle=shuffle, seed=s.seed,
             batches_per_window=s.prefetch_factor,
@@ -147,16 +170,20 @@ class _SequentialDecode(_PackedReads):
         super().__init__(store, False, s, cache_bytes=DECODE_CACHE_BYTES)
 
 
-_PATTERN = re.compile(r"^(?P<kind>dali|torch|torch-batched)(?:-w(?P<workers>\d+))?$")
+_PATTERN = re.compile(
+    r"^(?P<kind>dali|torch|torch-batched)(?:-w(?P<workers>\d+))?(?:-(?P<layout>window|batch|structure))?$"
+)
 
 LOADER_HELP = (
-    "dali (in-process read-ahead), dali-wN (N DALI worker processes), torch-wN (plain DataLoader, per-sample "
-    "reads), torch-batched-wN (one read_many per batch), nvalchemi (nvalchemi-toolkit's DataLoader), packed "
-    "(the reader's windowed reads), decode (sequential decode of the whole store)"
+    "dali-wN (the DALI loader with N worker processes; dali-w0 reads on a background thread; dali: the "
+    "default), optionally with a DALI sample layout suffix -window, -batch or -structure; torch-wN (plain "
+    "DataLoader, per-sample reads), torch-batched-wN (one read_many per batch), nvalchemi (nvalchemi-toolkit's "
+    "DataLoader), nvalchemi-reader (its read_many per window), packed (this reader's windowed reads), decode "
+    "(sequential decode of the whole store)"
 )
 DEFAULT_LOADERS = (
     "dali",
-    "dali-w2",
+    "dali-w0",
     "torch-w2",
     "torch-batched-w0",
     "torch-batched-w2",
@@ -164,7 +191,7 @@ DEFAULT_LOADERS = (
     "packed",
     "decode",
 )
-LIMITS = ("packed", "decode")
+LIMITS = ("packed", "decode", "nvalchemi-reader")
 
 
 def is_plain(name: str) -> bool:
@@ -176,6 +203,8 @@ def open_loader(name: str, store: str, shuffle: bool, settings: LoaderSettings) 
     """Open loader ``name`` (see :data:`LOADER_HELP`); raises ``ValueError`` for an unknown name."""
     if name == "nvalchemi":
         return _nvalchemi(store, shuffle, settings)
+    if name == "nvalchemi-reader":
+        return _NvalchemiReads(store, shuffle, settings)
     if name == "packed":
         return _PackedReads(store, shuffle, settings)
     if name == "decode":
@@ -185,7 +214,17 @@ def open_loader(name: str, store: str, shuffle: bool, settings: LoaderSettings) 
         raise ValueError(f"Unknown loader {name!r}; choose from: {LOADER_HELP}")
     kind, workers = match.group("kind"), match.group("workers")
     if kind == "dali":
-        return _dali(store, shuffle, settings, int(workers or 0))
+        from dali_alchemi.pipeline.loader import DEFAULT_NUM_WORKERS
+
+        return _dali(
+            store,
+            shuffle,
+            settings,
+            DEFAULT_NUM_WORKERS if workers is None else int(workers),
+            match.group("layout") or "window",
+        )
+    if match.group("layout"):
+        raise ValueError(f"Loader {name!r}: a layout suffix only applies to dali loaders")
     count = settings.torch_workers if workers is None else int(workers)
     return _torch(store, shuffle, settings, kind == "torch-batched", count)
 

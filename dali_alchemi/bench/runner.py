@@ -4,7 +4,8 @@ Loaders run round by round in a fixed interleaved order (A B C, A B C, ...), so 
 shared machine hit every loader alike; each record is the median over rounds. A measurement opens
 the loader (time to first batch counts from there), runs ``epochs`` epochs, and optionally sleeps
 ``step_ms`` after each batch to stand for a training step; ``wait_s`` is then the time the loop spent
-waiting for data. Throughput counts everything after the first batch.
+waiting for data and ``epoch_vs_steps`` the elapsed time over the measured time of the steps (1.0 when
+reading is completely hidden behind compute). Throughput counts everything after the first batch.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class BenchConfig:
     prefetch_factor: int = 16
     torch_workers: int = 2
     seed: int = 0
+    cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
         bad = [o for o in self.orders if o not in ("shuffle", "sequential")]
@@ -65,6 +67,7 @@ class Measurement:
     first_batch_s: float = float("nan")
     peak_rss_mb: float = 0.0
     wait_s: float = 0.0
+    step_s: float = 0.0
     batches: int = 0
     note: str | None = None
 
@@ -84,6 +87,7 @@ class Record:
     wait_s: float | None
     rounds: int
     note: str | None = None
+    epoch_vs_steps: float | None = None
     config: dict[str, Any] = field(default_factory=dict)
     store: dict[str, Any] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
@@ -152,12 +156,12 @@ def _rss_tree(pid: int) -> int:
 def measure(name: str, order: str, store: str, config: BenchConfig, device: torch.device) -> Measurement:
     """Run one loader for ``config.epochs`` epochs over ``store`` and time it."""
     result = Measurement(loader=name, order=order)
-    if name == "nvalchemi" and not nvalchemi_available():
+    if name.startswith("nvalchemi") and not nvalchemi_available():
         result.note = "not installed"
         return result
     settings = LoaderSettings(
         batch_size=config.batch_size, prefetch_factor=config.prefetch_factor, device=device,
-        torch_workers=config.torch_workers, seed=config.seed,
+        torch_workers=config.torch_workers, seed=config.seed, cache_bytes=config.cache_bytes,
     )  # fmt: skip
     step = config.step_ms / 1000.0
     with _RssSampler() as rss:
@@ -183,7 +187,9 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
                         result.atoms += atoms
                         result.batches += 1
                     if step and name not in LIMITS:
+                        slept = time.perf_counter()
                         time.sleep(step)
+                        result.step_s += time.perf_counter() - slept
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
             result.seconds = time.perf_counter() - (started if started is not None else opened)
@@ -249,6 +255,10 @@ def summarize(measurements: list[Measurement], config: BenchConfig) -> list[Reco
                 ratio_vs_plain=None, first_batch_s=median([m.first_batch_s for m in done]) if done else None,
                 peak_rss_mb=median([m.peak_rss_mb for m in done]) if done else None,
                 wait_s=median([m.wait_s for m in done]) if done else None, rounds=len(done), note=note,
+                epoch_vs_steps=(
+                    median([m.seconds / m.step_s for m in done if m.step_s > 0])
+                    if done and config.step_ms and loader not in LIMITS else None
+                ),
             )
         )  # fmt: skip
     for order in {r.order for r in records}:

@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_NUM_WORKERS = 2
+"""DALI worker processes by default: on the 2-core reference machine two workers delivered the reader's
+full packed-read rate, while reading on a background thread of the training process reached about
+60% of it (GIL contention); see the README's benchmark."""
+
 
 def resolve_device(device: str | torch.device) -> torch.device:
     """``"auto"`` -> CUDA when a GPU is visible, else CPU; a CUDA device without a GPU is an error."""
@@ -71,9 +76,9 @@ class DALIDataLoader:
         Batches read together in one packed read (a *window* of ``batch_size * prefetch_factor``
         structures), as in nvalchemi.
     num_workers
-        0 reads windows on a background thread of this process (the default: fastest measured; see
-        the README). ``n > 0`` uses DALI's parallel external source with ``n`` worker processes, each
-        reading whole windows.
+        DALI worker processes (parallel external source), each reading whole windows, so a window is
+        never read twice (default 2, the fastest measured; see the README). 0 reads windows on a
+        background thread of this process instead: no start-up cost, less memory, slower.
     device
         ``"auto"`` (CUDA when a GPU is visible), ``"cpu"`` or a CUDA device. With CUDA, DALI copies each
         window to the device through pinned memory and the Batch is built there.
@@ -110,7 +115,7 @@ class DALIDataLoader:
         seed: int = 0,
         drop_last: bool = False,
         prefetch_factor: int = 16,
-        num_workers: int = 0,
+        num_workers: int = DEFAULT_NUM_WORKERS,
         device: str | torch.device = "auto",
         fields: Iterable[str] | None = None,
         shard_id: int | None = None,

@@ -19,15 +19,18 @@ N = 300
 
 
 class CountingReader(AtomicDataZarrReader):
-    """Records every packed read (in this process)."""
+    """Logs every packed read to a file, one line of indices per call (works across forked workers)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.calls: list[np.ndarray] = []
+    log: Path
 
     def read_packed(self, indices: Any, *, fields: Any = None) -> Any:
-        self.calls.append(np.asarray(indices).copy())
+        with open(self.log, "a") as fh:
+            fh.write(" ".join(map(str, np.asarray(indices).tolist())) + "\n")
         return super().read_packed(indices, fields=fields)
+
+    def calls(self) -> list[np.ndarray]:
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        return [np.array(line.split(), dtype=np.int64) for line in lines]
 
 
 class FailingReader(AtomicDataZarrReader):
@@ -148,16 +151,25 @@ def test_breaking_out_and_iterating_again_continues_the_epoch(reader: AtomicData
         assert np.array_equal(np.sort(np.concatenate(first + rest)), np.arange(N))
 
 
-def test_one_packed_read_per_window_and_no_index_twice(small_store: Path) -> None:
+@pytest.mark.parametrize("workers", [0, 2])
+def test_one_packed_read_per_window_and_no_index_twice(small_store: Path, tmp_path: Path, workers: int) -> None:
     counting = CountingReader(small_store)
-    with DALIDataLoader(counting, batch_size=16, prefetch_factor=4, device="cpu") as loader:
-        for epoch in range(2):
-            counting.calls.clear()
-            batches = list(loader)
-            assert len(counting.calls) == loader.plan.num_windows() == 5
-            read = np.concatenate(counting.calls)
-            assert read.size == N and np.unique(read).size == N
-            assert np.array_equal(read, np.concatenate([b.sample_indices for b in batches])), epoch
+    counting.log = tmp_path / "reads.txt"
+    loader = DALIDataLoader(
+        counting, batch_size=16, prefetch_factor=4, num_workers=workers, start_method="fork", device="cpu"
+    )
+    delivered = [np.concatenate([b.sample_indices for b in loader]) for _ in range(2)]
+    loader.close()  # workers may have started on epoch 2 already; stop them before reading the log
+    windows = {}
+    for epoch in range(3):
+        for w in range(loader.plan.num_windows()):
+            windows[tuple(loader.plan.window(epoch, w)[0].tolist())] = epoch
+    reads = [tuple(call.tolist()) for call in counting.calls()]
+    assert all(read in windows for read in reads)  # every read is exactly one planned window
+    assert len(set(reads)) == len(reads)  # and no window (so no index) is read twice
+    for epoch in (0, 1):
+        assert sum(windows[read] == epoch for read in reads) == loader.plan.num_windows() == 5
+        assert np.array_equal(np.sort(delivered[epoch]), np.arange(N))
 
 
 @pytest.mark.parametrize("workers", [0, 1])

@@ -17,7 +17,7 @@ def test_synth_then_inspect(
     out = capsys.readouterr().out
     assert "samples: 25" in out
     assert "core/positions" in out and "atom" in out and "float32" in out
-    assert "zstd" in out and "on disk:" in out
+    assert "blosc(clevel=5,cname=lz4,shuffle=shuffle)" in out and "on disk:" in out
 
 
 def test_errors_are_reported_not_raised(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,7 +24,7 @@ def test_override_replaces_the_group_config() -> None:
 
 
 def test_auto_rows_target_the_default_chunk_bytes() -> None:
-    assert ArrayConfig().rows_per_chunk(12) == 65536 == 2 ** int(np.log2(DEFAULT_CHUNK_BYTES // 12))
+    assert ArrayConfig().rows_per_chunk(12) == 262144 == 2 ** int(np.log2(DEFAULT_CHUNK_BYTES // 12))
     assert ArrayConfig().rows_per_chunk(DEFAULT_CHUNK_BYTES * 2) == 1
     assert ArrayConfig(chunk_size=7).rows_per_chunk(12) == 7
 

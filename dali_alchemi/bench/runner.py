@@ -97,38 +97,54 @@ class Record:
         return asdict(self)
 
 
-class _RssSampler:
-    """Polls the resident memory of this process and its children; reports the peak above the start."""
+class _MemorySampler:
+    """Polls the memory of this process and its children; reports the peak above the start.
+
+    Memory is the proportional set size (PSS): pages shared between processes (a forked worker's
+    copy-on-write pages, shared libraries) are split between them rather than counted once per
+    process, as a plain RSS sum would. Falls back to RSS where PSS is unavailable.
+    """
 
     def __init__(self, interval: float = 0.05) -> None:
         self.interval = interval
-        self.start = _rss_tree(os.getpid())
+        self.start = _memory_tree(os.getpid())
         self.peak = self.start
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            self.peak = max(self.peak, _rss_tree(os.getpid()))
+            self.peak = max(self.peak, _memory_tree(os.getpid()))
 
-    def __enter__(self) -> _RssSampler:
+    def __enter__(self) -> _MemorySampler:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, _rss_tree(os.getpid()))
+        self.peak = max(self.peak, _memory_tree(os.getpid()))
 
     @property
     def added_mb(self) -> float:
-        return (self.peak - self.start) / 2**20
+        return max(0.0, (self.peak - self.start) / 2**20)
 
 
-def _rss_tree(pid: int) -> int:
-    """Resident bytes of ``pid`` and all its descendants (Linux /proc; 0 where unavailable)."""
+def _process_memory(pid: int, status: dict[str, str]) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(status.get("VmRSS", "0 kB").split()[0]) * 1024
+
+
+def _memory_tree(pid: int) -> int:
+    """Bytes (PSS) of ``pid`` and all its descendants (Linux /proc; 0 where unavailable)."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
+    statuses: dict[int, dict[str, str]] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -141,14 +157,14 @@ def _rss_tree(pid: int) -> int:
                 text = fh.read()
         except OSError:
             continue
-        fields = dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
-        ppid = int(fields.get("PPid", "0").strip() or 0)
-        children.setdefault(ppid, []).append(int(entry))
-        rss[int(entry)] = int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
+        status = dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+        children.setdefault(int(status.get("PPid", "0").strip() or 0), []).append(int(entry))
+        statuses[int(entry)] = status
     total, stack = 0, [pid]
     while stack:
         current = stack.pop()
-        total += rss.get(current, 0)
+        if current in statuses:
+            total += _process_memory(current, statuses[current])
         stack.extend(children.get(current, []))
     return total
 
@@ -164,7 +180,7 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
         torch_workers=config.torch_workers, seed=config.seed, cache_bytes=config.cache_bytes,
     )  # fmt: skip
     step = config.step_ms / 1000.0
-    with _RssSampler() as rss:
+    with _MemorySampler() as memory:
         opened = time.perf_counter()
         runnable = open_loader(name, store, order == "shuffle", settings)
         started: float | None = None
@@ -195,7 +211,7 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
             result.seconds = time.perf_counter() - (started if started is not None else opened)
         finally:
             runnable.close()
-    result.peak_rss_mb = rss.added_mb
+    result.peak_rss_mb = memory.added_mb
     return result
 
 

@@ -30,12 +30,35 @@ class UnsupportedCodecError(Exception):
     """The array's codec chain is not one this module decodes; the caller falls back to zarr."""
 
 
+class _CheckedBlosc:
+    """Blosc decoding that first checks the frame's own sizes against the payload.
+
+    c-blosc trusts the compressed size written in the frame header, so a truncated frame would make
+    it read past the end of the buffer; the check turns that into a clean error.
+    """
+
+    def __init__(self) -> None:
+        self._codec = numcodecs.Blosc()
+
+    def decode(self, buf: Any, out: Any = None) -> Any:
+        raw = np.frombuffer(buf, dtype=np.uint8)
+        if raw.size < 16:
+            raise ValueError(f"blosc frame of {raw.size} bytes is shorter than its 16-byte header")
+        # Blosc1 header: version, versionlz, flags, typesize, then uint32 nbytes, blocksize, cbytes.
+        nbytes, _, cbytes = (int(v) for v in raw[4:16].view("<u4"))
+        if cbytes != raw.size:
+            raise ValueError(f"blosc frame says {cbytes} compressed bytes but the payload has {raw.size}")
+        if out is not None and nbytes != np.asarray(out).nbytes:
+            raise ValueError(f"blosc frame decodes to {nbytes} bytes, expected {np.asarray(out).nbytes}")
+        return self._codec.decode(raw, out=out)
+
+
 def _compressor(codec: Any) -> Any:
     """numcodecs decoder for one zarr v3 bytes-to-bytes codec (``None`` for crc32c, handled apart)."""
     if isinstance(codec, ZstdCodec):
         return numcodecs.Zstd()
     if isinstance(codec, BloscCodec):
-        return numcodecs.Blosc()
+        return _CheckedBlosc()
     if isinstance(codec, GzipCodec):
         return numcodecs.GZip()
     raise UnsupportedCodecError(f"codec {type(codec).__name__}")

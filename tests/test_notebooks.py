@@ -1,0 +1,43 @@
+"""The notebooks run end to end at small sizes, so they never rot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("01_explore_store.ipynb", ["meta", "batch_ptr: [0,", "structures, ", "local neighbor_list"]),
+        ("02_throughput.ipynb", ["dali ", "torch-batched-w0", "structures/s", "decode"]),
+    ],
+)
+def test_notebook_executes(name: str, expected: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    monkeypatch.setenv("NB_STRUCTURES", "400")
+    monkeypatch.setenv("NB_ROUNDS", "1")
+    book = nbformat.read(NOTEBOOKS / name, as_version=4)
+    assert all(not cell.get("outputs") for cell in book.cells if cell.cell_type == "code"), (
+        "commit notebooks without outputs"
+    )
+    client = nbclient.NotebookClient(
+        book, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()
+    text = "\n".join(
+        out.get("text", "") + str(out.get("data", {}).get("text/plain", ""))
+        for cell in book.cells
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
+    )
+    for snippet in expected:
+        assert snippet in text, f"{name}: {snippet!r} not in the output"
+    images = [out for cell in book.cells for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
+    assert images, f"{name} produced no figure"

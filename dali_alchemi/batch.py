@@ -37,6 +37,42 @@ def _exclusive_cumsum_t(counts: torch.Tensor) -> torch.Tensor:
     return ptr
 
 
+def batch_cuts(n: int, batch_size: int | None) -> NDArray[np.int64]:
+    """Structure offsets ``[0, b, 2b, ..., n]`` of consecutive batches of ``batch_size`` (last may be short)."""
+    size = n if batch_size is None else batch_size
+    cuts = np.minimum(np.arange(0, n + size, size, dtype=np.int64), n)
+    return cuts[: int(np.searchsorted(cuts, n)) + 1]
+
+
+def _within_batch(n_atoms: NDArray[np.int64], cuts: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Each structure's graph index and first-atom offset *within its own batch*."""
+    per_batch = np.diff(cuts)
+    atoms_ptr = exclusive_cumsum(n_atoms)
+    graph = np.arange(n_atoms.size, dtype=np.int64) - np.repeat(cuts[:-1], per_batch)
+    node_offset = atoms_ptr[:-1] - np.repeat(atoms_ptr[cuts[:-1]], per_batch)
+    return graph, node_offset
+
+
+def collate_on_host(
+    index_fields: Mapping[str, NDArray[Any]],
+    n_atoms: NDArray[np.int64],
+    n_edges: NDArray[np.int64],
+    cuts: NDArray[np.int64],
+) -> NDArray[np.int32]:
+    """The host half of :func:`collate`, for data not yet on its way to a device.
+
+    Offsets each index field (sample-local ``neighbor_list``) *in place* by its structure's first atom
+    within its batch, and returns the per-atom batch index (int32 ``[V]``). Pass the result to
+    :func:`collate` as ``batch_idx``.
+    """
+    graph, node_offset = _within_batch(n_atoms, cuts)
+    for values in index_fields.values():
+        if values.size:
+            shift = np.repeat(node_offset, n_edges).astype(values.dtype, copy=False)
+            values += shift.reshape((-1,) + (1,) * (values.ndim - 1))
+    return np.repeat(graph.astype(np.int32), n_atoms)
+
+
 def collate(
     *,
     fields: Mapping[str, torch.Tensor],
@@ -47,6 +83,7 @@ def collate(
     host_n_edges: NDArray[np.int64],
     batch_size: int | None = None,
     sample_indices: NDArray[np.int64] | None = None,
+    batch_idx: torch.Tensor | None = None,
 ) -> list[Batch]:
     """Cut a window of structures (flat tensors, in order) into Batches of ``batch_size`` structures.
 
@@ -55,7 +92,8 @@ def collate(
     ``host_n_edges`` the same counts on the host. The per-atom batch index, the pointers and the
     index-field offsets are computed once for the whole window (numpy on the CPU, torch on a GPU, with
     sizes from the host so nothing synchronises), and every Batch gets views of them. The last batch
-    may be smaller; ``batch_size=None`` makes one batch of everything.
+    may be smaller; ``batch_size=None`` makes one batch of everything. When ``batch_idx`` is given it
+    came from :func:`collate_on_host`, and the index fields are already offset.
     """
     missing = set(fields) - set(levels)
     if missing:
@@ -63,37 +101,32 @@ def collate(
     n = int(host_n_atoms.size)
     if n == 0:
         raise ValueError("Cannot create batch from empty data list")
-    size = n if batch_size is None else batch_size
-    cuts = np.minimum(np.arange(0, n + size, size, dtype=np.int64), n)
-    cuts = cuts[: int(np.searchsorted(cuts, n)) + 1]
+    cuts = batch_cuts(n, batch_size)
     per_batch = np.diff(cuts)
     atoms_ptr, edges_ptr = exclusive_cumsum(host_n_atoms), exclusive_cumsum(host_n_edges)
     total_atoms, total_edges = int(atoms_ptr[-1]), int(edges_ptr[-1])
-    # Each structure's graph index and node offset *within its own batch*.
-    graph_in_batch = np.arange(n, dtype=np.int64) - np.repeat(cuts[:-1], per_batch)
-    node_offset = atoms_ptr[:-1] - np.repeat(atoms_ptr[cuts[:-1]], per_batch)
     device = n_atoms.device
     out = dict(fields)
-    index_fields = [name for name in out if name in layout.ATOM_INDEX_FIELDS and total_edges]
+    index_fields = {name: out[name] for name in out if name in layout.ATOM_INDEX_FIELDS and total_edges}
     if device.type == "cpu":
         # numpy, not torch: torch's intra-op thread pool contends with the reading threads for the cores.
         window_atoms_ptr, window_edges_ptr = torch.from_numpy(atoms_ptr), torch.from_numpy(edges_ptr)
-        batch_idx = torch.from_numpy(np.repeat(graph_in_batch.astype(np.int32), host_n_atoms))
-        for name in index_fields:
-            local = out[name].numpy()
-            shift = np.repeat(node_offset, host_n_edges).astype(local.dtype, copy=False)
-            out[name] = torch.from_numpy(local + shift.reshape((-1,) + (1,) * (local.ndim - 1)))
+        if batch_idx is None:
+            offset = {name: tensor.numpy().copy() for name, tensor in index_fields.items()}
+            batch_idx = torch.from_numpy(collate_on_host(offset, host_n_atoms, host_n_edges, cuts))
+            out.update({name: torch.from_numpy(values) for name, values in offset.items()})
     else:
         counts_atoms, counts_edges = n_atoms.to(torch.int64), n_edges.to(torch.int64)
         window_atoms_ptr, window_edges_ptr = _exclusive_cumsum_t(counts_atoms), _exclusive_cumsum_t(counts_edges)
-        graph_t = torch.from_numpy(graph_in_batch.astype(np.int32)).to(device, non_blocking=True)
-        batch_idx = torch.repeat_interleave(graph_t, counts_atoms, output_size=total_atoms)
-        if index_fields:
-            offset_t = torch.from_numpy(node_offset).to(device, non_blocking=True)
-            shift_t = torch.repeat_interleave(offset_t, counts_edges, output_size=total_edges)
-            for name in index_fields:
-                index = out[name]
-                out[name] = index + shift_t.to(index.dtype).view((-1,) + (1,) * (index.dim() - 1))
+        if batch_idx is None:
+            graph, node_offset = _within_batch(host_n_atoms, cuts)
+            graph_t = torch.from_numpy(graph.astype(np.int32)).to(device, non_blocking=True)
+            batch_idx = torch.repeat_interleave(graph_t, counts_atoms, output_size=total_atoms)
+            if index_fields:
+                offset_t = torch.from_numpy(node_offset).to(device, non_blocking=True)
+                shift_t = torch.repeat_interleave(offset_t, counts_edges, output_size=total_edges)
+                for name, index in index_fields.items():
+                    out[name] = index + shift_t.to(index.dtype).view((-1,) + (1,) * (index.dim() - 1))
     batches = []
     level_cuts = {"atom": atoms_ptr[cuts].tolist(), "edge": edges_ptr[cuts].tolist(), "system": cuts.tolist()}
     kept_levels = {name: levels[name] for name in out}

@@ -126,19 +126,19 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
                 bar.update(task, description=what, completed=done, total=total)
 
             records = run_bench(store, config, store_info=store_info, progress=progress)
+    steps = ["wait s", "epoch / steps"] if args.step_ms else []
     table = Table(
-        "loader", "order", "samples/s", "atoms/s", "x plain", "first batch s", "peak RSS MB",
-        *(["wait s", "epoch / steps"] if args.step_ms else []),
-        title=f"batch {args.batch_size}, {device}, median of {args.rounds} rounds",
+        "loader", "order", "samples/s", "warm samples/s", "atoms/s", "x plain", "first batch s", "peak mem MB", *steps,
+        title=f"batch {args.batch_size}, {device}, {args.epochs} epochs, median of {args.rounds} rounds",
     )  # fmt: skip
     for r in records:
         if r.note:
-            table.add_row(r.loader, r.order, r.note, "", "", "", "", *(["", ""] if args.step_ms else []))
+            table.add_row(r.loader, r.order, r.note, *[""] * (5 + len(steps)))
             continue
         table.add_row(
-            r.loader, r.order, _fmt(r.samples_per_s, ",.0f"), _fmt(r.atoms_per_s, ",.0f"), _fmt(r.ratio_vs_plain, ".2f"),
-            _fmt(r.first_batch_s, ".2f"), _fmt(r.peak_rss_mb, ".0f"),
-            *([_fmt(r.wait_s, ".2f"), _fmt(r.epoch_vs_steps, ".3f")] if args.step_ms else []),
+            r.loader, r.order, _fmt(r.samples_per_s, ",.0f"), _fmt(r.warm_samples_per_s, ",.0f"),
+            _fmt(r.atoms_per_s, ",.0f"), _fmt(r.ratio_vs_plain, ".2f"), _fmt(r.first_batch_s, ".2f"),
+            _fmt(r.peak_rss_mb, ".0f"), *([_fmt(r.wait_s, ".2f"), _fmt(r.epoch_vs_steps, ".3f")] if steps else []),
         )  # fmt: skip
     console.print(table)
     if args.json:

@@ -5,7 +5,8 @@ shared machine hit every loader alike; each record is the median over rounds. A 
 the loader (time to first batch counts from there), runs ``epochs`` epochs, and optionally sleeps
 ``step_ms`` after each batch to stand for a training step; ``wait_s`` is then the time the loop spent
 waiting for data and ``epoch_vs_steps`` the elapsed time over the measured time of the steps (1.0 when
-reading is completely hidden behind compute). Throughput counts everything after the first batch.
+reading is completely hidden behind compute). Throughput counts everything after the first batch;
+the *warm* throughput only the epochs after the first, once caches hold what the store decodes to.
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ class Measurement:
     wait_s: float = 0.0
     step_s: float = 0.0
     batches: int = 0
+    warm_samples: int = 0
+    warm_seconds: float = 0.0
     note: str | None = None
 
 
@@ -80,6 +83,7 @@ class Record:
     order: str
     batch_size: int
     samples_per_s: float | None
+    warm_samples_per_s: float | None
     atoms_per_s: float | None
     ratio_vs_plain: float | None
     first_batch_s: float | None
@@ -184,6 +188,7 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
         opened = time.perf_counter()
         runnable = open_loader(name, store, order == "shuffle", settings)
         started: float | None = None
+        first_epoch_end, first_epoch_samples = 0.0, 0
         try:
             for epoch in range(config.epochs):
                 units = runnable.epoch(epoch)
@@ -208,7 +213,12 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
                         result.step_s += time.perf_counter() - slept
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
+                if epoch == 0:
+                    first_epoch_end, first_epoch_samples = time.perf_counter(), result.samples
             result.seconds = time.perf_counter() - (started if started is not None else opened)
+            if config.epochs > 1:
+                result.warm_seconds = time.perf_counter() - first_epoch_end
+                result.warm_samples = result.samples - first_epoch_samples
         finally:
             runnable.close()
     result.peak_rss_mb = memory.added_mb
@@ -267,6 +277,10 @@ def summarize(measurements: list[Measurement], config: BenchConfig) -> list[Reco
         records.append(
             Record(
                 loader=loader, order=order, batch_size=config.batch_size, samples_per_s=rate,
+                warm_samples_per_s=(
+                    median([m.warm_samples / m.warm_seconds for m in done if m.warm_seconds > 0])
+                    if done and config.epochs > 1 else None
+                ),
                 atoms_per_s=median([m.atoms / m.seconds for m in done]) if done else None,
                 ratio_vs_plain=None, first_batch_s=median([m.first_batch_s for m in done]) if done else None,
                 peak_rss_mb=median([m.peak_rss_mb for m in done]) if done else None,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dali_alchemi.batch import Batch, collate
-from dali_alchemi.pipeline.source import INDICES, N_ATOMS, N_EDGES, OutputSpec, loader_error
+from dali_alchemi.pipeline.source import BATCH_IDX, INDICES, N_ATOMS, N_EDGES, OutputSpec, loader_error
 
 if TYPE_CHECKING:
     from dali_alchemi.pipeline.build import PipelineOutputs
@@ -75,4 +75,5 @@ class WindowIterator:
             host_n_edges=host[N_EDGES],
             batch_size=self.batch_size,
             sample_indices=host[INDICES],
+            batch_idx=flat.get(BATCH_IDX),
         )

@@ -155,7 +155,11 @@ class DALIDataLoader:
             num_samples=len(self.reader), batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
             shard_id=shard, num_shards=shards, batches_per_window=prefetch_factor,
         )  # fmt: skip
-        self.specs: tuple[OutputSpec, ...] = output_specs(self.reader, tuple(self.fields))
+        # On the CPU the batch index and neighbor-list offsets are computed where the window is read (in
+        # the workers); on a GPU they are computed on the device (batch.collate).
+        self.specs: tuple[OutputSpec, ...] = output_specs(
+            self.reader, tuple(self.fields), host_collation=self.device.type == "cpu"
+        )
         self._epoch = 0
         self._batch = 0
         self._pipe: Any = None

@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dali_alchemi.batch import collate_on_host
 from dali_alchemi.errors import LoaderError
+from dali_alchemi.store.layout import ATOM_INDEX_FIELDS
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -41,6 +43,7 @@ LAYOUTS = ("window", "batch", "structure")
 N_ATOMS = "__n_atoms"
 N_EDGES = "__n_edges"
 INDICES = "__indices"
+BATCH_IDX = "__batch_idx"
 
 _MARKER = re.compile(r"\[dali-alchemi:(?P<type>[A-Za-z_][\w.]*)\] (?P<message>.*?)(?:\n|$)", re.S)
 
@@ -63,8 +66,15 @@ class OutputSpec:
         return 1 + len(self.trailing)
 
 
-def output_specs(reader: AtomicDataZarrReader, fields: tuple[str, ...]) -> tuple[OutputSpec, ...]:
-    """The pipeline outputs for ``fields``: one per field, then atom counts, edge counts and indices."""
+def output_specs(
+    reader: AtomicDataZarrReader, fields: tuple[str, ...], *, host_collation: bool = False
+) -> tuple[OutputSpec, ...]:
+    """The pipeline outputs for ``fields``: one per field, then atom counts, edge counts and indices.
+
+    With ``host_collation`` the source also emits the per-atom batch index and batch-offset neighbor
+    lists (see :func:`~dali_alchemi.batch.collate_on_host`): the CPU path then does that work in the
+    worker processes instead of the training process.
+    """
     specs = []
     for name in fields:
         level, shape, dtype = reader.field_info(name)
@@ -75,6 +85,8 @@ def output_specs(reader: AtomicDataZarrReader, fields: tuple[str, ...]) -> tuple
         OutputSpec(N_EDGES, int64, (), "system"),
         OutputSpec(INDICES, int64, (), "system"),
     ]
+    if host_collation:
+        specs.append(OutputSpec(BATCH_IDX, np.dtype(np.int32), (), "atom"))
     return tuple(specs)
 
 
@@ -147,11 +159,15 @@ class WindowSource:
             self._order = (epoch, self.plan.shard_order(epoch))
         indices, bounds = self.plan.window(epoch, iteration, first_batch, order=self._order[1])
         packed = self.reader.read_packed(indices, fields=self.fields)
+        extras: dict[str, NDArray[Any]] = {}
+        if any(spec.name == BATCH_IDX for spec in self.specs):
+            index_fields = {name: packed.fields[name] for name in self.fields if name in ATOM_INDEX_FIELDS}
+            extras[BATCH_IDX] = collate_on_host(index_fields, packed.n_atoms, packed.n_edges, bounds)
         if self.layout == "window":
             bounds = bounds[[0, -1]]
         elif self.layout == "structure":
             bounds = np.arange(len(packed) + 1, dtype=np.int64)
-        return split_window(packed, bounds, self.specs)
+        return split_window(packed, bounds, self.specs, extras)
 
     def __call__(self, info: Any) -> tuple[list[NDArray[Any]], ...]:
         try:
@@ -163,12 +179,15 @@ class WindowSource:
 
 
 def split_window(
-    packed: PackedSamples, bounds: IndexArray, specs: tuple[OutputSpec, ...]
+    packed: PackedSamples,
+    bounds: IndexArray,
+    specs: tuple[OutputSpec, ...],
+    extras: dict[str, NDArray[Any]] | None = None,
 ) -> tuple[list[NDArray[Any]], ...]:
-    """Cut a window into per-batch arrays (views of the window's flat arrays, so no copies)."""
+    """Cut a window into DALI samples at structure offsets ``bounds`` (views of the flat arrays, no copies)."""
     atoms, edges = packed.atoms_ptr, packed.edges_ptr
     level_bounds = {"atom": atoms[bounds], "edge": edges[bounds], "system": bounds}
-    extras = {N_ATOMS: packed.n_atoms, N_EDGES: packed.n_edges, INDICES: packed.logical_indices}
+    extras = {N_ATOMS: packed.n_atoms, N_EDGES: packed.n_edges, INDICES: packed.logical_indices, **(extras or {})}
     outputs: list[list[NDArray[Any]]] = []
     for spec in specs:
         arr = packed.fields[spec.name] if spec.is_field else extras[spec.name]

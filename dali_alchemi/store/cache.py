@@ -57,6 +57,19 @@ class BlockCache:
             self.stats.hits += 1
             return block
 
+    def peek(self, key: BlockKey) -> NDArray[Any] | None:
+        """The cached block, without counting a hit or miss or changing its recency."""
+        with self._lock:
+            return self._entries.get(key)
+
+    def pop(self, key: BlockKey) -> None:
+        """Drop one entry if present."""
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.stats.nbytes -= int(old.nbytes)
+                self.stats.entries = len(self._entries)
+
     def put(self, key: BlockKey, block: NDArray[Any]) -> None:
         """Insert ``block`` (made read-only) and evict least recently used blocks over the budget."""
         size = int(block.nbytes)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from types import TracebackType
@@ -29,7 +29,7 @@ from dali_alchemi.store import layout
 from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES, BlockCache, CacheStats
 from dali_alchemi.store.codecs import ArrayCodec, UnsupportedCodecError
 from dali_alchemi.store.fetch import ByteFetcher, ByteRequest, LocalFetcher, StoreFetcher
-from dali_alchemi.store.gather import LevelPlan, plan_rows, plan_system_rows
+from dali_alchemi.store.gather import LevelPlan, concat_aranges, plan_rows, plan_system_rows
 from dali_alchemi.store.location import StoreLike, StoreLocation, resolve_store
 from dali_alchemi.store.validate import check_data_array, check_meta, open_root
 
@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from dali_alchemi.types import CountArray, IndexArray, Level
 
 logger = logging.getLogger(__name__)
+
+RESIDENT = -1
+"""Cache key (in place of a block index) of an array held whole: read with one take, no scatter."""
 
 INLINE_ROWS = 1 << 15
 """Reads of at most this many rows, all cached, are copied on the calling thread (no pool hand-off)."""
@@ -307,7 +310,15 @@ class AtomicDataZarrReader:
         for name in names:
             handle = self._handles[name]
             outputs[name] = np.empty((plans[handle.level].total, *handle.shape[1:]), dtype=handle.dtype)
-        self._gather(names, plans, outputs)
+        counts: dict[Level, NDArray[np.int64]] = {"atom": n_atoms, "edge": n_edges}
+        ptrs: dict[Level, NDArray[np.int64]] = {"atom": self._atoms_ptr, "edge": self._edges_ptr}
+
+        def request_rows(level: Level) -> NDArray[np.int64]:
+            if level == "system":
+                return physical
+            return concat_aranges(ptrs[level][physical], counts[level])
+
+        self._gather(names, plans, outputs, request_rows)
         for name in names:
             if name in layout.ATOM_INDEX_FIELDS and outputs[name].size:
                 offsets = np.repeat(self._atoms_ptr[physical], n_edges).astype(outputs[name].dtype, copy=False)
@@ -343,18 +354,36 @@ class AtomicDataZarrReader:
                 )
             return self._executor
 
-    def _gather(self, names: Sequence[str], plans: dict[Level, LevelPlan], outputs: dict[str, NDArray[Any]]) -> None:
-        """Fill ``outputs``: fetch the blocks missing from the cache in one concurrent batch, then decode
-        and scatter every block on the thread pool (each block's rows go to disjoint output rows)."""
+    def _gather(
+        self,
+        names: Sequence[str],
+        plans: dict[Level, LevelPlan],
+        outputs: dict[str, NDArray[Any]],
+        request_rows: Callable[[Level], NDArray[np.int64]],
+    ) -> None:
+        """Fill ``outputs``.
+
+        Arrays held whole in the cache (*resident*) are read with one take in request order. For the
+        others, the blocks missing from the cache are fetched in one concurrent batch, then every block
+        is decoded and scattered on the thread pool (each block's rows go to disjoint output rows). An
+        array whose every block this call touched, and that fits in a quarter of the cache, is then
+        stitched into one resident array for later calls.
+        """
         block_plans: dict[tuple[Level, int], tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
         jobs: list[_BlockJob] = []
+        resident: list[tuple[str, NDArray[Any]]] = []
+        to_stitch: list[str] = []
         for name in names:
             handle = self._handles[name]
-            plan, out = plans[handle.level], outputs[name]
+            plan = plans[handle.level]
             if plan.total == 0:
                 continue
             if handle.codec is None:
-                out[plan.dest] = handle.array.get_orthogonal_selection((plan.rows,))
+                outputs[name][plan.dest] = handle.array.get_orthogonal_selection((plan.rows,))
+                continue
+            whole = self._cache.get((name, RESIDENT)) if self._cache.peek((name, RESIDENT)) is not None else None
+            if whole is not None:
+                resident.append((name, whole))
                 continue
             key = (handle.level, handle.codec.block_rows)
             if key not in block_plans:
@@ -363,6 +392,9 @@ class AtomicDataZarrReader:
             for k, block in enumerate(blocks.tolist()):
                 cached = self._cache.get((name, block))
                 jobs.append(_BlockJob(handle, block, plan, int(bounds[k]), int(bounds[k + 1]), cached))
+            nbytes = handle.codec.row_nbytes * handle.shape[0]
+            if blocks.size == handle.codec.n_blocks and nbytes <= self._cache.capacity_bytes // 4:
+                to_stitch.append(name)
         missing = [job for job in jobs if job.data is None]
         if missing:
             fetched = self._fetch_blocks([(job.handle.codec, job.block) for job in missing])  # type: ignore[misc]
@@ -373,19 +405,39 @@ class AtomicDataZarrReader:
             for job in group:
                 codec = job.handle.codec
                 assert codec is not None
-                data = job.data
-                if data is None:
-                    data = codec.decode_block(job.block, *job.payloads)  # type: ignore[misc]
-                    self._cache.put((job.handle.name, job.block), data)
-                _scatter(outputs[job.handle.name], job.plan, job.lo, job.hi, data, job.block * codec.block_rows)
+                if job.data is None:
+                    job.data = codec.decode_block(job.block, *job.payloads)  # type: ignore[misc]
+                    self._cache.put((job.handle.name, job.block), job.data)
+                _scatter(outputs[job.handle.name], job.plan, job.lo, job.hi, job.data, job.block * codec.block_rows)
 
-        rows = sum(job.hi - job.lo for job in jobs)
+        def take(item: tuple[str, NDArray[Any]]) -> None:
+            name, whole = item
+            rows = request_rows(self._handles[name].level)
+            np.take(_rows_view(whole), rows, out=_rows_view(outputs[name]))
+
+        rows = sum(job.hi - job.lo for job in jobs) + sum(outputs[name].shape[0] for name, _ in resident)
         if not missing and rows <= INLINE_ROWS:
             run(jobs)  # small and cached: a thread hand-off would cost more than the copies
+            for item in resident:
+                take(item)
+        else:
+            pool = self._pool()
+            tasks = [pool.submit(run, group) for group in _balanced_groups(jobs, self._num_threads * 4)]
+            tasks += [pool.submit(take, item) for item in resident]
+            for task in tasks:
+                task.result()
+        for name in to_stitch:
+            self._stitch(name, [job for job in jobs if job.handle.name == name])
+
+    def _stitch(self, name: str, jobs: list[_BlockJob]) -> None:
+        """Replace an array's cached blocks by one resident copy of the whole array."""
+        blocks = sorted(((job.block, job.data) for job in jobs), key=lambda item: item[0])
+        if any(data is None for _, data in blocks) or [b for b, _ in blocks] != list(range(len(blocks))):
             return
-        groups = _balanced_groups(jobs, self._num_threads * 4)
-        for _ in self._pool().map(run, groups):
-            pass
+        whole = np.concatenate([data for _, data in blocks], axis=0)  # type: ignore[misc]
+        for block, _ in blocks:
+            self._cache.pop((name, block))
+        self._cache.put((name, RESIDENT), whole)
 
     def _fetch_blocks(self, blocks: list[tuple[ArrayCodec, int]]) -> list[tuple[list[Any | None], list[str]]]:
         """Fetch every chunk payload of the given row blocks in one concurrent batch (two for shards)."""

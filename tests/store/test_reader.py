@@ -88,9 +88,29 @@ def test_each_block_is_fetched_once_per_call_and_cached(small_store: Path) -> No
         # every chunk of every data array exactly once, although each sample was requested twice
         blocks = sum(h.codec.n_blocks for h in r._handles.values())
         assert first.chunks_fetched == blocks
-        r.read_packed(np.random.default_rng(0).permutation(N_SMALL))
+        # every block of every array was touched, so each array is now held whole ("resident")
+        assert r.stats().cache.entries == len(r._handles)
+        order = np.random.default_rng(0).permutation(N_SMALL)
+        again = r.read_packed(order)
         assert r.stats().chunks_fetched == blocks  # the second window came from the cache
-        assert r.stats().cache.hits >= blocks
+        assert r.stats().cache.hits == len(r._handles)
+    with AtomicDataZarrReader(small_store, cache_bytes=0) as cold:
+        expected = cold.read_packed(order)
+    for name in expected.fields:
+        assert np.array_equal(again.fields[name], expected.fields[name]), name
+
+
+def test_arrays_too_large_for_the_cache_stay_in_blocks(small_store: Path) -> None:
+    with AtomicDataZarrReader(small_store, cache_bytes=300_000) as r:
+        r.read_packed(np.arange(N_SMALL))
+        big = [name for name, h in r._handles.items() if h.codec.row_nbytes * h.shape[0] > 300_000 // 4]
+        assert big and all(r._cache.peek((name, -1)) is None for name in big)
+        order = np.random.default_rng(1).permutation(N_SMALL)
+        got = r.read_packed(order)
+    with AtomicDataZarrReader(small_store, cache_bytes=0) as cold:
+        expected = cold.read_packed(order)
+    for name in expected.fields:
+        assert np.array_equal(got.fields[name], expected.fields[name]), name
 
 
 def test_cache_is_bounded(small_store: Path) -> None:

@@ -1,24 +1,42 @@
 """From DALI outputs to :class:`~dali_alchemi.batch.Batch` objects, with no per-sample Python work.
 
-Each pipeline output is a ragged list of packed batches; it is viewed as one flat tensor without a
-copy (``as_reshaped_tensor`` then DLPack), and each batch is a slice of it. ``batch_ptr``,
-``batch_idx`` and the neighbor-list offsets are computed on the output's device by
-:class:`~dali_alchemi.batch.Batch`. No reading and no planning happen here.
+Each pipeline output is a ragged list of samples; it is viewed as one flat tensor without a copy
+(``as_reshaped_tensor`` then DLPack), and :func:`~dali_alchemi.batch.collate` cuts the window into
+Batches whose tensors are views of it. ``batch_ptr``, ``batch_idx`` and the neighbor-list offsets are
+computed on the output's device (or were computed by the source, on the CPU path).
+
+The pipeline runs on a *runner* thread that hands finished windows to the consumer through a small
+queue, so DALI's work overlaps the training step. The consumer waits with a timeout and checks that
+DALI's worker processes are alive: DALI itself can block forever when a worker dies, so a killed
+worker becomes a :class:`~dali_alchemi.errors.LoaderError` within a fraction of a second. No reading
+and no planning happen here.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import queue
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dali_alchemi.batch import Batch, collate
+from dali_alchemi.errors import LoaderError
 from dali_alchemi.pipeline.source import BATCH_IDX, INDICES, N_ATOMS, N_EDGES, OutputSpec, loader_error
 
 if TYPE_CHECKING:
     from dali_alchemi.pipeline.build import PipelineOutputs
     from dali_alchemi.types import Level
+
+logger = logging.getLogger(__name__)
+
+WATCHDOG_INTERVAL_S = 0.2
+"""How often a waiting consumer checks DALI's worker processes."""
+
+_END = object()
 
 
 def _flat_view(tensor_list: Any, trailing: tuple[int, ...]) -> torch.Tensor:
@@ -27,12 +45,30 @@ def _flat_view(tensor_list: Any, trailing: tuple[int, ...]) -> torch.Tensor:
     return torch.from_dlpack(tensor_list.as_reshaped_tensor([rows, *trailing]))
 
 
+def worker_processes(pipe: Any) -> list[Any]:
+    """The multiprocessing.Process objects of a pipeline's parallel external source (empty without one)."""
+    pool = getattr(pipe, "_py_pool", None)  # DALI keeps its worker pool private
+    procs = getattr(getattr(pool, "pool", None), "_processes", None)
+    return list(procs or [])
+
+
+def dead_worker(pipe: Any) -> str | None:
+    """A description of the first DALI worker that has exited, or ``None`` while all are alive."""
+    for proc in worker_processes(pipe):
+        code = proc.exitcode
+        if code is not None:
+            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+            return f"DALI worker process {proc.pid} exited unexpectedly ({how})"
+    return None
+
+
 class WindowIterator:
-    """Iterates one epoch of a built pipeline, yielding one Batch per training batch.
+    """Iterates one epoch of a built pipeline, yielding each window as a list of Batches.
 
     Raises :class:`~dali_alchemi.errors.LoaderError` (with the original exception's type name and
-    message) when the source or a worker failed. Stops at the end of the epoch; the caller resets
-    the pipeline.
+    message) when the source or a worker failed, and when a worker process died. Stops at the end of
+    the epoch; the caller then resets the pipeline. After a dead worker, :attr:`broken` is set: the
+    pipeline is wedged inside DALI and must be abandoned, not reused or shut down.
     """
 
     def __init__(
@@ -44,28 +80,86 @@ class WindowIterator:
         self.levels: dict[str, Level] = {spec.name: spec.level for spec in specs if spec.is_field}
         self.device = device
         self.batch_size = batch_size
+        self.broken = False
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
 
-    def _run(self) -> tuple[Any, ...] | None:
+    # -- the runner thread --------------------------------------------------------------------------
+    def _produce(self) -> None:
         try:
-            if self.device.type == "cuda":
-                return tuple(self.pipe.run(torch.cuda.current_stream(self.device)))
-            return tuple(self.pipe.run())
-        except StopIteration:
-            return None
-        except Exception as err:
-            raise loader_error(err) from err
+            if self._stream is not None:
+                torch.cuda.set_device(self.device)
+            with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+                while not self._stop.is_set():
+                    try:
+                        raw = tuple(self.pipe.run(self._stream) if self._stream is not None else self.pipe.run())
+                    except StopIteration:
+                        self._put(_END)
+                        return
+                    self._put(self._to_batches(raw))
+        except BaseException as err:  # handed to the consumer, which raises it
+            self._put(err)
 
+    def _put(self, item: Any) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=WATCHDOG_INTERVAL_S)
+                return
+            except queue.Full:
+                continue
+
+    # -- the consumer -------------------------------------------------------------------------------
     def windows(self) -> Iterator[list[Batch]]:
         """Yield each window of the epoch as a list of Batches."""
-        n_device = len(self.outputs.device_names)
-        while (raw := self._run()) is not None:
-            on_device = dict(zip(self.outputs.device_names, raw[:n_device], strict=True))
-            on_host = dict(zip(self.outputs.host_names, raw[n_device:], strict=True)) or on_device
-            yield self._to_batches(on_device, on_host)
+        self._thread = threading.Thread(target=self._produce, name="dali-alchemi-pipeline", daemon=True)
+        self._thread.start()
+        try:
+            while True:
+                item = self._next()
+                if item is _END:
+                    return
+                yield item
+        finally:
+            self.stop()
 
-    def _to_batches(self, raw: dict[str, Any], host_raw: dict[str, Any]) -> list[Batch]:
-        flat = {name: _flat_view(raw[name], self.trailing[name]) for name in raw}
-        host = {name: _flat_view(host_raw[name], ()).numpy() for name in (N_ATOMS, N_EDGES, INDICES)}
+    def _next(self) -> Any:
+        while True:
+            try:
+                item = self._queue.get(timeout=WATCHDOG_INTERVAL_S)
+            except queue.Empty:
+                problem = dead_worker(self.pipe)
+                if problem is None and self._thread is not None and not self._thread.is_alive():
+                    problem = "the pipeline thread stopped without a result"
+                if problem is not None:
+                    self.broken = True
+                    raise LoaderError(problem, original_type="WorkerDied") from None
+                continue
+            if isinstance(item, BaseException):
+                problem = dead_worker(self.pipe)
+                if problem is not None:  # DALI's own error only says that receiving was interrupted
+                    raise LoaderError(f"{problem}: {item}", original_type="WorkerDied") from item
+                raise loader_error(item) from item
+            return item
+
+    def stop(self) -> None:
+        """Stop the runner thread (waits for it unless the pipeline is wedged by a dead worker)."""
+        self._stop.set()
+        while True:  # unblock a runner waiting to put
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        if self._thread is not None and not self.broken:
+            self._thread.join()
+
+    def _to_batches(self, raw: tuple[Any, ...]) -> list[Batch]:
+        n_device = len(self.outputs.device_names)
+        on_device = dict(zip(self.outputs.device_names, raw[:n_device], strict=True))
+        on_host = dict(zip(self.outputs.host_names, raw[n_device:], strict=True)) or on_device
+        flat = {name: _flat_view(on_device[name], self.trailing[name]) for name in on_device}
+        host = {name: _flat_view(on_host[name], ()).numpy() for name in (N_ATOMS, N_EDGES, INDICES)}
         return collate(
             fields={name: flat[name] for name in self.levels},
             levels=self.levels,
@@ -77,3 +171,4 @@ class WindowIterator:
             sample_indices=host[INDICES],
             batch_idx=flat.get(BATCH_IDX),
         )
+

@@ -18,7 +18,7 @@ import torch
 from dali_alchemi.config import LoaderConfig
 from dali_alchemi.errors import LoaderError
 from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline, close_pipeline
-from dali_alchemi.pipeline.iterator import WindowIterator
+from dali_alchemi.pipeline.iterator import WindowIterator, worker_processes
 from dali_alchemi.pipeline.source import LAYOUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
 from dali_alchemi.planning import SamplePlan
 from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES
@@ -166,6 +166,7 @@ class DALIDataLoader:
         self._outputs: PipelineOutputs | None = None
         self._read_ahead: ReadAheadSource | None = None
         self._pipe_next: tuple[int, int] | None = None
+        self._abandoned: list[Any] = []  # pipelines wedged by a dead worker; kept referenced, never shut down
         self._generation = 0
         self._closed = False
 
@@ -227,13 +228,14 @@ class DALIDataLoader:
             for window in windows.windows():
                 for batch in window:
                     if generation != self._generation:
-                        raise RuntimeError(
-                            "This iterator was superseded by a newer iter() over the same DALIDataLoader"
-                        )
+                        raise RuntimeError("This iterator was superseded by a newer iter() over the same DALIDataLoader")
                     self._batch += 1
                     yield batch
         except LoaderError:
-            self._discard_pipeline()
+            if windows.broken:
+                self._abandon_pipeline()
+            else:
+                self._discard_pipeline()
             raise
         if generation != self._generation:
             return
@@ -287,6 +289,18 @@ class DALIDataLoader:
             per_structure += rows * int(np.prod(spec.trailing, dtype=np.int64)) * spec.dtype.itemsize
         structures = self.plan.batch_size * self.plan.batches_per_window / self._samples_per_window()
         return int(per_structure * structures * 1.5) + (1 << 16)
+
+    def _abandon_pipeline(self) -> None:
+        """Drop a pipeline that a dead worker left blocked inside DALI: stop its other workers, but do not
+        shut it down (its thread is stuck in DALI, and shutting down under it is unsafe)."""
+        for proc in worker_processes(self._pipe):
+            if proc.exitcode is None:
+                proc.terminate()
+        self._abandoned.append(self._pipe)
+        self._pipe, self._outputs, self._pipe_next = None, None, None
+        if self._read_ahead is not None:
+            self._read_ahead.close()
+            self._read_ahead = None
 
     def _discard_pipeline(self) -> None:
         close_pipeline(self._pipe)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +16,7 @@ import pytest
 import torch
 
 from dali_alchemi import AtomicDataZarrReader, Batch, DALIDataLoader, LoaderError
+from dali_alchemi.pipeline.iterator import worker_processes
 from dali_alchemi.planning import SamplePlan
 
 N = 300
@@ -262,3 +266,67 @@ def test_cuda_batches_equal_the_cpu_path(reader: AtomicDataZarrReader) -> None:
                 assert torch.equal(a[name], b[name].cpu()), name
             assert torch.equal(a.batch_idx, b.batch_idx.cpu()) and torch.equal(a.batch_ptr, b.batch_ptr.cpu())
             assert a.sample_indices.tolist() == b.sample_indices.tolist()
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_worker_is_an_error_within_seconds_not_a_hang(small_store: Path) -> None:
+    loader = DALIDataLoader(small_store, batch_size=10, prefetch_factor=2, num_workers=2, start_method="fork", device="cpu")
+    batches = iter(loader)
+    next(batches)
+    workers = [proc.pid for proc in worker_processes(loader._pipe)]
+    assert len(workers) == 2
+    os.kill(workers[0], signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(LoaderError, match=rf"DALI worker process {workers[0]} exited unexpectedly \(killed by signal 9\)"):
+        for _ in batches:
+            pass
+    assert time.monotonic() - started < 5
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers)  # the other worker was stopped too
+    # the loader recovers: a new iteration builds a new pipeline and resumes where it stood
+    position = loader.state_dict()["batch"]
+    rest = list(loader)
+    assert len(rest) == len(loader) - position
+    loader.close()
+
+
+INTERRUPTED_LOOP = """
+import os, signal, sys
+from dali_alchemi import DALIDataLoader
+from dali_alchemi.pipeline.iterator import worker_processes
+
+if __name__ == "__main__":
+    loader = DALIDataLoader(sys.argv[1], batch_size=10, prefetch_factor=2, num_workers=2, start_method=sys.argv[3], device="cpu")
+    for k, batch in enumerate(loader):
+        if k == 0:
+            with open(sys.argv[2], "w") as fh:
+                fh.write(" ".join(str(p.pid) for p in worker_processes(loader._pipe)))
+        if k == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of the training loop
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_keyboard_interrupt_leaves_no_orphan_processes(small_store: Path, tmp_path: Path, start_method: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(INTERRUPTED_LOOP)
+    pids_file = tmp_path / "pids.txt"
+    result = subprocess.run(
+        [sys.executable, str(script), str(small_store), str(pids_file), start_method],
+        capture_output=True, text=True, timeout=100,
+    )  # fmt: skip
+    assert result.returncode != 0 and "KeyboardInterrupt" in result.stderr
+    workers = [int(p) for p in pids_file.read_text().split()]
+    assert len(workers) == 2
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_running(pid) for pid in workers):
+        time.sleep(0.1)
+    assert not any(_running(pid) for pid in workers), "DALI workers outlived the interrupted process"
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still exists as a live (non-zombie) process, whoever its parent is now."""
+    return _alive(pid)

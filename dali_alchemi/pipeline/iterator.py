@@ -171,4 +171,3 @@ class WindowIterator:
             sample_indices=host[INDICES],
             batch_idx=flat.get(BATCH_IDX),
         )
-

@@ -228,7 +228,9 @@ class DALIDataLoader:
             for window in windows.windows():
                 for batch in window:
                     if generation != self._generation:
-                        raise RuntimeError("This iterator was superseded by a newer iter() over the same DALIDataLoader")
+                        raise RuntimeError(
+                            "This iterator was superseded by a newer iter() over the same DALIDataLoader"
+                        )
                     self._batch += 1
                     yield batch
         except LoaderError:

@@ -123,8 +123,7 @@ def parse_schema(attributes: Mapping[str, Any], *, store: str) -> StoreSchema:
     ------
     StoreFormatError
         If ``fields`` is not a mapping of group -> {name: level}, or ``num_samples`` is not an integer.
-    FieldLevelError
-        If a level string is not one of ``atom``, ``edge``, ``system``.
+        Also if a level is not one of ``atom``, ``edge``, ``system``.
     """
     raw_n = attributes.get(NUM_SAMPLES_ATTR, -1)
     if isinstance(raw_n, bool) or not isinstance(raw_n, int) or raw_n < -1:
@@ -146,9 +145,11 @@ def parse_schema(attributes: Mapping[str, Any], *, store: str) -> StoreSchema:
             )
         levels: dict[str, Level] = {}
         for name, level in entries.items():
-            if not isinstance(level, str):
-                raise FieldLevelError(f"Store {store}: fields.{group}.{name} must be a level string, found {level!r}")
-            levels[str(name)] = check_level(level, what=f"store {store} fields.{group}.{name}")
+            if not isinstance(level, str) or level not in LEVELS:
+                raise StoreFormatError(
+                    f"Store {store}: fields.{group}.{name} has level {level!r}; expected one of {', '.join(LEVELS)}"
+                )
+            levels[str(name)] = level  # type: ignore[assignment]
         groups[group] = levels
     return StoreSchema(num_samples=raw_n, core=groups[CORE_GROUP], custom=groups[CUSTOM_GROUP])
 

@@ -11,10 +11,12 @@ reader returns. The reader does no prefetching, no ordering and no device transf
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from types import TracebackType
@@ -22,16 +24,27 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import zarr
+from zarr.errors import BaseZarrError, ZarrUserWarning
+from zarr.storage import LocalStore
 
-from dali_alchemi.errors import ReaderClosedError, SampleIndexError
+from dali_alchemi.errors import ReaderClosedError, SampleIndexError, StoreFormatError, StoreNotFoundError
 from dali_alchemi.packed import PackedSamples
 from dali_alchemi.store import layout
 from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES, BlockCache, CacheStats
 from dali_alchemi.store.codecs import ArrayCodec, UnsupportedCodecError
 from dali_alchemi.store.fetch import ByteFetcher, ByteRequest, LocalFetcher, StoreFetcher
 from dali_alchemi.store.gather import LevelPlan, concat_aranges, plan_rows, plan_system_rows
+from dali_alchemi.store.journal import read_journal, sibling
 from dali_alchemi.store.location import StoreLike, StoreLocation, resolve_store
-from dali_alchemi.store.validate import check_data_array, check_meta, open_root
+from dali_alchemi.store.validate import (
+    MetaInfo,
+    check_chunk_size,
+    check_data_array,
+    check_meta,
+    memory_budget,
+    open_root,
+)
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -125,7 +138,8 @@ class AtomicDataZarrReader:
             "max_concurrency": max_concurrency,
         }
         self.pin_memory = pin_memory
-        self._location: StoreLocation = resolve_store(store, read_only=True, must_exist=True)
+        # existence is checked in refresh(): an interrupted defragment may have moved the store aside
+        self._location: StoreLocation = resolve_store(store, read_only=True, must_exist=False)
         self._cache = BlockCache(cache_bytes)
         self._num_threads = num_threads or _default_threads()
         self._max_concurrency = max_concurrency
@@ -137,6 +151,7 @@ class AtomicDataZarrReader:
         self._samples_read = 0
         self._chunks_fetched = 0
         self._shard_indexes: dict[tuple[str, str], NDArray[np.uint64]] = {}
+        self._max_read_bytes = memory_budget()
         self.refresh()
 
     # -- opening ------------------------------------------------------------------------------------
@@ -147,36 +162,24 @@ class AtomicDataZarrReader:
         :class:`ReaderClosedError` on a closed reader.
         """
         self._check_open()
-        loc = self._location
-        root = open_root(loc)
-        meta = check_meta(root, store=loc.display)
+        journal = read_journal(self._location)
+        loc = self._read_location = _effective_location(self._location, journal)
+        try:
+            with warnings.catch_warnings():
+                # a journal inside a non-local store is a foreign key to zarr's group listing
+                warnings.simplefilter("ignore", ZarrUserWarning)
+                root = open_root(loc)
+                meta = check_meta(root, store=loc.display, journal=journal)
+                handles = self._open_arrays(root, meta, loc, journal)
+        except (BaseZarrError, KeyError, TypeError, json.JSONDecodeError) as err:
+            raise StoreFormatError(f"Store {loc.display}: unreadable metadata: {type(err).__name__}: {err}") from err
         self._schema = meta.schema
         self._atoms_ptr = meta.atoms_ptr
         self._edges_ptr = meta.edges_ptr
         self._samples_mask = meta.samples_mask
         self._active: IndexArray = np.flatnonzero(meta.samples_mask).astype(np.int64)
-        expected_rows = {"atom": int(meta.atoms_ptr[-1]), "edge": int(meta.edges_ptr[-1]), "system": meta.n_physical}
-        handles: dict[str, _ArrayHandle] = {}
-        levels: dict[str, Level] = {}
-        for group_name, recorded in ((layout.CORE_GROUP, meta.schema.core), (layout.CUSTOM_GROUP, meta.schema.custom)):
-            group = root[group_name] if group_name in meta.groups else None
-            if group is None:
-                continue
-            for name, arr in sorted(group.arrays()):
-                level = check_data_array(
-                    arr, name=name, group=group_name, recorded=recorded, expected_rows=expected_rows, store=loc.display
-                )
-                try:
-                    codec: ArrayCodec | None = ArrayCodec(
-                        name=f"{group_name}/{name}", path=arr.store_path.path, metadata=arr.metadata
-                    )
-                except UnsupportedCodecError as err:
-                    logger.info("array %s/%s read through zarr: %s", group_name, name, err)
-                    codec = None
-                handles[name] = _ArrayHandle(
-                    name=name, level=level, shape=tuple(arr.shape), dtype=np.dtype(arr.dtype), codec=codec, array=arr
-                )
-                levels[name] = level
+        levels = {name: handle.level for name, handle in handles.items()}
+        self._executor_pid = -1  # the fetcher follows the location, which a defragment may have moved
         self._handles = handles
         self._levels = levels
         requested = self._options["fields"]
@@ -194,10 +197,57 @@ class AtomicDataZarrReader:
             loc.display,
             len(self._active),
             meta.n_physical,
-            expected_rows["atom"],
-            expected_rows["edge"],
+            int(meta.atoms_ptr[-1]),
+            int(meta.edges_ptr[-1]),
             len(handles),
         )
+
+    def _open_arrays(
+        self, root: Any, meta: MetaInfo, loc: StoreLocation, journal: Mapping[str, Any] | None
+    ) -> dict[str, _ArrayHandle]:
+        """Check every core and custom array and prepare its decoder.
+
+        A custom array that an unfinished ``add_custom`` is writing is not part of the store yet; if it
+        replaces an older array, that older one (possibly moved aside) is read instead.
+        """
+        expected_rows = {"atom": int(meta.atoms_ptr[-1]), "edge": int(meta.edges_ptr[-1]), "system": meta.n_physical}
+        adding = (
+            journal if journal and journal.get("op") == "add_custom" and journal.get("state") != "committed" else None
+        )
+        arrays: list[tuple[str, str, Any, dict[str, Level]]] = []
+        for group_name, recorded in ((layout.CORE_GROUP, meta.schema.core), (layout.CUSTOM_GROUP, meta.schema.custom)):
+            if group_name not in meta.groups:
+                continue
+            for name, arr in sorted(root[group_name].arrays()):
+                arrays.append((group_name, name, arr, recorded))
+        if adding is not None:
+            key, previous = str(adding["key"]), adding.get("previous")
+            arrays = [a for a in arrays if not (a[0] == layout.CUSTOM_GROUP and a[1] == key)]
+            if previous is not None:
+                moved = sibling(self._location, f"previous-{key}") if self._location.local_root is not None else None
+                old = (
+                    zarr.open_array(str(moved), mode="r")
+                    if moved is not None and moved.exists()
+                    else root[f"{layout.CUSTOM_GROUP}/{key}"]
+                )
+                arrays.append((layout.CUSTOM_GROUP, key, old, {key: layout.check_level(str(previous), what=key)}))
+        handles: dict[str, _ArrayHandle] = {}
+        for group_name, name, arr, recorded in arrays:
+            level = check_data_array(
+                arr, name=name, group=group_name, recorded=recorded, expected_rows=expected_rows,
+                store=loc.display, growing=meta.growing,
+            )  # fmt: skip
+            check_chunk_size(arr, name=f"{group_name}/{name}", store=loc.display)
+            codec: ArrayCodec | None = None
+            if arr.store_path.store is loc.store:  # arrays moved aside are read through zarr
+                try:
+                    codec = ArrayCodec(name=f"{group_name}/{name}", path=arr.store_path.path, metadata=arr.metadata)
+                except UnsupportedCodecError as err:
+                    logger.info("array %s/%s read through zarr: %s", group_name, name, err)
+            handles[name] = _ArrayHandle(
+                name=name, level=level, shape=tuple(arr.shape), dtype=np.dtype(arr.dtype), codec=codec, array=arr
+            )
+        return handles
 
     def _check_open(self) -> None:
         if getattr(self, "_closed", False):
@@ -298,6 +348,7 @@ class AtomicDataZarrReader:
     def _read_unique(self, logical: IndexArray, names: Sequence[str]) -> PackedSamples:
         """:meth:`read_packed` for distinct indices: sorted rows are then non-decreasing per level."""
         physical = self._active[logical]
+        self._check_read_size(logical, physical, names)
         order = np.argsort(physical, kind="stable")
         atom_plan, n_atoms = plan_rows(self._atoms_ptr, physical, order)
         edge_plan, n_edges = plan_rows(self._edges_ptr, physical, order)
@@ -323,6 +374,7 @@ class AtomicDataZarrReader:
             if name in layout.ATOM_INDEX_FIELDS and outputs[name].size:
                 offsets = np.repeat(self._atoms_ptr[physical], n_edges).astype(outputs[name].dtype, copy=False)
                 outputs[name] -= offsets.reshape((-1,) + (1,) * (outputs[name].ndim - 1))
+                self._check_local_indices(name, outputs[name], logical, physical, n_atoms, n_edges)
         self._packed_reads += 1
         self._samples_read += int(logical.size)
         return PackedSamples(
@@ -332,6 +384,43 @@ class AtomicDataZarrReader:
             n_edges=n_edges,
             fields=outputs,
             levels={name: self._levels[name] for name in names},
+        )
+
+    def _check_read_size(self, logical: IndexArray, physical: IndexArray, names: Sequence[str]) -> None:
+        """Refuse, before allocating anything, a read whose output could not fit in memory."""
+        counts = {
+            "atom": self._atoms_ptr[physical + 1] - self._atoms_ptr[physical],
+            "edge": self._edges_ptr[physical + 1] - self._edges_ptr[physical],
+        }
+        row_bytes = {"atom": 16, "edge": 16, "system": 0}  # the row plan: source and destination indices
+        for name in names:
+            handle = self._handles[name]
+            row_bytes[handle.level] += int(np.prod(handle.shape[1:], dtype=np.int64)) * handle.dtype.itemsize
+        per_sample = counts["atom"] * row_bytes["atom"] + counts["edge"] * row_bytes["edge"] + row_bytes["system"]
+        if int(per_sample.sum(dtype=np.float64)) <= self._max_read_bytes:
+            return
+        worst = int(np.argmax(per_sample))
+        raise StoreFormatError(
+            f"Store {self.source}: reading {len(logical)} samples needs {per_sample.sum(dtype=np.float64) / 2**30:,.1f} GiB, "
+            f"more than half of this machine's memory; the largest, sample {int(logical[worst])} (physical "
+            f"{int(physical[worst])}), claims {int(counts['atom'][worst]):,} atoms and {int(counts['edge'][worst]):,} edges"
+        )
+
+    def _check_local_indices(
+        self, name: str, values: NDArray[Any], logical: IndexArray, physical: IndexArray,
+        n_atoms: CountArray, n_edges: CountArray,
+    ) -> None:  # fmt: skip
+        """Every re-based index must point inside its own sample; a store that says otherwise is corrupt."""
+        limit = np.repeat(n_atoms, n_edges).reshape((-1,) + (1,) * (values.ndim - 1))
+        bad = (values < 0) | (values >= limit)
+        if not bad.any():
+            return
+        edge = int(np.argmax(bad.reshape(bad.shape[0], -1).any(axis=1)))
+        sample = int(np.searchsorted(np.cumsum(n_edges), edge, side="right"))
+        raise StoreFormatError(
+            f"Store {self.source}: {name} of sample {int(logical[sample])} (physical {int(physical[sample])}) holds "
+            f"{(values[edge] + self._atoms_ptr[physical[sample]]).tolist()}, outside its atom rows "
+            f"[{int(self._atoms_ptr[physical[sample]])}, {int(self._atoms_ptr[physical[sample] + 1])})"
         )
 
     def _select(self, fields: Iterable[str]) -> tuple[str, ...]:
@@ -347,10 +436,11 @@ class AtomicDataZarrReader:
             if self._executor is None or self._executor_pid != os.getpid():
                 self._executor = ThreadPoolExecutor(self._num_threads, thread_name_prefix="dali-alchemi-read")
                 self._executor_pid = os.getpid()
+                loc = self._read_location
                 self._fetcher: ByteFetcher = (
-                    LocalFetcher(self._location.local_root, self._executor)
-                    if self._location.local_root is not None
-                    else StoreFetcher(self._location.store, max_concurrency=self._max_concurrency)
+                    LocalFetcher(loc.local_root, self._executor)
+                    if loc.local_root is not None
+                    else StoreFetcher(loc.store, max_concurrency=self._max_concurrency)
                 )
             return self._executor
 
@@ -581,6 +671,20 @@ def _balanced_groups(jobs: list[_BlockJob], n_groups: int) -> list[list[_BlockJo
         groups[g].append(jobs[i])
         loads[g] += sizes[i]
     return [g for g in groups if g]
+
+
+def _effective_location(loc: StoreLocation, journal: Mapping[str, Any] | None) -> StoreLocation:
+    """Where to read: the store itself, or, in the instant a defragment swaps directories, the new one."""
+    if loc.local_root is None or loc.local_root.exists():
+        return loc
+    if journal is None or journal.get("op") != "defragment":
+        raise StoreNotFoundError(f"Zarr store does not exist at {loc.display}")
+    for candidate in (sibling(loc, "defragment-new"), sibling(loc, "defragment-old")):
+        if candidate.exists():
+            return StoreLocation(
+                store=LocalStore(candidate, read_only=True), prefix="", display=loc.display, local_root=candidate
+            )
+    raise StoreNotFoundError(f"Zarr store does not exist at {loc.display} (an interrupted defragment left no copy)")
 
 
 def _reopen(store: StoreLike, options: dict[str, Any]) -> AtomicDataZarrReader:

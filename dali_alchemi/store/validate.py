@@ -7,6 +7,8 @@ reader decodes them.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +36,7 @@ class MetaInfo:
     edges_ptr: NDArray[np.int64]
     samples_mask: NDArray[np.bool_]
     groups: frozenset[str]
+    growing: bool = False  # an append is in progress: data arrays may be longer than the pointers say
 
     @property
     def n_physical(self) -> int:
@@ -60,6 +63,14 @@ def _read_meta_array(meta: Any, name: str, store: str) -> Any:
         raise StoreFormatError(f"Store {store}: missing array meta/{name}") from err
 
 
+def _read_prefix(arr: Any, rows: int, name: str, store: str) -> NDArray[Any]:
+    """The first ``rows`` entries of a meta array; any failure to decode them means corrupt bytes."""
+    try:
+        return np.asarray(arr[:rows])
+    except Exception as err:  # codecs raise many types; all mean the stored bytes are unusable
+        raise StoreFormatError(f"Store {store}: meta/{name} could not be read: {type(err).__name__}: {err}") from err
+
+
 def _check_pointer(ptr: NDArray[Any], name: str, n: int, store: str) -> NDArray[np.int64]:
     if ptr.ndim != 1 or ptr.size != n + 1:
         raise StoreFormatError(
@@ -79,8 +90,32 @@ def _check_pointer(ptr: NDArray[Any], name: str, n: int, store: str) -> NDArray[
     return ptr
 
 
-def check_meta(root: Any, *, store: str) -> MetaInfo:
-    """Check groups, root attributes, pointers and masks; return the pointers and mask as numpy arrays."""
+def _check_meta_sizes(arrays: Mapping[str, Any], n: int, store: str) -> None:
+    """Refuse meta arrays that could not be read into memory, before reading them."""
+    needed = 2 * 8 * (n + 1) + n
+    budget = memory_budget()
+    if needed > budget:
+        raise StoreFormatError(
+            f"Store {store}: meta/samples_mask claims {n:,} samples, so the pointers and mask need "
+            f"{needed / 2**30:,.1f} GiB, more than half of this machine's memory ({budget / 2**30:,.1f} GiB)"
+        )
+
+
+def memory_budget() -> int:
+    """Half of this machine's physical memory, in bytes: the most one read may allocate."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def check_meta(root: Any, *, store: str, journal: Mapping[str, Any] | None = None) -> MetaInfo:
+    """Check groups, root attributes, pointers and masks; return the pointers and mask as numpy arrays.
+
+    With the journal of an unfinished append, the meta arrays may already be longer than the old
+    state they are read at (``journal["samples"]`` samples); with that of a delete, the journaled
+    samples are read as deleted.
+    """
     groups = frozenset(name for name, _ in root.groups())
     for required in (layout.META_GROUP, layout.CORE_GROUP):
         if required not in groups:
@@ -93,27 +128,46 @@ def check_meta(root: Any, *, store: str) -> MetaInfo:
         raise StoreFormatError(f"Store {store}: meta/samples_mask has shape {mask_arr.shape}; expected 1-D")
     if mask_arr.dtype != np.bool_:
         raise StoreFormatError(f"Store {store}: meta/samples_mask has dtype {mask_arr.dtype}; expected bool")
-    n = int(mask_arr.shape[0])
+    appending = journal is not None and journal.get("op") == "append"
+    n = int(journal["samples"]) if appending else int(mask_arr.shape[0])  # type: ignore[index]
+    if appending and mask_arr.shape[0] < n:
+        raise StoreFormatError(
+            f"Store {store}: meta/samples_mask has {mask_arr.shape[0]} entries; the write journal says {n}"
+        )
     for name in (layout.ATOMS_PTR, layout.EDGES_PTR):
-        if tuple(arrays[name].shape) != (n + 1,):
+        rows = int(arrays[name].shape[0]) if len(arrays[name].shape) == 1 else -1
+        if rows != n + 1 and not (appending and rows > n):
             raise StoreFormatError(
                 f"Store {store}: meta/{name} has shape {tuple(arrays[name].shape)}; "
                 f"expected ({n + 1},) for {n} samples in samples_mask"
             )
-    samples_mask = np.asarray(mask_arr[...], dtype=np.bool_)
-    atoms_ptr = _check_pointer(np.asarray(arrays[layout.ATOMS_PTR][...]), layout.ATOMS_PTR, n, store)
-    edges_ptr = _check_pointer(np.asarray(arrays[layout.EDGES_PTR][...]), layout.EDGES_PTR, n, store)
+    _check_meta_sizes(arrays, n, store)
+    samples_mask = np.asarray(_read_prefix(mask_arr, n, layout.SAMPLES_MASK, store), dtype=np.bool_)
+    atoms_ptr = _check_pointer(
+        _read_prefix(arrays[layout.ATOMS_PTR], n + 1, layout.ATOMS_PTR, store), layout.ATOMS_PTR, n, store
+    )
+    edges_ptr = _check_pointer(
+        _read_prefix(arrays[layout.EDGES_PTR], n + 1, layout.EDGES_PTR, store), layout.EDGES_PTR, n, store
+    )
     for mask_name, ptr, what in ((layout.ATOMS_MASK, atoms_ptr, "atoms"), (layout.EDGES_MASK, edges_ptr, "edges")):
         shape = tuple(arrays[mask_name].shape)
-        if shape != (int(ptr[-1]),):
+        if shape != (int(ptr[-1]),) and not (appending and len(shape) == 1 and shape[0] >= int(ptr[-1])):
             raise StoreFormatError(
                 f"Store {store}: meta/{mask_name} has shape {shape}; expected ({int(ptr[-1])},) for the {what} in the pointers"
             )
-    if schema.num_samples not in (-1, n):
+    if appending and (int(atoms_ptr[-1]), int(edges_ptr[-1])) != (int(journal["atoms"]), int(journal["edges"])):  # type: ignore[index]
+        raise StoreFormatError(f"Store {store}: the pointers disagree with the write journal of an unfinished append")
+    if not appending and schema.num_samples not in (-1, n):
         raise StoreFormatError(
             f"Store {store}: root attribute num_samples is {schema.num_samples} but meta/samples_mask has {n} entries"
         )
-    return MetaInfo(schema=schema, atoms_ptr=atoms_ptr, edges_ptr=edges_ptr, samples_mask=samples_mask, groups=groups)
+    if journal is not None and journal.get("op") == "delete":
+        doomed = np.asarray(journal.get("physical", []), dtype=np.int64)
+        samples_mask[doomed[(doomed >= 0) & (doomed < n)]] = False
+    return MetaInfo(
+        schema=schema, atoms_ptr=atoms_ptr, edges_ptr=edges_ptr, samples_mask=samples_mask, groups=groups,
+        growing=appending,
+    )  # fmt: skip
 
 
 def check_data_array(
@@ -124,6 +178,7 @@ def check_data_array(
     recorded: dict[str, Level],
     expected_rows: dict[str, int],
     store: str,
+    growing: bool = False,
 ) -> Level:
     """Check one core/custom array against its level and the pointers; return its level."""
     level = recorded.get(name) or layout.default_level(name)
@@ -134,7 +189,7 @@ def check_data_array(
     shape = tuple(arr.shape)
     if not shape:
         raise StoreFormatError(f"Store {store}: array {group}/{name} is 0-dimensional; expected one row per {level}")
-    if shape[0] != expected_rows[level]:
+    if shape[0] != expected_rows[level] and not (growing and shape[0] > expected_rows[level]):
         what = {"atom": "atoms (atoms_ptr[-1])", "edge": "edges (edges_ptr[-1])", "system": "samples (samples_mask)"}[
             level
         ]
@@ -151,3 +206,27 @@ def check_data_array(
             f"Store {store}: array {group}/{name} has shape {shape}; expected [rows, {', '.join(map(str, trailing))}]"
         )
     return level
+
+
+def check_chunk_size(arr: Any, *, name: str, store: str) -> None:
+    """Refuse an array whose chunks (or shard index) could not be decoded into memory."""
+    chunk_shape = tuple(int(c) for c in arr.chunks)
+    itemsize = np.dtype(arr.dtype).itemsize
+    chunk_bytes = itemsize
+    for extent in chunk_shape:
+        chunk_bytes *= extent
+    budget = memory_budget()
+    if chunk_bytes > budget:
+        raise StoreFormatError(
+            f"Store {store}: array {name} has chunks of shape {chunk_shape} ({chunk_bytes / 2**30:,.1f} GiB each), "
+            f"more than half of this machine's memory"
+        )
+    shards = getattr(arr, "shards", None)
+    if shards is not None:
+        inner = 1
+        for shard, chunk in zip(shards, chunk_shape, strict=True):
+            inner *= max(1, int(shard) // max(1, chunk))
+        if 16 * inner > budget:
+            raise StoreFormatError(
+                f"Store {store}: array {name} claims {inner:,} chunks per shard; its index cannot be read"
+            )

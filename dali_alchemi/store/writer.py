@@ -1,21 +1,25 @@
-"""AtomicDataZarrWriter: create, extend, soft-delete and compact nvalchemi 0.2.0 stores.
+"""AtomicDataZarrWriter: create, extend, soft-delete and compact nvalchemi 0.2.0 stores, crash-safely.
 
 The writer owns the pointer arrays and masks, and keeps every data array consistent with them:
 ``neighbor_list`` is stored store-global (``local + atoms_ptr[i]``) on write and append, and re-based
 whenever rows move (defragment), which fixes the reference implementation's defects listed in the
 store-format notes. Arrays are always created with explicit chunk shapes that keep trailing dims whole.
-The writer never reads through a reader's cache and never holds a whole store in memory when
-compacting it.
+
+Interrupted writes (a killed process) leave a local store readable at its old or its new state:
+``write`` builds the store beside its path and renames it into place; ``append``, ``delete`` and
+``add_custom`` record a journal first (:mod:`dali_alchemi.store.journal`) and order their changes so
+that the old state stays valid until the commit point; ``defragment`` builds the compacted store
+beside the old one and swaps the directories. The next writer operation finishes or rolls back an
+interrupted one (:meth:`AtomicDataZarrWriter.recover`). One writer at a time.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,12 +28,15 @@ import torch
 import zarr
 from zarr.storage import StorePath
 
-from dali_alchemi.batch import Batch, pack_samples
-from dali_alchemi.config import ArrayConfig, WriteConfig
+from dali_alchemi.batch import Batch
+from dali_alchemi.config import WriteConfig
 from dali_alchemi.errors import SampleDataError, SampleIndexError, StoreNotFoundError
 from dali_alchemi.packed import PackedSamples
 from dali_alchemi.store import layout
-from dali_alchemi.store.gather import concat_aranges
+from dali_alchemi.store.arrays import create_array, extend_array, truncate_array, write_array
+from dali_alchemi.store.encode import Samples, check_neighbor_list, disk_arrays, field_names, to_packed
+from dali_alchemi.store.gather import concat_aranges, exclusive_cumsum
+from dali_alchemi.store.journal import clear_journal, read_journal, sibling, write_journal
 from dali_alchemi.store.location import StoreLike, StoreLocation, resolve_store
 from dali_alchemi.store.validate import MetaInfo, check_meta, open_root
 
@@ -43,102 +50,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_DEFRAGMENT_WINDOW = 8192
 """Samples copied per step by :meth:`AtomicDataZarrWriter.defragment`."""
 
-Samples = Sequence[Mapping[str, Any]] | Batch | PackedSamples
-
-
-def create_array(group: Any, name: str, shape: tuple[int, ...], dtype: np.dtype[Any], cfg: ArrayConfig) -> Any:
-    """Create an array chunked (and optionally sharded) along dim 0 only, with explicit codecs."""
-    trailing = tuple(max(1, int(s)) for s in shape[1:])
-    row_bytes = max(1, math.prod(trailing)) * dtype.itemsize
-    chunks = (cfg.rows_per_chunk(row_bytes), *trailing)
-    shards = (cfg.shard_size, *trailing) if cfg.shard_size is not None else None
-    return group.create_array(
-        name,
-        shape=shape,
-        dtype=dtype,
-        chunks=chunks,
-        shards=shards,
-        compressors=cfg.compressors or None,
-        fill_value=False if dtype == np.bool_ else 0,
-    )
-
-
-def write_array(group: Any, name: str, data: NDArray[Any], cfg: ArrayConfig) -> Any:
-    """Create ``name`` in ``group`` (see :func:`create_array`) and fill it with ``data``."""
-    arr = create_array(group, name, tuple(data.shape), data.dtype, cfg)
-    if data.size:
-        arr[...] = data
-    return arr
-
-
-def _squeeze_system(arr: NDArray[Any]) -> NDArray[Any]:
-    # nvalchemi's writer squeezes dim 1 of stacked system fields while it is 1 and ndim > 2, so a
-    # per-sample (1, 1, k) is stored as (N, k). Kept for bit-for-bit compatible stores.
-    while arr.ndim > 2 and arr.shape[1] == 1:
-        arr = arr[:, 0]
-    return arr
-
-
-def _to_packed(samples: Samples, levels: Mapping[str, str] | None) -> PackedSamples:
-    if isinstance(samples, PackedSamples):
-        return samples
-    if isinstance(samples, Batch):
-        packed = samples.to_packed()
-        if levels:
-            for name, level in levels.items():
-                if name in packed.levels and layout.check_level(level, what=f"field {name!r}") != packed.levels[name]:
-                    raise SampleDataError(
-                        f"Field {name!r} is {packed.levels[name]!r} in the Batch but levels= says {level!r}"
-                    )
-        return packed
-    if isinstance(samples, Mapping):
-        raise TypeError("samples must be a sequence of {field: array} mappings or a Batch, not a single mapping")
-    return pack_samples(samples, levels=levels)
-
-
-def _field_names(samples: Samples) -> list[str]:
-    if isinstance(samples, (Batch, PackedSamples)):
-        return list(samples.fields)
-    return [k for k in samples[0] if k not in layout.NON_DATA_KEYS] if len(samples) else []
-
-
-def _check_neighbor_list(packed: PackedSamples) -> None:
-    """Every ``neighbor_list`` entry must be a valid local atom index of its own sample."""
-    for name in layout.ATOM_INDEX_FIELDS & set(packed.fields):
-        values = packed.fields[name]
-        if not np.issubdtype(values.dtype, np.integer):
-            raise SampleDataError(f"Field {name!r} has dtype {values.dtype}; expected integer atom indices")
-        if values.size == 0:
-            continue
-        limit = np.repeat(packed.n_atoms, packed.n_edges).reshape((-1,) + (1,) * (values.ndim - 1))
-        bad = (values < 0) | (values >= limit)
-        if bad.any():
-            edge = int(np.argmax(bad.reshape(bad.shape[0], -1).any(axis=1)))
-            sample = int(np.searchsorted(np.cumsum(packed.n_edges), edge, side="right"))
-            raise SampleDataError(
-                f"Sample {sample}: {name} holds {values[edge].tolist()} but the sample has "
-                f"{int(packed.n_atoms[sample])} atoms (indices must be sample-local, in [0, n_atoms))"
-            )
-
-
-def _global_index(packed: PackedSamples, name: str, atom_base: int) -> NDArray[Any]:
-    """Sample-local atom indices -> store-global ones (``local + atoms_ptr[i]``)."""
-    values = packed.fields[name]
-    offsets = np.repeat(packed.atoms_ptr[:-1] + atom_base, packed.n_edges).astype(values.dtype)
-    return values + offsets.reshape((-1,) + (1,) * (values.ndim - 1))
-
-
-def _disk_arrays(packed: PackedSamples, atom_base: int) -> dict[str, NDArray[Any]]:
-    """The arrays as they go to disk: global neighbor lists, squeezed system fields."""
-    out: dict[str, NDArray[Any]] = {}
-    for name, values in packed.fields.items():
-        if name in layout.ATOM_INDEX_FIELDS:
-            values = _global_index(packed, name, atom_base)
-        elif packed.levels[name] == "system":
-            values = _squeeze_system(values)
-        out[name] = np.ascontiguousarray(values)
-    return out
-
 
 class AtomicDataZarrWriter:
     """Write nvalchemi 0.2.0 stores.
@@ -149,7 +60,13 @@ class AtomicDataZarrWriter:
         Where the store lives: a path, a URL, a zarr ``Store`` or ``StorePath``, or a ``dict``.
     config
         Codecs, chunk and shard sizes (a :class:`~dali_alchemi.config.WriteConfig` or a plain mapping).
-        Defaults keep trailing dims whole and target 1 MiB chunks.
+        Defaults keep trailing dims whole and target 4 MiB blosc-lz4 chunks.
+
+    Attributes
+    ----------
+    on_phase
+        Called with the name of each step of a write operation as it completes (``"journal"``,
+        ``"data"``, ..., ``"done"``); for progress reporting and the crash tests.
     """
 
     def __init__(self, store: StoreLike, config: WriteConfig | Mapping[str, Any] | None = None) -> None:
@@ -159,8 +76,17 @@ class AtomicDataZarrWriter:
         elif isinstance(config, Mapping):
             config = WriteConfig.from_dict(config)
         self.config: WriteConfig = config
+        self.on_phase: Callable[[str], None] | None = None
 
     # -- helpers ------------------------------------------------------------------------------------
+    def _phase(self, name: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(name)
+
+    @property
+    def _local(self) -> Path | None:
+        return self._location.local_root
+
     def _exists(self) -> bool:
         loc = self._location
         if loc.local_root is not None:
@@ -171,11 +97,17 @@ class AtomicDataZarrWriter:
             return False
         return any(True for _ in root.keys())
 
+    def _root(self, loc: StoreLocation | None = None) -> Any:
+        loc = loc or self._location
+        return zarr.open_group(store=StorePath(loc.store, loc.prefix), mode="r+")
+
     def _open(self) -> tuple[Any, MetaInfo]:
+        """Recover an interrupted operation if there is one, then open the store for writing."""
+        self.recover()
         if not self._exists():
             raise StoreNotFoundError(f"Zarr store does not exist at {self._location.display}")
         open_root(self._location)  # checks that it is a zarr v3 group
-        root = zarr.open_group(store=StorePath(self._location.store, self._location.prefix), mode="r+")
+        root = self._root()
         return root, check_meta(root, store=self._location.display)
 
     # -- write --------------------------------------------------------------------------------------
@@ -184,7 +116,8 @@ class AtomicDataZarrWriter:
 
         Per-sample shapes follow nvalchemi: atom fields ``[V, *t]``, edge fields ``[E, *t]``, system
         fields ``[1, *t]``; ``neighbor_list`` is sample-local. Fields outside nvalchemi's key sets need
-        ``levels={name: "atom"|"edge"|"system"}``.
+        ``levels={name: "atom"|"edge"|"system"}``. A local store is built beside its path and renamed
+        into place, so it never exists half-written.
 
         Raises
         ------
@@ -195,16 +128,32 @@ class AtomicDataZarrWriter:
         """
         if self._exists():
             raise FileExistsError(f"Zarr store already exists at {self._location.display}")
-        packed = _to_packed(samples, levels)
+        packed = to_packed(samples, levels)
         if len(packed) == 0:
             raise ValueError("No data provided to write.")
         if "atom" not in packed.levels.values():
             raise SampleDataError("Samples need at least one atom-level field (e.g. atomic_numbers, positions)")
-        _check_neighbor_list(packed)
-        self._write_new(self._location, packed, self.config)
+        check_neighbor_list(packed)
+        local = self._local
+        if local is None:
+            self._write_new(self._root_for_new(self._location), packed)
+            self._phase("done")
+            return
+        staging = sibling(self._location, f"create-{uuid.uuid4().hex[:8]}")
+        try:
+            self._write_new(zarr.open_group(str(staging), mode="w"), packed)
+            self._phase("staged")
+            os.rename(staging, local)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        self._phase("done")
 
-    def _write_new(self, loc: StoreLocation, packed: PackedSamples, config: WriteConfig) -> None:
-        root = zarr.open_group(store=StorePath(loc.store, loc.prefix), mode="w")
+    @staticmethod
+    def _root_for_new(loc: StoreLocation) -> Any:
+        return zarr.open_group(store=StorePath(loc.store, loc.prefix), mode="w")
+
+    def _write_new(self, root: Any, packed: PackedSamples) -> None:
         meta = root.create_group(layout.META_GROUP)
         core = root.create_group(layout.CORE_GROUP)
         root.create_group(layout.CUSTOM_GROUP)
@@ -217,9 +166,9 @@ class AtomicDataZarrWriter:
             layout.EDGES_MASK: np.ones(int(edges_ptr[-1]), dtype=np.bool_),
         }
         for name, values in meta_arrays.items():
-            write_array(meta, name, values, config.for_array(layout.META_GROUP, name))
-        for name, values in _disk_arrays(packed, 0).items():
-            write_array(core, name, values, config.for_array(layout.CORE_GROUP, name))
+            write_array(meta, name, values, self.config.for_array(layout.META_GROUP, name))
+        for name, values in disk_arrays(packed, 0).items():
+            write_array(core, name, values, self.config.for_array(layout.CORE_GROUP, name))
         schema = layout.StoreSchema(num_samples=len(packed), core=dict(packed.levels))
         root.attrs.update(schema.to_attributes())
 
@@ -229,7 +178,8 @@ class AtomicDataZarrWriter:
 
         The new samples must carry exactly the store's fields (core and custom), with trailing shapes
         and dtypes the store can hold; ``neighbor_list`` is stored re-based to store-global indices.
-        An empty sequence does nothing.
+        An empty sequence does nothing. Data is extended first, then the masks, the pointers and last
+        ``samples_mask``, under a journal that makes readers keep the old sample count until the end.
 
         Raises
         ------
@@ -242,14 +192,14 @@ class AtomicDataZarrWriter:
             return
         root, meta = self._open()
         store_levels = meta.schema.field_levels
-        given = set(_field_names(samples))
+        given = set(field_names(samples))
         missing, extra = sorted(set(store_levels) - given), sorted(given - set(store_levels))
         if missing or extra:
             raise SampleDataError(
                 f"Appended samples must have exactly the store's fields: missing {missing}, unexpected {extra} "
                 f"(add new fields to existing samples with add_custom first)"
             )
-        packed = _to_packed(samples, {**store_levels, **(levels or {})})
+        packed = to_packed(samples, {**store_levels, **(levels or {})})
         if len(packed) == 0:
             return
         for name, level in packed.levels.items():
@@ -257,9 +207,9 @@ class AtomicDataZarrWriter:
                 raise SampleDataError(
                     f"Field {name!r} is {store_levels[name]!r} in the store but {level!r} in the new samples"
                 )
-        _check_neighbor_list(packed)
+        check_neighbor_list(packed)
         atom_base, edge_base, n_old = int(meta.atoms_ptr[-1]), int(meta.edges_ptr[-1]), meta.n_physical
-        disk = _disk_arrays(packed, atom_base)
+        disk = disk_arrays(packed, atom_base)
         arrays = {name: root[f"{meta.schema.group_of(name)}/{name}"] for name in disk}
         for name, values in disk.items():
             arr = arrays[name]
@@ -271,23 +221,51 @@ class AtomicDataZarrWriter:
                 raise SampleDataError(
                     f"Field {name!r}: new rows have dtype {values.dtype}, the store holds {arr.dtype}"
                 )
-        # Data first, then masks, then pointers, then num_samples: readers size everything from the
-        # pointers, so until they are extended the new rows are invisible.
+        write_journal(self._location, {"op": "append", "samples": n_old, "atoms": atom_base, "edges": edge_base})
+        self._phase("journal")
         bases = {"atom": atom_base, "edge": edge_base, "system": n_old}
         for name, values in disk.items():
-            _extend(arrays[name], values.astype(arrays[name].dtype, copy=False), bases[packed.levels[name]])
+            extend_array(arrays[name], values.astype(arrays[name].dtype, copy=False), bases[packed.levels[name]])
+        self._phase("data")
         meta_group = root[layout.META_GROUP]
-        _extend(meta_group[layout.ATOMS_MASK], np.ones(int(packed.n_atoms.sum()), np.bool_), atom_base)
-        _extend(meta_group[layout.EDGES_MASK], np.ones(int(packed.n_edges.sum()), np.bool_), edge_base)
-        _extend(meta_group[layout.SAMPLES_MASK], np.ones(len(packed), np.bool_), n_old)
-        _extend(meta_group[layout.ATOMS_PTR], packed.atoms_ptr[1:] + atom_base, n_old + 1)
-        _extend(meta_group[layout.EDGES_PTR], packed.edges_ptr[1:] + edge_base, n_old + 1)
+        extend_array(meta_group[layout.ATOMS_MASK], np.ones(int(packed.n_atoms.sum()), np.bool_), atom_base)
+        extend_array(meta_group[layout.EDGES_MASK], np.ones(int(packed.n_edges.sum()), np.bool_), edge_base)
+        self._phase("masks")
+        extend_array(meta_group[layout.ATOMS_PTR], packed.atoms_ptr[1:] + atom_base, n_old + 1)
+        extend_array(meta_group[layout.EDGES_PTR], packed.edges_ptr[1:] + edge_base, n_old + 1)
+        self._phase("pointers")
+        extend_array(meta_group[layout.SAMPLES_MASK], np.ones(len(packed), np.bool_), n_old)
+        self._phase("samples_mask")
         schema = layout.StoreSchema(num_samples=n_old + len(packed), core=meta.schema.core, custom=meta.schema.custom)
         root.attrs.update(schema.to_attributes())
+        self._phase("attributes")
+        clear_journal(self._location)
+        self._phase("done")
+
+    def _roll_back_append(self, journal: Mapping[str, Any]) -> None:
+        """Truncate every array to the sizes it had before an interrupted append."""
+        root = self._root()
+        n, atoms, edges = int(journal["samples"]), int(journal["atoms"]), int(journal["edges"])
+        schema = layout.parse_schema(root.attrs.asdict(), store=self._location.display)
+        rows = {"atom": atoms, "edge": edges, "system": n}
+        for name, level in schema.field_levels.items():
+            group = schema.group_of(name)
+            if group in root and name in root[group]:
+                truncate_array(root[f"{group}/{name}"], rows[level])
+        meta = root[layout.META_GROUP]
+        for name, length in (
+            (layout.SAMPLES_MASK, n), (layout.ATOMS_PTR, n + 1), (layout.EDGES_PTR, n + 1),
+            (layout.ATOMS_MASK, atoms), (layout.EDGES_MASK, edges),
+        ):  # fmt: skip
+            truncate_array(meta[name], length)
+        root.attrs.update(layout.StoreSchema(num_samples=n, core=schema.core, custom=schema.custom).to_attributes())
 
     # -- custom arrays ------------------------------------------------------------------------------
     def add_custom(self, key: str, data: NDArray[Any] | torch.Tensor, level: str) -> None:
         """Store ``data`` as ``custom/<key>``, one row per atom, edge or physical sample.
+
+        An existing custom array of that name is replaced. On a local store the new array is built
+        beside the store and moved in; the ``fields`` attribute is the commit point.
 
         Raises
         ------
@@ -300,6 +278,8 @@ class AtomicDataZarrWriter:
             ``key`` is already a core field (a ``ValueError``).
         """
         checked: Level = layout.check_level(level, what=f"custom array {key!r}")
+        if not key or "/" in key or key.startswith("."):
+            raise SampleDataError(f"Invalid custom array name {key!r}: use a plain name without '/' or a leading '.'")
         root, meta = self._open()
         values = data.detach().cpu().numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
         expected = {"atom": int(meta.atoms_ptr[-1]), "edge": int(meta.edges_ptr[-1]), "system": meta.n_physical}[
@@ -312,27 +292,85 @@ class AtomicDataZarrWriter:
             raise SampleDataError(
                 f"{key!r} is already a core field of this store; choose another name for the custom array"
             )
-        custom = (
-            root[layout.CUSTOM_GROUP] if layout.CUSTOM_GROUP in meta.groups else root.create_group(layout.CUSTOM_GROUP)
-        )
-        if key in meta.schema.custom or key in custom:
-            del custom[key]
-        write_array(custom, key, np.ascontiguousarray(values), self.config.for_array(layout.CUSTOM_GROUP, key))
+        previous = meta.schema.custom.get(key)
+        journal = {"op": "add_custom", "key": key, "level": checked, "previous": previous, "state": "staging"}
+        write_journal(self._location, journal)
+        self._phase("journal")
+        cfg = self.config.for_array(layout.CUSTOM_GROUP, key)
+        values = np.ascontiguousarray(values)
+        local = self._local
+        if local is None:
+            custom = root.require_group(layout.CUSTOM_GROUP)
+            if key in custom:
+                del custom[key]
+            write_array(custom, key, values, cfg)
+            self._phase("moved-new")
+        else:
+            staging = sibling(self._location, f"staging-{key}")
+            shutil.rmtree(staging, ignore_errors=True)
+            write_array(zarr.open_group(str(staging), mode="w"), key, values, cfg)
+            self._phase("staged")
+            write_journal(self._location, {**journal, "state": "swapping"})
+            target = local / layout.CUSTOM_GROUP / key
+            target.parent.mkdir(exist_ok=True)
+            if previous is not None and target.exists():
+                os.rename(target, sibling(self._location, f"previous-{key}"))
+                self._phase("moved-previous")
+            os.rename(staging / key, target)
+            shutil.rmtree(staging, ignore_errors=True)
+            self._phase("moved-new")
         schema = layout.StoreSchema(
             num_samples=meta.n_physical, core=meta.schema.core, custom={**meta.schema.custom, key: checked}
         )
         root.attrs.update(schema.to_attributes())
+        self._phase("fields")
+        write_journal(self._location, {**journal, "state": "committed"})
+        self._finish_add_custom(key)
+        self._phase("done")
+
+    def _finish_add_custom(self, key: str) -> None:
+        if self._local is not None:
+            shutil.rmtree(sibling(self._location, f"previous-{key}"), ignore_errors=True)
+            shutil.rmtree(sibling(self._location, f"staging-{key}"), ignore_errors=True)
+        clear_journal(self._location)
+
+    def _roll_back_add_custom(self, journal: Mapping[str, Any]) -> None:
+        """Put back the custom array (and its level) that an interrupted add_custom was replacing."""
+        key, previous = str(journal["key"]), journal.get("previous")
+        root = self._root()
+        local = self._local
+        if local is not None:
+            target = local / layout.CUSTOM_GROUP / key
+            old = sibling(self._location, f"previous-{key}")
+            if old.exists():
+                shutil.rmtree(target, ignore_errors=True)
+                os.rename(old, target)
+            elif previous is None:
+                shutil.rmtree(target, ignore_errors=True)
+            shutil.rmtree(sibling(self._location, f"staging-{key}"), ignore_errors=True)
+        elif previous is None and layout.CUSTOM_GROUP in root and key in root[layout.CUSTOM_GROUP]:
+            del root[layout.CUSTOM_GROUP][key]
+        schema = layout.parse_schema(root.attrs.asdict(), store=self._location.display)
+        custom = dict(schema.custom)
+        if previous is None:
+            custom.pop(key, None)
+        else:
+            custom[key] = layout.check_level(str(previous), what=f"custom array {key!r}")
+        root.attrs.update(
+            layout.StoreSchema(num_samples=schema.num_samples, core=schema.core, custom=custom).to_attributes()
+        )
 
     # -- delete -------------------------------------------------------------------------------------
     def delete(self, indices: Sequence[int] | NDArray[Any] | torch.Tensor) -> None:
         """Soft-delete samples by *physical* index (nvalchemi semantics); their data is zeroed.
 
         The pointers are unchanged; readers must :meth:`~AtomicDataZarrReader.refresh`. Deleting an
-        already deleted sample does nothing. Raises :class:`SampleIndexError` for an out-of-range index.
+        already deleted sample does nothing. ``samples_mask`` is the commit point; the journal makes
+        readers see the deletion as soon as it starts. Raises :class:`SampleIndexError` for an
+        out-of-range index.
         """
-        physical = np.unique(
-            np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices, dtype=np.int64).reshape(-1)
-        )
+        raw = indices.cpu().numpy() if isinstance(indices, torch.Tensor) else np.asarray(indices)
+        physical = np.unique(raw.astype(np.int64).reshape(-1))
         if physical.size == 0:
             return
         root, meta = self._open()
@@ -342,19 +380,31 @@ class AtomicDataZarrWriter:
             raise SampleIndexError(
                 f"Physical index {int(physical[np.argmax(bad)])} out of range for a store with {n} samples"
             )
+        write_journal(self._location, {"op": "delete", "physical": physical.tolist()})
+        self._phase("journal")
+        self._apply_delete(root, meta, physical)
+        clear_journal(self._location)
+        self._phase("done")
+
+    def _apply_delete(self, root: Any, meta: MetaInfo, physical: NDArray[np.int64]) -> None:
+        """Clear the masks of ``physical`` samples and zero their data (idempotent)."""
         rows = {
             "atom": concat_aranges(meta.atoms_ptr[physical], np.diff(meta.atoms_ptr)[physical]),
             "edge": concat_aranges(meta.edges_ptr[physical], np.diff(meta.edges_ptr)[physical]),
             "system": physical,
         }
+        meta_group = root[layout.META_GROUP]
+        meta_group[layout.SAMPLES_MASK].set_orthogonal_selection((physical,), False)
+        self._phase("samples_mask")
+        for mask, level in ((layout.ATOMS_MASK, "atom"), (layout.EDGES_MASK, "edge")):
+            if rows[level].size:
+                meta_group[mask].set_orthogonal_selection((rows[level],), False)
+        self._phase("masks")
         for name, level in meta.schema.field_levels.items():
             arr = root[f"{meta.schema.group_of(name)}/{name}"]
             if rows[level].size:
                 arr.set_orthogonal_selection((rows[level],), np.zeros((), dtype=arr.dtype))
-        meta_group = root[layout.META_GROUP]
-        for mask, level in ((layout.ATOMS_MASK, "atom"), (layout.EDGES_MASK, "edge"), (layout.SAMPLES_MASK, "system")):
-            if rows[level].size:
-                meta_group[mask].set_orthogonal_selection((rows[level],), False)
+        self._phase("data")
 
     # -- defragment ---------------------------------------------------------------------------------
     def defragment(
@@ -362,99 +412,151 @@ class AtomicDataZarrWriter:
     ) -> None:
         """Drop soft-deleted samples for good, streaming ``window`` samples at a time.
 
-        The live samples are copied in order into a new store (with ``config``, or the writer's), with
-        ``neighbor_list`` re-based, and the new store then replaces the old one. Deleting every sample
-        leaves a valid, empty, readable store that keeps its fields. Memory use is bounded by one
-        window, never the whole store.
+        The live samples are copied in order into a new store beside the old one (with ``config``, or
+        the writer's), with ``neighbor_list`` re-based, and the new store then replaces the old one.
+        Deleting every sample leaves a valid, empty, readable store that keeps its fields. Memory use is
+        bounded by one window, never the whole store. Local directory stores only.
         """
         from dali_alchemi.store.reader import AtomicDataZarrReader
 
-        if config is None:
-            new_config = self.config
-        elif isinstance(config, Mapping):
-            new_config = WriteConfig.from_dict(config)
-        else:
-            new_config = config
         if window < 1:
             raise ValueError(f"window must be >= 1 sample, got {window}")
+        new_config = (
+            self.config if config is None else WriteConfig.from_dict(config) if isinstance(config, Mapping) else config
+        )
         root, meta = self._open()
         loc = self._location
         if loc.local_root is None:
             raise NotImplementedError(
                 "defragment() rewrites local directory stores only; copy the store to a local path first"
             )
-        staging = loc.local_root.with_name(f".{loc.local_root.name}.defrag-{uuid.uuid4().hex[:8]}")
+        staging = sibling(loc, "defragment-new")
+        retired = sibling(loc, "defragment-old")
+        shutil.rmtree(staging, ignore_errors=True)
         reader = AtomicDataZarrReader(str(loc.local_root), cache_bytes=64 << 20)
         try:
-            self._copy_live(reader, root, meta, staging, new_config, window)
+            _copy_live(reader, root, meta, staging, new_config, window, self._phase)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         finally:
             reader.close()
-        del root
-        _swap_directories(loc.local_root, staging)
+        self._phase("staged")
+        write_journal(loc, {"op": "defragment"})
+        self._phase("journal")
+        os.rename(loc.local_root, retired)
+        self._phase("retired")
+        os.rename(staging, loc.local_root)
+        self._phase("swapped")
+        shutil.rmtree(retired, ignore_errors=True)
+        clear_journal(loc)
         self.config = new_config
+        self._phase("done")
         logger.info("defragmented %s: %d -> %d samples", loc.display, meta.n_physical, int(meta.samples_mask.sum()))
 
-    def _copy_live(
-        self, reader: Any, root: Any, meta: MetaInfo, staging: Path, config: WriteConfig, window: int
-    ) -> None:
-        live = np.flatnonzero(meta.samples_mask)
-        n_atoms = np.diff(meta.atoms_ptr)[live]
-        n_edges = np.diff(meta.edges_ptr)[live]
-        atoms_ptr = np.concatenate([[0], np.cumsum(n_atoms)]).astype(np.int64)
-        edges_ptr = np.concatenate([[0], np.cumsum(n_edges)]).astype(np.int64)
-        new_root = zarr.open_group(str(staging), mode="w")
-        new_meta = new_root.create_group(layout.META_GROUP)
-        groups = {
-            layout.CORE_GROUP: new_root.create_group(layout.CORE_GROUP),
-            layout.CUSTOM_GROUP: new_root.create_group(layout.CUSTOM_GROUP),
+    def _finish_defragment(self) -> None:
+        """Complete an interrupted directory swap (the staged store is complete once journaled)."""
+        loc = self._location
+        assert loc.local_root is not None
+        staging, retired = sibling(loc, "defragment-new"), sibling(loc, "defragment-old")
+        if not loc.local_root.exists():
+            os.rename(staging if staging.exists() else retired, loc.local_root)
+        # the store in place is current now; whatever remains beside it is removed with the staging
+
+    # -- recovery -----------------------------------------------------------------------------------
+    def recover(self) -> str | None:
+        """Finish or roll back an operation that a killed writer left half-done; returns its name.
+
+        Every writer operation calls this first. An append or add_custom is rolled back (the store
+        returns to its old state), a delete is completed, and a defragment swap is completed once its
+        new store was journaled (rolled back before that). Staging directories that a killed writer
+        left beside a local store are removed.
+        """
+        journal = read_journal(self._location)
+        op = None if journal is None else str(journal["op"])
+        if journal is not None:
+            logger.warning("recovering an interrupted %s on %s", op, self._location.display)
+        if op == "defragment":
+            self._finish_defragment()
+        elif op == "append":
+            self._roll_back_append(journal)  # type: ignore[arg-type]
+        elif op == "add_custom":
+            if journal.get("state") != "committed":  # type: ignore[union-attr]
+                self._roll_back_add_custom(journal)  # type: ignore[arg-type]
+        elif op == "delete":
+            root = self._root()
+            meta = check_meta(root, store=self._location.display)
+            self._apply_delete(root, meta, np.asarray(journal["physical"], dtype=np.int64))  # type: ignore[index]
+        elif op is not None:
+            raise RuntimeError(f"Unknown operation {op!r} in the write journal of {self._location.display}")
+        self._remove_staging()
+        if journal is not None:
+            clear_journal(self._location)
+        return op
+
+    def _remove_staging(self) -> None:
+        """Delete what a killed writer left beside a local store (never the journal or the store)."""
+        loc = self._location
+        if loc.local_root is None:
+            return
+        journal = sibling(loc, "journal.json")
+        for path in loc.local_root.parent.glob(f".{loc.local_root.name}.dali-alchemi-*"):
+            if path == journal:
+                continue
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+
+def _copy_live(
+    reader: Any,
+    root: Any,
+    meta: MetaInfo,
+    staging: Path,
+    config: WriteConfig,
+    window: int,
+    phase: Callable[[str], None],
+) -> None:
+    """Stream the live samples of ``root`` into a new store at ``staging``, ``window`` at a time."""
+    live = np.flatnonzero(meta.samples_mask)
+    atoms_ptr = exclusive_cumsum(np.diff(meta.atoms_ptr)[live])
+    edges_ptr = exclusive_cumsum(np.diff(meta.edges_ptr)[live])
+    new_root = zarr.open_group(str(staging), mode="w")
+    new_meta = new_root.create_group(layout.META_GROUP)
+    groups = {
+        layout.CORE_GROUP: new_root.create_group(layout.CORE_GROUP),
+        layout.CUSTOM_GROUP: new_root.create_group(layout.CUSTOM_GROUP),
+    }
+    meta_arrays = {
+        layout.ATOMS_PTR: atoms_ptr,
+        layout.EDGES_PTR: edges_ptr,
+        layout.SAMPLES_MASK: np.ones(live.size, dtype=np.bool_),
+        layout.ATOMS_MASK: np.ones(int(atoms_ptr[-1]), dtype=np.bool_),
+        layout.EDGES_MASK: np.ones(int(edges_ptr[-1]), dtype=np.bool_),
+    }
+    for name, values in meta_arrays.items():
+        write_array(new_meta, name, values, config.for_array(layout.META_GROUP, name))
+    totals = {"atom": int(atoms_ptr[-1]), "edge": int(edges_ptr[-1]), "system": int(live.size)}
+    targets: dict[str, Any] = {}
+    for name, level in meta.schema.field_levels.items():
+        group = meta.schema.group_of(name)
+        old = root[f"{group}/{name}"]
+        targets[name] = create_array(
+            groups[group], name, (totals[level], *old.shape[1:]), np.dtype(old.dtype), config.for_array(group, name)
+        )
+    for start in range(0, live.size, window):
+        stop = min(start + window, live.size)
+        packed = reader.read_packed(np.arange(start, stop))
+        bounds = {
+            "atom": (atoms_ptr[start], atoms_ptr[stop]),
+            "edge": (edges_ptr[start], edges_ptr[stop]),
+            "system": (start, stop),
         }
-        meta_arrays = {
-            layout.ATOMS_PTR: atoms_ptr,
-            layout.EDGES_PTR: edges_ptr,
-            layout.SAMPLES_MASK: np.ones(live.size, dtype=np.bool_),
-            layout.ATOMS_MASK: np.ones(int(atoms_ptr[-1]), dtype=np.bool_),
-            layout.EDGES_MASK: np.ones(int(edges_ptr[-1]), dtype=np.bool_),
-        }
-        for name, values in meta_arrays.items():
-            write_array(new_meta, name, values, config.for_array(layout.META_GROUP, name))
-        totals = {"atom": int(atoms_ptr[-1]), "edge": int(edges_ptr[-1]), "system": int(live.size)}
-        targets: dict[str, Any] = {}
-        for name, level in meta.schema.field_levels.items():
-            group = meta.schema.group_of(name)
-            old = root[f"{group}/{name}"]
-            targets[name] = create_array(
-                groups[group], name, (totals[level], *old.shape[1:]), np.dtype(old.dtype), config.for_array(group, name)
-            )
-        for start in range(0, live.size, window):
-            stop = min(start + window, live.size)
-            packed = reader.read_packed(np.arange(start, stop))
-            bounds = {
-                "atom": (atoms_ptr[start], atoms_ptr[stop]),
-                "edge": (edges_ptr[start], edges_ptr[stop]),
-                "system": (start, stop),
-            }
-            for name, values in _disk_arrays(packed, int(atoms_ptr[start])).items():
-                lo, hi = bounds[meta.schema.field_levels[name]]
-                if hi > lo:
-                    targets[name][int(lo) : int(hi)] = values
-        schema = layout.StoreSchema(num_samples=int(live.size), core=meta.schema.core, custom=meta.schema.custom)
-        new_root.attrs.update(schema.to_attributes())
-
-
-def _extend(arr: Any, values: NDArray[Any], start: int) -> None:
-    """Resize ``arr`` to ``start + len(values)`` rows and write ``values`` there."""
-    new_len = start + values.shape[0]
-    arr.resize((new_len, *arr.shape[1:]))
-    if values.shape[0]:
-        arr[start:new_len] = values
-
-
-def _swap_directories(target: Path, staging: Path) -> None:
-    """Replace directory ``target`` by ``staging`` (two renames, then removal of the old tree)."""
-    retired = target.with_name(f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    os.rename(target, retired)
-    os.rename(staging, target)
-    shutil.rmtree(retired, ignore_errors=True)
+        for name, values in disk_arrays(packed, int(atoms_ptr[start])).items():
+            lo, hi = bounds[meta.schema.field_levels[name]]
+            if hi > lo:
+                targets[name][int(lo) : int(hi)] = values
+        phase("copied-window")
+    schema = layout.StoreSchema(num_samples=int(live.size), core=meta.schema.core, custom=meta.schema.custom)
+    new_root.attrs.update(schema.to_attributes())

@@ -107,18 +107,48 @@ def test_drop_last(reader: AtomicDataZarrReader) -> None:
     assert sizes == [64] * 4 and len(loader) == 4
 
 
-@pytest.mark.parametrize("shards", [2, 3])
-def test_shards_are_disjoint_and_cover_the_data(reader: AtomicDataZarrReader, shards: int) -> None:
-    seen = []
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_every_sample_exactly_once_per_epoch_across_shards_and_resumes(
+    reader: AtomicDataZarrReader, shards: int, workers: int
+) -> None:
+    """3 epochs; each shard stops at a random batch of a random epoch and resumes in a new loader."""
+    rng = np.random.default_rng(shards * 10 + workers)
+    per_shard = int(np.ceil(N / shards))
+    padding = per_shard * shards - N  # DistributedSampler-style: the order wraps around to fill shards
+    seen: dict[int, list[np.ndarray]] = {epoch: [] for epoch in range(3)}
     lengths = set()
     for shard_id in range(shards):
-        with DALIDataLoader(reader, batch_size=25, shard_id=shard_id, num_shards=shards, device="cpu") as loader:
-            lengths.add(len(loader))
-            seen.append(np.concatenate([b.sample_indices for b in loader]))
-    assert len(lengths) == 1
-    everything = np.concatenate(seen)
-    assert set(everything.tolist()) == set(range(N))
-    assert everything.size == shards * int(np.ceil(N / shards))  # DistributedSampler-style padding only
+        options = dict(batch_size=25, prefetch_factor=3, shard_id=shard_id, num_shards=shards, seed=4,
+                       num_workers=workers, start_method="fork", device="cpu")  # fmt: skip
+        loader = DALIDataLoader(reader, **options)
+        lengths.add(len(loader))
+        stop_epoch, stop_batch = int(rng.integers(0, 3)), int(rng.integers(1, len(loader)))
+        for epoch in range(3):
+            delivered = []
+            for k, batch in enumerate(loader, start=1):
+                delivered.append(batch.sample_indices)
+                if epoch == stop_epoch and k == stop_batch:
+                    state = loader.state_dict()
+                    loader.close()
+                    loader = DALIDataLoader(reader, **options)  # a new process would do the same
+                    loader.load_state_dict(state)
+                    delivered += [b.sample_indices for b in loader]
+                    break
+            seen[epoch].append(np.concatenate(delivered))
+        loader.close()
+    assert len(lengths) == 1  # equal batch counts on every shard
+    for epoch, parts in seen.items():
+        assert all(part.size == per_shard for part in parts), epoch
+        everything = np.concatenate(parts)
+        counts = np.bincount(everything, minlength=N)
+        assert (counts >= 1).all(), f"epoch {epoch}: samples never delivered"
+        assert int((counts - 1).sum()) == padding, f"epoch {epoch}: duplicates beyond the documented padding"
+        for a in range(shards):
+            for b in range(a + 1, shards):
+                overlap = np.intersect1d(parts[a], parts[b])
+                assert overlap.size <= padding, (epoch, a, b)
+    assert not np.array_equal(seen[0][0], seen[1][0])  # a new epoch, a new order
 
 
 @pytest.mark.parametrize("stop_after", [1, 5, 9])
@@ -270,14 +300,18 @@ def test_cuda_batches_equal_the_cpu_path(reader: AtomicDataZarrReader) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_killed_worker_is_an_error_within_seconds_not_a_hang(small_store: Path) -> None:
-    loader = DALIDataLoader(small_store, batch_size=10, prefetch_factor=2, num_workers=2, start_method="fork", device="cpu")
+    loader = DALIDataLoader(
+        small_store, batch_size=10, prefetch_factor=2, num_workers=2, start_method="fork", device="cpu"
+    )
     batches = iter(loader)
     next(batches)
     workers = [proc.pid for proc in worker_processes(loader._pipe)]
     assert len(workers) == 2
     os.kill(workers[0], signal.SIGKILL)
     started = time.monotonic()
-    with pytest.raises(LoaderError, match=rf"DALI worker process {workers[0]} exited unexpectedly \(killed by signal 9\)"):
+    with pytest.raises(
+        LoaderError, match=rf"DALI worker process {workers[0]} exited unexpectedly \(killed by signal 9\)"
+    ):
         for _ in batches:
             pass
     assert time.monotonic() - started < 5

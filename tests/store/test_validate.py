@@ -12,7 +12,6 @@ import pytest
 import zarr
 
 from dali_alchemi import AtomicDataZarrReader, ChunkDecodeError, StoreFormatError
-from dali_alchemi.errors import FieldLevelError
 
 
 @pytest.fixture()
@@ -120,7 +119,9 @@ def test_num_samples_attribute_disagrees(store_copy: Path) -> None:
 
 def test_unknown_level_string(store_copy: Path) -> None:
     _edit_json(store_copy / "zarr.json", lambda d: d["attributes"]["fields"]["core"].__setitem__("energy", "graph"))
-    with pytest.raises(FieldLevelError, match="Invalid level 'graph'"):
+    with pytest.raises(
+        StoreFormatError, match=r"fields\.core\.energy has level 'graph'; expected one of atom, edge, system"
+    ):
         AtomicDataZarrReader(store_copy)
 
 

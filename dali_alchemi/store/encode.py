@@ -1,0 +1,92 @@
+"""Turning samples into what goes on disk, and checking them on the way.
+
+Samples arrive as per-sample mappings, a Batch or a PackedSamples; they leave as one array per
+field with store-global neighbor lists and nvalchemi's system-field squeeze applied. Pure numpy and
+torch; no zarr.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dali_alchemi.batch import Batch, pack_samples
+from dali_alchemi.errors import SampleDataError
+from dali_alchemi.packed import PackedSamples
+from dali_alchemi.store import layout
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+Samples = Sequence[Mapping[str, Any]] | Batch | PackedSamples
+
+
+def squeeze_system(arr: NDArray[Any]) -> NDArray[Any]:
+    # nvalchemi's writer squeezes dim 1 of stacked system fields while it is 1 and ndim > 2, so a
+    # per-sample (1, 1, k) is stored as (N, k). Kept for bit-for-bit compatible stores.
+    while arr.ndim > 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]
+    return arr
+
+
+def to_packed(samples: Samples, levels: Mapping[str, str] | None) -> PackedSamples:
+    if isinstance(samples, PackedSamples):
+        return samples
+    if isinstance(samples, Batch):
+        packed = samples.to_packed()
+        if levels:
+            for name, level in levels.items():
+                if name in packed.levels and layout.check_level(level, what=f"field {name!r}") != packed.levels[name]:
+                    raise SampleDataError(
+                        f"Field {name!r} is {packed.levels[name]!r} in the Batch but levels= says {level!r}"
+                    )
+        return packed
+    if isinstance(samples, Mapping):
+        raise TypeError("samples must be a sequence of {field: array} mappings or a Batch, not a single mapping")
+    return pack_samples(samples, levels=levels)
+
+
+def field_names(samples: Samples) -> list[str]:
+    if isinstance(samples, (Batch, PackedSamples)):
+        return list(samples.fields)
+    return [k for k in samples[0] if k not in layout.NON_DATA_KEYS] if len(samples) else []
+
+
+def check_neighbor_list(packed: PackedSamples) -> None:
+    """Every ``neighbor_list`` entry must be a valid local atom index of its own sample."""
+    for name in layout.ATOM_INDEX_FIELDS & set(packed.fields):
+        values = packed.fields[name]
+        if not np.issubdtype(values.dtype, np.integer):
+            raise SampleDataError(f"Field {name!r} has dtype {values.dtype}; expected integer atom indices")
+        if values.size == 0:
+            continue
+        limit = np.repeat(packed.n_atoms, packed.n_edges).reshape((-1,) + (1,) * (values.ndim - 1))
+        bad = (values < 0) | (values >= limit)
+        if bad.any():
+            edge = int(np.argmax(bad.reshape(bad.shape[0], -1).any(axis=1)))
+            sample = int(np.searchsorted(np.cumsum(packed.n_edges), edge, side="right"))
+            raise SampleDataError(
+                f"Sample {sample}: {name} holds {values[edge].tolist()} but the sample has "
+                f"{int(packed.n_atoms[sample])} atoms (indices must be sample-local, in [0, n_atoms))"
+            )
+
+
+def global_index(packed: PackedSamples, name: str, atom_base: int) -> NDArray[Any]:
+    """Sample-local atom indices -> store-global ones (``local + atoms_ptr[i]``)."""
+    values = packed.fields[name]
+    offsets = np.repeat(packed.atoms_ptr[:-1] + atom_base, packed.n_edges).astype(values.dtype)
+    return values + offsets.reshape((-1,) + (1,) * (values.ndim - 1))
+
+
+def disk_arrays(packed: PackedSamples, atom_base: int) -> dict[str, NDArray[Any]]:
+    """The arrays as they go to disk: global neighbor lists, squeezed system fields."""
+    out: dict[str, NDArray[Any]] = {}
+    for name, values in packed.fields.items():
+        if name in layout.ATOM_INDEX_FIELDS:
+            values = global_index(packed, name, atom_base)
+        elif packed.levels[name] == "system":
+            values = squeeze_system(values)
+        out[name] = np.ascontiguousarray(values)
+    return out

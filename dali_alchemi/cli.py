@@ -125,22 +125,35 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
             def progress(what: str, done: int, total: int) -> None:
                 bar.update(task, description=what, completed=done, total=total)
 
-            records = run_bench(store, config, store_info=store_info, progress=progress)
+            if args.http_latency_ms is None:
+                records = run_bench(store, config, store_info=store_info, progress=progress)
+            else:
+                from dali_alchemi.bench.http_server import StoreServer
+
+                local = Path(store)
+                latency = args.http_latency_ms / 1000
+                with StoreServer(local.parent, latency_s=latency) as server:
+                    url = server.url + local.name
+                    store_info = {**store_info, "served_over": "http on loopback", "latency_ms": args.http_latency_ms}
+                    console.print(f"serving {local} at {url} with {args.http_latency_ms} ms per request")
+                    records = run_bench(url, config, store_info=store_info, progress=progress)
     steps = ["wait s", "epoch / steps"] if args.step_ms else []
     table = Table(
-        "loader", "order", "samples/s", "warm samples/s", "atoms/s", "x plain", "first batch s", "peak mem MB", *steps,
+        "loader", "order", "samples/s", "warm samples/s", "atoms/s", "x plain", "first batch s", "total s", "peak mem MB", *steps,
         title=f"batch {args.batch_size}, {device}, {args.epochs} epochs, median of {args.rounds} rounds",
     )  # fmt: skip
     for r in records:
         if r.note:
-            table.add_row(r.loader, r.order, r.note, *[""] * (5 + len(steps)))
+            table.add_row(r.loader, r.order, r.note, *[""] * (6 + len(steps)))
             continue
         table.add_row(
             r.loader, r.order, _fmt(r.samples_per_s, ",.0f"), _fmt(r.warm_samples_per_s, ",.0f"),
             _fmt(r.atoms_per_s, ",.0f"), _fmt(r.ratio_vs_plain, ".2f"), _fmt(r.first_batch_s, ".2f"),
-            _fmt(r.peak_rss_mb, ".0f"), *([_fmt(r.wait_s, ".2f"), _fmt(r.epoch_vs_steps, ".3f")] if steps else []),
+            _fmt(r.total_s, ".2f"), _fmt(r.peak_rss_mb, ".0f"), *([_fmt(r.wait_s, ".2f"), _fmt(r.epoch_vs_steps, ".3f")] if steps else []),
         )  # fmt: skip
     console.print(table)
+    if records:
+        console.print(f"opening the store (with its open-time checks) took {records[0].store['open_s'] * 1000:.1f} ms")
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -216,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--chunk-size", type=int, help="rows per chunk of the synthetic store (default: 4 MiB chunks)")
     bench.add_argument("--shard-size", type=int, help="rows per shard of the synthetic store (default: unsharded)")
+    bench.add_argument(
+        "--http-latency-ms", type=float,
+        help="serve the (local) store over HTTP on loopback with this latency per request and read it from there",
+    )  # fmt: skip
     bench.add_argument("--json", help="write the records to this JSON file")
     bench.add_argument("--plot", help="write a PNG bar chart to this file")
     bench.set_defaults(func=cmd_bench)

@@ -197,3 +197,35 @@ class LoaderConfig:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, for benchmark records."""
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchConfig:
+    """How a reader talks to a non-local store (HTTP, S3, GCS, ...).
+
+    Parameters
+    ----------
+    max_concurrency
+        Chunk requests in flight at once (latency-bound, so well above the core count).
+    retries
+        Further attempts after a failed request before giving up with a ``RemoteReadError``.
+    backoff_s
+        Wait before the first retry; it doubles with every further retry, up to ``max_backoff_s``.
+    """
+
+    max_concurrency: int = 32
+    retries: int = 4
+    backoff_s: float = 0.05
+    max_backoff_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.retries < 0:
+            raise ValueError(f"retries must be >= 0, got {self.retries}")
+        if self.backoff_s < 0 or self.max_backoff_s < self.backoff_s:
+            raise ValueError(f"need 0 <= backoff_s <= max_backoff_s, got {self.backoff_s} and {self.max_backoff_s}")
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before retry number ``attempt`` (0-based)."""
+        return float(min(self.max_backoff_s, self.backoff_s * (2**attempt)))

@@ -25,6 +25,10 @@ class ChunkDecodeError(StoreFormatError):
     """A chunk's bytes could not be decoded (corrupted or truncated); names the array and the chunk key."""
 
 
+class RemoteReadError(DaliAlchemiError, OSError):
+    """A request to a remote store kept failing after every retry; names the key and the last error."""
+
+
 class FieldLevelError(DaliAlchemiError, ValueError):
     """A field has no known level, or a level string is not one of ``atom``, ``edge``, ``system``."""
 

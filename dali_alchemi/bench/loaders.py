@@ -97,11 +97,20 @@ def nvalchemi_available() -> bool:
     return importlib.util.find_spec("nvalchemi") is not None
 
 
+def _nvalchemi_store(store: str) -> Any:
+    """nvalchemi takes local paths as strings but needs a zarr Store object for a URL."""
+    if "://" in store:
+        from zarr.storage import FsspecStore
+
+        return FsspecStore.from_url(store, read_only=True)
+    return store
+
+
 def _nvalchemi(store: str, shuffle: bool, s: LoaderSettings) -> Runnable:
     from nvalchemi.data.datapipes import AtomicDataZarrReader as NvReader
     from nvalchemi.data.datapipes import DataLoader, Dataset
 
-    reader = NvReader(store)
+    reader = NvReader(_nvalchemi_store(store))
     dataset = Dataset(reader, device=s.device, skip_validation=True)
     loader = DataLoader(
         dataset, batch_size=s.batch_size, shuffle=shuffle, prefetch_factor=s.prefetch_factor,
@@ -121,7 +130,7 @@ class _NvalchemiReads:
     def __init__(self, store: str, shuffle: bool, s: LoaderSettings) -> None:
         from nvalchemi.data.datapipes import AtomicDataZarrReader as NvReader
 
-        self.reader = NvReader(store)
+        self.reader = NvReader(_nvalchemi_store(store))
         self.plan = SamplePlan(
             num_samples=len(self.reader), batch_size=s.batch_size, shuffle=shuffle, seed=s.seed,
             batches_per_window=s.prefetch_factor,

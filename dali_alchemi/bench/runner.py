@@ -6,7 +6,8 @@ the loader (time to first batch counts from there), runs ``epochs`` epochs, and 
 ``step_ms`` after each batch to stand for a training step; ``wait_s`` is then the time the loop spent
 waiting for data and ``epoch_vs_steps`` the elapsed time over the measured time of the steps (1.0 when
 reading is completely hidden behind compute). Throughput counts everything after the first batch;
-the *warm* throughput only the epochs after the first, once caches hold what the store decodes to.
+the *warm* throughput only the epochs after the first, once caches hold what the store decodes to;
+``total_s`` is the whole run, from opening the loader to its last batch.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from dali_alchemi.bench.loaders import LIMITS, LoaderSettings, is_plain, median, nvalchemi_available, open_loader
+from dali_alchemi.store.reader import AtomicDataZarrReader
 
 ProgressCallback = Callable[[str, int, int], None]
 
@@ -72,6 +74,7 @@ class Measurement:
     batches: int = 0
     warm_samples: int = 0
     warm_seconds: float = 0.0
+    total_s: float = 0.0
     note: str | None = None
 
 
@@ -92,6 +95,7 @@ class Record:
     rounds: int
     note: str | None = None
     epoch_vs_steps: float | None = None
+    total_s: float | None = None
     config: dict[str, Any] = field(default_factory=dict)
     store: dict[str, Any] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
@@ -216,6 +220,7 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
                 if epoch == 0:
                     first_epoch_end, first_epoch_samples = time.perf_counter(), result.samples
             result.seconds = time.perf_counter() - (started if started is not None else opened)
+            result.total_s = time.perf_counter() - opened
             if config.epochs > 1:
                 result.warm_seconds = time.perf_counter() - first_epoch_end
                 result.warm_samples = result.samples - first_epoch_samples
@@ -223,6 +228,16 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
             runnable.close()
     result.peak_rss_mb = memory.added_mb
     return result
+
+
+def open_time(store: str, repeats: int = 3) -> float:
+    """Median seconds to open the store with the reader (its open-time checks included) and close it."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        AtomicDataZarrReader(store).close()
+        times.append(time.perf_counter() - started)
+    return median(times)
 
 
 def machine_info(device: torch.device) -> dict[str, Any]:
@@ -285,6 +300,7 @@ def summarize(measurements: list[Measurement], config: BenchConfig) -> list[Reco
                 ratio_vs_plain=None, first_batch_s=median([m.first_batch_s for m in done]) if done else None,
                 peak_rss_mb=median([m.peak_rss_mb for m in done]) if done else None,
                 wait_s=median([m.wait_s for m in done]) if done else None, rounds=len(done), note=note,
+                total_s=median([m.total_s for m in done]) if done else None,
                 epoch_vs_steps=(
                     median([m.seconds / m.step_s for m in done if m.step_s > 0])
                     if done and config.step_ms and loader not in LIMITS else None
@@ -323,11 +339,12 @@ def run_bench(
         measurements.append(measure(name, order, store, config, device))
     if progress:
         progress("done", len(plan), len(plan))
+    store_info = {**(store_info or {"path": store}), "open_s": open_time(store)}
     records = summarize(measurements, config)
     machine, versions = machine_info(device), package_versions()
     for record in records:
         record.config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}
-        record.store = dict(store_info or {"path": store})
+        record.store = dict(store_info)
         record.machine = machine
         record.versions = versions
     return records

@@ -8,6 +8,7 @@ read through :class:`~dali_alchemi.pipeline.source.WindowSource`, lets DALI stag
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -37,9 +38,16 @@ full packed-read rate, while reading on a background thread of the training proc
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """``"auto"`` -> CUDA when a GPU is visible, else CPU; a CUDA device without a GPU is an error."""
+    """``"auto"`` -> CUDA when a GPU is visible, else CPU; a CUDA device without a GPU is an error.
+
+    Under ``torchrun`` (``LOCAL_RANK`` set) ``"auto"`` picks this process's own GPU, ``cuda:LOCAL_RANK``.
+    """
     if isinstance(device, str) and device == "auto":
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        local_rank = os.environ.get("LOCAL_RANK")
+        index = int(local_rank) % torch.cuda.device_count() if local_rank is not None else torch.cuda.current_device()
+        return torch.device("cuda", index)
     resolved = torch.device(device)
     if resolved.type == "cuda":
         if not torch.cuda.is_available():

@@ -9,14 +9,19 @@ so the reader can read their chunk files directly.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore, MemoryStore, StorePath
 
 from dali_alchemi.errors import StoreNotFoundError
+from dali_alchemi.store.remote import RetryingStore
+
+if TYPE_CHECKING:
+    from dali_alchemi.config import FetchConfig
 
 StoreLike = str | os.PathLike[str] | Store | StorePath | dict[str, Any]
 
@@ -39,8 +44,19 @@ def _is_url(text: str) -> bool:
     return "://" in text and not text.startswith("file://")
 
 
-def resolve_store(store: StoreLike, *, read_only: bool, must_exist: bool) -> StoreLocation:
+def resolve_store(
+    store: StoreLike,
+    *,
+    read_only: bool,
+    must_exist: bool,
+    fetch: FetchConfig | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> StoreLocation:
     """Resolve ``store`` into a :class:`StoreLocation`.
+
+    Stores reached over a network (URLs, fsspec and object stores) are wrapped in a
+    :class:`~dali_alchemi.store.remote.RetryingStore` that retries reads under ``fetch``.
+    ``storage_options`` go to fsspec for URLs (credentials, ``endpoint_url``, ...).
 
     Raises
     ------
@@ -55,16 +71,20 @@ def resolve_store(store: StoreLike, *, read_only: bool, must_exist: bool) -> Sto
         return StoreLocation(store=inner, prefix=store.path, display=str(store), local_root=root)
     if isinstance(store, LocalStore):
         return StoreLocation(store=store, prefix="", display=str(store.root), local_root=Path(store.root))
-    if isinstance(store, Store):
+    if isinstance(store, (MemoryStore, RetryingStore)):
         return StoreLocation(store=store, prefix="", display=str(store), local_root=None)
+    if isinstance(store, Store):
+        return StoreLocation(store=RetryingStore(store, fetch), prefix="", display=str(store), local_root=None)
     if isinstance(store, dict):
         return StoreLocation(store=MemoryStore(store), prefix="", display="<memory>", local_root=None)
     if isinstance(store, (str, os.PathLike)):
         text = os.fspath(store)
         if _is_url(text):
-            return StoreLocation(
-                store=FsspecStore.from_url(text, read_only=read_only), prefix="", display=text, local_root=None
+            remote = FsspecStore.from_url(
+                text, read_only=read_only, storage_options=dict(storage_options or {}) or None
             )
+            wrapped: Store = remote if text.startswith("memory://") else RetryingStore(remote, fetch)
+            return StoreLocation(store=wrapped, prefix="", display=text, local_root=None)
         path = Path(text.removeprefix("file://")).expanduser()
         if must_exist and not path.exists():
             raise StoreNotFoundError(f"Zarr store does not exist at {path}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,8 +27,9 @@ import numpy as np
 import torch
 import zarr
 from zarr.errors import BaseZarrError, ZarrUserWarning
-from zarr.storage import LocalStore
+from zarr.storage import LocalStore, MemoryStore
 
+from dali_alchemi.config import FetchConfig
 from dali_alchemi.errors import ReaderClosedError, SampleIndexError, StoreFormatError, StoreNotFoundError
 from dali_alchemi.packed import PackedSamples
 from dali_alchemi.store import layout
@@ -58,9 +60,6 @@ RESIDENT = -1
 
 INLINE_ROWS = 1 << 15
 """Reads of at most this many rows, all cached, are copied on the calling thread (no pool hand-off)."""
-
-DEFAULT_MAX_CONCURRENCY = 32
-"""Concurrent chunk requests for non-local stores (latency-bound, so more than the core count)."""
 
 
 def _default_threads() -> int:
@@ -106,8 +105,12 @@ class AtomicDataZarrReader:
         Budget of the decoded-chunk cache shared by every array (default 1 GiB; 0 disables it).
     num_threads
         Threads that fetch and decode chunks (default: the core count, clamped to 2..8).
-    max_concurrency
-        Concurrent requests to non-local stores.
+    fetch
+        Concurrency, retries and back-off for stores reached over a network (see
+        :class:`~dali_alchemi.config.FetchConfig`); reads that keep failing raise ``RemoteReadError``.
+    storage_options
+        Passed to fsspec when ``store`` is a URL (credentials, ``endpoint_url`` for S3-compatible
+        servers, ...).
 
     Raises
     ------
@@ -125,7 +128,8 @@ class AtomicDataZarrReader:
         fields: Iterable[str] | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         num_threads: int | None = None,
-        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+        fetch: FetchConfig | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if pin_memory and not torch.cuda.is_available():
             raise RuntimeError("pin_memory=True needs a CUDA build of torch and a visible GPU")
@@ -135,18 +139,22 @@ class AtomicDataZarrReader:
             "fields": None if fields is None else tuple(fields),
             "cache_bytes": cache_bytes,
             "num_threads": num_threads,
-            "max_concurrency": max_concurrency,
+            "fetch": fetch,
+            "storage_options": None if storage_options is None else dict(storage_options),
         }
         self.pin_memory = pin_memory
         # existence is checked in refresh(): an interrupted defragment may have moved the store aside
-        self._location: StoreLocation = resolve_store(store, read_only=True, must_exist=False)
+        self._fetch = fetch or FetchConfig()
+        self._location: StoreLocation = resolve_store(
+            store, read_only=True, must_exist=False, fetch=self._fetch, storage_options=storage_options
+        )
         self._cache = BlockCache(cache_bytes)
         self._num_threads = num_threads or _default_threads()
-        self._max_concurrency = max_concurrency
         self._executor: ThreadPoolExecutor | None = None
         self._executor_pid = -1
         self._executor_lock = threading.Lock()
         self._closed = False
+        self._pid = os.getpid()
         self._packed_reads = 0
         self._samples_read = 0
         self._chunks_fetched = 0
@@ -336,6 +344,7 @@ class AtomicDataZarrReader:
         the cache); ``neighbor_list`` holds sample-local atom indices.
         """
         self._check_open()
+        self._check_process()
         names = self._fields if fields is None else self._select(fields)
         logical = self.normalize_indices(indices)
         unique, inverse = np.unique(logical, return_inverse=True)
@@ -430,6 +439,24 @@ class AtomicDataZarrReader:
             raise KeyError(f"Unknown fields {unknown}; this reader returns {list(self._fields)}")
         return names
 
+    def _check_process(self) -> None:
+        """After a fork (DALI's default way to start workers), reconnect to a non-local store.
+
+        Connections to remote stores belong to the parent's event loop and are unusable in a forked
+        child, so the child opens its own: from the URL again, or from a pickled copy of the store.
+        """
+        if self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        if self._location.local_root is not None or isinstance(self._location.store, MemoryStore):
+            return
+        arg = self._store_arg
+        fresh = pickle.loads(pickle.dumps(arg)) if not isinstance(arg, (str, os.PathLike)) else arg
+        self._location = resolve_store(
+            fresh, read_only=True, must_exist=False, fetch=self._fetch, storage_options=self._options["storage_options"]
+        )
+        self.refresh()
+
     def _pool(self) -> ThreadPoolExecutor:
         # Threads do not survive fork (DALI's default worker start): rebuild the pool in a new process.
         with self._executor_lock:
@@ -440,7 +467,7 @@ class AtomicDataZarrReader:
                 self._fetcher: ByteFetcher = (
                     LocalFetcher(loc.local_root, self._executor)
                     if loc.local_root is not None
-                    else StoreFetcher(loc.store, max_concurrency=self._max_concurrency)
+                    else StoreFetcher(loc.store, max_concurrency=self._fetch.max_concurrency)
                 )
             return self._executor
 

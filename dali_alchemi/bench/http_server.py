@@ -1,0 +1,166 @@
+"""A loopback HTTP server for a store directory, with injected latency and failures, counting requests.
+
+It stands for object storage in the remote-store benchmark and tests: every request waits
+``latency_s`` (requests are served concurrently, one thread each), a seeded fraction of them answer
+``503 Service Unavailable``, and the server counts requests per path so a test can check how often
+each chunk was fetched. It serves GET and HEAD, byte ranges (``Range: bytes=a-b``, ``bytes=a-``,
+``bytes=-n``) and HTML directory listings, which is what fsspec's HTTP filesystem needs. It binds to
+127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import threading
+import time
+from collections import Counter
+from functools import partial
+from http import HTTPStatus
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
+
+
+class _Handler(SimpleHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return  # quiet: the counts are the record
+
+    def _delay_or_fail(self) -> bool:
+        """Wait the injected latency; True when this request was chosen to fail."""
+        self.server.count(self.command, self.path)
+        if self.server.latency_s:
+            time.sleep(self.server.latency_s)
+        if self.server.should_fail():
+            self.send_error(HTTPStatus.SERVICE_UNAVAILABLE, "injected failure")
+            return True
+        return False
+
+    def do_HEAD(self) -> None:
+        if not self._delay_or_fail():
+            super().do_HEAD()
+
+    def do_GET(self) -> None:
+        if self._delay_or_fail():
+            return
+        wanted = self.headers.get("Range")
+        path = Path(self.translate_path(self.path))
+        if not wanted or not path.is_file():
+            super().do_GET()
+            return
+        match = _RANGE.match(wanted.strip())
+        size = path.stat().st_size
+        if match is None:
+            self.send_error(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, "unsupported range")
+            return
+        first, last = match.groups()
+        if first == "":  # the last n bytes
+            start, stop = max(0, size - int(last)), size
+        else:
+            start, stop = int(first), size if last == "" else min(size, int(last) + 1)
+        if start >= size and size > 0:
+            self.send_error(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, "range past the end")
+            return
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            body = fh.read(max(0, stop - start))
+        self.send_response(HTTPStatus.PARTIAL_CONTENT)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Range", f"bytes {start}-{start + len(body) - 1}/{size}")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512  # the default backlog of 5 drops concurrent connections and serialises clients
+
+    def __init__(
+        self, address: tuple[str, int], handler: Any, *, latency_s: float, failure_rate: float, seed: int
+    ) -> None:
+        super().__init__(address, handler)
+        self.latency_s = latency_s
+        self.failure_rate = failure_rate
+        self._random = random.Random(seed)
+        self._lock = threading.Lock()
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self.failures = 0
+
+    def count(self, method: str, path: str) -> None:
+        with self._lock:
+            self.requests[(method, path.split("?")[0])] += 1
+
+    def should_fail(self) -> bool:
+        if not self.failure_rate:
+            return False
+        with self._lock:
+            failed = self._random.random() < self.failure_rate
+            self.failures += failed
+            return failed
+
+
+class StoreServer:
+    """Serve ``root`` on http://127.0.0.1:<port>/ in a background thread (use as a context manager).
+
+    Parameters
+    ----------
+    root
+        The directory to serve (for example the parent folder of a ``.zarr`` store).
+    latency_s
+        Seconds every request waits before it is answered.
+    failure_rate
+        Fraction of requests answered with 503, drawn from a generator seeded with ``seed``.
+    """
+
+    def __init__(
+        self, root: str | os.PathLike[str], *, latency_s: float = 0.0, failure_rate: float = 0.0, seed: int = 0
+    ) -> None:
+        if not 0.0 <= failure_rate < 1.0:
+            raise ValueError(f"failure_rate must be in [0, 1), got {failure_rate}")
+        handler = partial(_Handler, directory=str(root))
+        self._server = _Server(("127.0.0.1", 0), handler, latency_s=latency_s, failure_rate=failure_rate, seed=seed)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="store-server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        """The server's base URL, ending in ``/``."""
+        port = self._server.server_address[1]
+        return f"http://127.0.0.1:{port}/"
+
+    @property
+    def requests(self) -> Counter[tuple[str, str]]:
+        """Requests so far, keyed by ``(method, path)``."""
+        return self._server.requests
+
+    @property
+    def failures(self) -> int:
+        """Requests answered with an injected 503 so far."""
+        return self._server.failures
+
+    def reset_counts(self) -> None:
+        self._server.requests.clear()
+        self._server.failures = 0
+
+    def start(self) -> StoreServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def __enter__(self) -> StoreServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,105 @@
+"""Retries for stores reached over a network: every read is retried with exponential back-off.
+
+:class:`RetryingStore` wraps any zarr store, so zarr's own metadata reads and the reader's chunk
+fetches share one policy (:class:`~dali_alchemi.config.FetchConfig`). A missing object is an answer,
+not a failure, and is never retried; anything else (a timeout, a reset connection, an HTTP 5xx) is
+retried, and after the last attempt a :class:`~dali_alchemi.errors.RemoteReadError` names the key,
+the number of attempts and the last error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from zarr.abc.store import ByteRequest, Store
+from zarr.storage import WrapperStore
+
+from dali_alchemi.config import FetchConfig
+from dali_alchemi.errors import RemoteReadError
+
+if TYPE_CHECKING:
+    from zarr.core.buffer import Buffer, BufferPrototype
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Answers, not failures: retrying them cannot help.
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
+    FileNotFoundError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+)
+
+
+class RetryingStore(WrapperStore[Store]):
+    """A zarr store whose reads are retried under a :class:`FetchConfig`; writes pass straight through."""
+
+    def __init__(self, store: Store, fetch: FetchConfig | None = None) -> None:
+        super().__init__(store)
+        self.fetch = fetch or FetchConfig()
+
+    def _with_store(self, store: Store) -> RetryingStore:
+        return type(self)(store, self.fetch)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"store": self._store, "fetch": self.fetch}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["store"], state["fetch"])  # type: ignore[misc]
+
+    async def _retry(self, what: str, key: str, call: Callable[[], Awaitable[T]]) -> T:
+        attempts = self.fetch.retries + 1
+        for attempt in range(attempts):
+            try:
+                return await call()
+            except PERMANENT_ERRORS:
+                raise
+            except Exception as err:  # network stacks raise many types; all are worth another try
+                if attempt + 1 == attempts:
+                    raise RemoteReadError(
+                        f"{what} {key!r} on {self._store} failed after {attempts} attempts: {type(err).__name__}: {err}"
+                    ) from err
+                delay = self.fetch.delay(attempt)
+                logger.debug("%s %r failed (%s), retrying in %.3f s", what, key, err, delay)
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
+        return await self._retry("reading", key, lambda: self._store.get(key, prototype, byte_range))
+
+    async def get_partial_values(
+        self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
+    ) -> list[Buffer | None]:
+        pairs = list(key_ranges)
+        return await self._retry(
+            "reading", ",".join(k for k, _ in pairs[:3]), lambda: self._store.get_partial_values(prototype, pairs)
+        )
+
+    async def exists(self, key: str) -> bool:
+        return await self._retry("checking", key, lambda: self._store.exists(key))
+
+    async def getsize(self, key: str) -> int:
+        return await self._retry("sizing", key, lambda: self._store.getsize(key))
+
+    async def _listed(self, what: str, prefix: str, lister: Callable[[], AsyncIterator[str]]) -> list[str]:
+        async def collect() -> list[str]:
+            return [item async for item in lister()]
+
+        return await self._retry(what, prefix, collect)
+
+    async def list(self) -> AsyncIterator[str]:  # type: ignore[override]
+        for item in await self._listed("listing", "", self._store.list):
+            yield item
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:  # type: ignore[override]
+        for item in await self._listed("listing", prefix, lambda: self._store.list_prefix(prefix)):
+            yield item
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:  # type: ignore[override]
+        for item in await self._listed("listing", prefix, lambda: self._store.list_dir(prefix)):
+            yield item

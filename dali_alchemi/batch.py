@@ -298,6 +298,25 @@ class Batch:
         """Every structure as a dict (see :meth:`get_sample`)."""
         return [self.get_sample(i) for i in range(self.num_graphs)]
 
+    # -- other frameworks ---------------------------------------------------------------------------
+    def to_pyg(self) -> Any:
+        """This batch as a ``torch_geometric.data.Batch`` (``pos``, ``z``, ``edge_index``, ``batch``, ``ptr``, ...)."""
+        from dali_alchemi.interop.frameworks import to_pyg
+
+        return to_pyg(self)
+
+    def to_nvalchemi(self) -> Any:
+        """This batch as an ``nvalchemi.data.Batch`` with the same content (needs nvalchemi-toolkit)."""
+        from dali_alchemi.interop.frameworks import to_nvalchemi
+
+        return to_nvalchemi(self)
+
+    def to_ase(self) -> list[Any]:
+        """Every structure as an ``ase.Atoms`` with its energy, forces and stress (needs ase)."""
+        from dali_alchemi.interop.ase_io import batch_to_atoms
+
+        return batch_to_atoms(self)
+
     # -- access -------------------------------------------------------------------------------------
     def __getitem__(self, key: str | int) -> Any:
         if isinstance(key, str):

@@ -30,7 +30,16 @@ def _human_bytes(n: float) -> str:
 def cmd_synth(args: argparse.Namespace, console: Console) -> int:
     from dali_alchemi.bench.synth import write_synthetic_store
 
-    path = write_synthetic_store(args.out, args.n, seed=args.seed, min_atoms=args.min_atoms, max_atoms=args.max_atoms)
+    if args.format == "extxyz":
+        from dali_alchemi.bench.synth import write_synthetic_extxyz
+
+        path = write_synthetic_extxyz(
+            args.out, args.n, seed=args.seed, min_atoms=args.min_atoms, max_atoms=args.max_atoms
+        )
+    else:
+        path = write_synthetic_store(
+            args.out, args.n, seed=args.seed, min_atoms=args.min_atoms, max_atoms=args.max_atoms
+        )
     console.print(f"wrote {args.n} synthetic structures (seed {args.seed}) to {path}")
     return 0
 
@@ -190,6 +199,75 @@ def cmd_h2d(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_convert(args: argparse.Namespace, console: Console) -> int:
+    import time
+
+    import numpy as np
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from dali_alchemi.interop.ase_io import convert
+
+    started = time.perf_counter()
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("converting", total=None)
+        report = convert(
+            args.inputs, args.out, cutoff=args.cutoff, float_dtype=np.float64 if args.float64 else np.float32,
+            chunk=args.chunk, progress=lambda done: bar.update(task, description=f"{done:,} structures"),
+        )  # fmt: skip
+    seconds = time.perf_counter() - started
+    console.print(
+        f"wrote {report.structures:,} structures ({report.atoms:,} atoms, {report.edges:,} edges) to {args.out} "
+        f"in {seconds:.1f} s ({report.structures / seconds:,.0f} structures/s)"
+    )
+    console.print("fields: " + ", ".join(f"{k} ({v})" for k, v in report.fields.items()))
+    if report.custom:
+        console.print("custom arrays: " + ", ".join(report.custom))
+    if report.dropped:
+        console.print("[yellow]dropped (not numeric, or missing from the first structures):[/yellow] " + ", ".join(
+            f"{k} x{n}" for k, n in report.dropped.items()
+        ))  # fmt: skip
+    return 0
+
+
+def cmd_augment_cost(args: argparse.Namespace, console: Console) -> int:
+    import tempfile
+    import time
+
+    import torch
+
+    from dali_alchemi.augment import Augmentation, PositionNoise, RandomRotation, RandomTranslation, apply_augmentations
+    from dali_alchemi.batch import Batch
+    from dali_alchemi.bench.synth import write_synthetic_store
+    from dali_alchemi.pipeline.loader import resolve_device
+    from dali_alchemi.store.reader import AtomicDataZarrReader
+
+    device = resolve_device(args.device)
+    with tempfile.TemporaryDirectory(prefix="dali-alchemi-augment-") as scratch:
+        store = write_synthetic_store(Path(scratch) / "s.zarr", args.batch_size * 8, seed=1)
+        with AtomicDataZarrReader(store) as reader:
+            batches = [Batch.from_packed(reader.read_packed(range(k, k + args.batch_size)), device=device)
+                       for k in range(0, args.batch_size * 8, args.batch_size)]  # fmt: skip
+    table = Table("augmentation", "ms per batch", title=f"batch {args.batch_size}, {device}, median of {args.repeats}")
+    pipelines: dict[str, list[Augmentation]] = {
+        "rotation": [RandomRotation()], "position noise": [PositionNoise(0.01)], "translation": [RandomTranslation()],
+        "all three": [RandomRotation(), PositionNoise(0.01), RandomTranslation()],
+    }  # fmt: skip
+    for name, pipeline in pipelines.items():
+        times = []
+        for repeat in range(args.repeats):
+            for k, batch in enumerate(batches):
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                started = time.perf_counter()
+                apply_augmentations(batch, pipeline, seed=0, epoch=repeat, batch_index=k)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                times.append(time.perf_counter() - started)
+        table.add_row(name, f"{sorted(times)[len(times) // 2] * 1000:.3f}")
+    console.print(table)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dali-alchemi", description="Atomistic Zarr stores to PyTorch through DALI.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -200,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--seed", type=int, default=42, help="seed for sizes and values (default 42)")
     synth.add_argument("--min-atoms", type=int, default=10)
     synth.add_argument("--max-atoms", type=int, default=100)
+    synth.add_argument(
+        "--format", choices=("zarr", "extxyz"), default="zarr", help="a store, or an extxyz file (needs ase)"
+    )
     synth.set_defaults(func=cmd_synth)
 
     inspect = sub.add_parser("inspect", help="print a store's counts, arrays, chunks and codecs")
@@ -245,6 +326,22 @@ def build_parser() -> argparse.ArgumentParser:
     h2d.add_argument("--device", default="cuda")
     h2d.add_argument("--json", help="write the result to this JSON file")
     h2d.set_defaults(func=cmd_h2d)
+
+    conv = sub.add_parser(
+        "convert", help="convert extxyz files, ASE databases or trajectories into a store (needs ase)"
+    )
+    conv.add_argument("inputs", nargs="+", help="files ASE can read (extxyz, .db, .traj, ...)")
+    conv.add_argument("out", help="path of the new store")
+    conv.add_argument("--cutoff", type=float, help="compute a radius neighbor list (periodic images included)")
+    conv.add_argument("--float64", action="store_true", help="keep float64 (default: float32)")
+    conv.add_argument("--chunk", type=int, default=1000, help="structures converted per step (default 1000)")
+    conv.set_defaults(func=cmd_convert)
+
+    aug = sub.add_parser("augment-cost", help="time the augmentations per batch")
+    aug.add_argument("--batch-size", type=int, default=64)
+    aug.add_argument("--device", default="auto")
+    aug.add_argument("--repeats", type=int, default=20)
+    aug.set_defaults(func=cmd_augment_cost)
     return parser
 
 

@@ -16,6 +16,7 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
     [
         ("01_explore_store.ipynb", ["meta", "batch_ptr: [0,", "structures, ", "local neighbor_list"]),
         ("02_throughput.ipynb", ["dali ", "torch-batched-w0", "structures/s", "decode"]),
+        ("03_train_with_dali.ipynb", ["structures,", "edges; fields:", "batches per epoch", "loss: first"]),
     ],
 )
 def test_notebook_executes(name: str, expected: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -23,6 +24,10 @@ def test_notebook_executes(name: str, expected: list[str], tmp_path: Path, monke
     nbclient = pytest.importorskip("nbclient")
     monkeypatch.setenv("NB_STRUCTURES", "400")
     monkeypatch.setenv("NB_ROUNDS", "1")
+    monkeypatch.setenv("NB_STEPS", "30")
+    if name.startswith("03"):
+        pytest.importorskip("ase")
+        monkeypatch.setenv("NB_STRUCTURES", "120")
     book = nbformat.read(NOTEBOOKS / name, as_version=4)
     assert all(not cell.get("outputs") for cell in book.cells if cell.cell_type == "code"), (
         "commit notebooks without outputs"

@@ -93,3 +93,38 @@ def write_synthetic_store(
         raise ValueError(f"a synthetic store needs at least one structure, got n={n}")
     AtomicDataZarrWriter(path, config).write(synthetic_samples(n, seed, min_atoms, max_atoms))
     return Path(path)
+
+
+def write_synthetic_extxyz(
+    path: str | Path, n: int, *, seed: int = 42, min_atoms: int = 10, max_atoms: int = 100
+) -> Path:
+    """Write ``n`` synthetic periodic structures to an extxyz file (energies, forces, stress; needs ase).
+
+    Sizes follow :func:`size_plan`; atoms sit at random positions in a cubic box of about 11 A^3 per
+    atom, so a radius neighbor list has realistic edge counts. Written in chunks, never all at once.
+    """
+    from ase import Atoms
+    from ase.calculators.singlepoint import SinglePointCalculator
+    from ase.io import write
+
+    n_atoms, _ = size_plan(n, seed, min_atoms, max_atoms)
+    rng = np.random.default_rng(seed)
+    out = Path(path)
+    out.unlink(missing_ok=True)
+    for start in range(0, n, 1000):
+        chunk = []
+        for count in n_atoms[start : start + 1000].tolist():
+            side = (11.0 * count) ** (1 / 3)
+            atoms = Atoms(
+                numbers=rng.integers(1, 20, count), positions=rng.uniform(0, side, (count, 3)),
+                cell=np.eye(3) * side, pbc=True,
+            )  # fmt: skip
+            stress = rng.standard_normal((3, 3))
+            atoms.calc = SinglePointCalculator(
+                atoms, energy=float(rng.standard_normal()), forces=rng.standard_normal((count, 3)),
+                stress=(stress + stress.T).ravel()[[0, 4, 8, 5, 2, 1]],
+            )  # fmt: skip
+            atoms.info["temperature"] = float(rng.uniform(200, 400))
+            chunk.append(atoms)
+        write(out, chunk, format="extxyz", append=start > 0)
+    return out

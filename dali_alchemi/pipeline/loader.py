@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from dali_alchemi.augment import apply_augmentations
 from dali_alchemi.config import LoaderConfig
 from dali_alchemi.errors import LoaderError
 from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline, close_pipeline
@@ -26,6 +27,7 @@ from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES
 from dali_alchemi.store.reader import AtomicDataZarrReader
 
 if TYPE_CHECKING:
+    from dali_alchemi.augment import Augmentation
     from dali_alchemi.batch import Batch
     from dali_alchemi.store.location import StoreLike
 
@@ -106,6 +108,9 @@ class DALIDataLoader:
     layout
         How a window is cut into DALI samples: ``"window"`` (one sample per field per window, the
         default and fastest measured), ``"batch"`` or ``"structure"``. Batches are identical either way.
+    augmentations
+        Per-structure transforms applied on ``device`` to every batch (see :mod:`dali_alchemi.augment`),
+        seeded by ``(seed, epoch, batch index)`` so they are reproducible, also after a resume.
 
     Iteration resumes where the loader stands: ``(epoch, batch)`` advances as batches are yielded,
     and moves to the next epoch when one ends. :meth:`set_epoch` jumps to the start of an epoch;
@@ -133,10 +138,12 @@ class DALIDataLoader:
         queue_depth: int = 2,
         cache_bytes: int | None = None,
         layout: str = "window",
+        augmentations: Sequence[Augmentation] = (),
     ) -> None:
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         self.layout = layout
+        self.augmentations = tuple(augmentations)
         self.config = LoaderConfig(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, prefetch_factor=prefetch_factor,
             num_workers=num_workers, device=str(device), fields=None if fields is None else tuple(fields),
@@ -238,6 +245,10 @@ class DALIDataLoader:
                     if generation != self._generation:
                         raise RuntimeError(
                             "This iterator was superseded by a newer iter() over the same DALIDataLoader"
+                        )
+                    if self.augmentations:
+                        apply_augmentations(
+                            batch, self.augmentations, seed=self.plan.seed, epoch=self._epoch, batch_index=self._batch
                         )
                     self._batch += 1
                     yield batch

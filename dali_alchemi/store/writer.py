@@ -111,13 +111,14 @@ class AtomicDataZarrWriter:
         return root, check_meta(root, store=self._location.display)
 
     # -- write --------------------------------------------------------------------------------------
-    def write(self, samples: Samples, *, levels: Mapping[str, str] | None = None) -> None:
+    def write(self, samples: Samples, *, levels: Mapping[str, str] | None = None, custom: Sequence[str] = ()) -> None:
         """Create the store from ``samples`` (dicts of numpy arrays or torch tensors, or a Batch).
 
         Per-sample shapes follow nvalchemi: atom fields ``[V, *t]``, edge fields ``[E, *t]``, system
         fields ``[1, *t]``; ``neighbor_list`` is sample-local. Fields outside nvalchemi's key sets need
-        ``levels={name: "atom"|"edge"|"system"}``. A local store is built beside its path and renamed
-        into place, so it never exists half-written.
+        ``levels={name: "atom"|"edge"|"system"}``. Fields named in ``custom`` go to the ``custom/`` group
+        (as :meth:`add_custom` would put them) instead of ``core/``. A local store is built beside its
+        path and renamed into place, so it never exists half-written.
 
         Raises
         ------
@@ -134,14 +135,20 @@ class AtomicDataZarrWriter:
         if "atom" not in packed.levels.values():
             raise SampleDataError("Samples need at least one atom-level field (e.g. atomic_numbers, positions)")
         check_neighbor_list(packed)
+        unknown = sorted(set(custom) - set(packed.fields))
+        if unknown:
+            raise SampleDataError(f"custom= names fields the samples do not have: {unknown}")
+        clash = sorted(set(custom) & (layout.ATOM_INDEX_FIELDS | {"atomic_numbers", "positions"}))
+        if clash:
+            raise SampleDataError(f"{clash} must stay core fields")
         local = self._local
         if local is None:
-            self._write_new(self._root_for_new(self._location), packed)
+            self._write_new(self._root_for_new(self._location), packed, frozenset(custom))
             self._phase("done")
             return
         staging = sibling(self._location, f"create-{uuid.uuid4().hex[:8]}")
         try:
-            self._write_new(zarr.open_group(str(staging), mode="w"), packed)
+            self._write_new(zarr.open_group(str(staging), mode="w"), packed, frozenset(custom))
             self._phase("staged")
             os.rename(staging, local)
         except BaseException:
@@ -153,10 +160,12 @@ class AtomicDataZarrWriter:
     def _root_for_new(loc: StoreLocation) -> Any:
         return zarr.open_group(store=StorePath(loc.store, loc.prefix), mode="w")
 
-    def _write_new(self, root: Any, packed: PackedSamples) -> None:
+    def _write_new(self, root: Any, packed: PackedSamples, custom: frozenset[str] = frozenset()) -> None:
         meta = root.create_group(layout.META_GROUP)
-        core = root.create_group(layout.CORE_GROUP)
-        root.create_group(layout.CUSTOM_GROUP)
+        groups = {
+            layout.CORE_GROUP: root.create_group(layout.CORE_GROUP),
+            layout.CUSTOM_GROUP: root.create_group(layout.CUSTOM_GROUP),
+        }
         atoms_ptr, edges_ptr = packed.atoms_ptr, packed.edges_ptr
         meta_arrays = {
             layout.ATOMS_PTR: atoms_ptr,
@@ -168,8 +177,13 @@ class AtomicDataZarrWriter:
         for name, values in meta_arrays.items():
             write_array(meta, name, values, self.config.for_array(layout.META_GROUP, name))
         for name, values in disk_arrays(packed, 0).items():
-            write_array(core, name, values, self.config.for_array(layout.CORE_GROUP, name))
-        schema = layout.StoreSchema(num_samples=len(packed), core=dict(packed.levels))
+            group = layout.CUSTOM_GROUP if name in custom else layout.CORE_GROUP
+            write_array(groups[group], name, values, self.config.for_array(group, name))
+        schema = layout.StoreSchema(
+            num_samples=len(packed),
+            core={k: v for k, v in packed.levels.items() if k not in custom},
+            custom={k: v for k, v in packed.levels.items() if k in custom},
+        )
         root.attrs.update(schema.to_attributes())
 
     # -- append -------------------------------------------------------------------------------------

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dali_alchemi.interop.neighbors import image_offsets, radius_graph
+
+ase_neighborlist = pytest.importorskip("ase.neighborlist")
+ase = pytest.importorskip("ase")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 12),
+    pbc=st.tuples(st.booleans(), st.booleans(), st.booleans()),
+    skew=st.floats(-0.4, 0.4),
+    cutoff=st.floats(1.0, 6.0),
+    seed=st.integers(0, 1000),
+)
+def test_matches_ase_for_any_cell(n: int, pbc: tuple[bool, bool, bool], skew: float, cutoff: float, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    cell = np.diag(rng.uniform(2.5, 6.0, 3))
+    cell[1, 0] = skew * cell[0, 0]  # triclinic
+    cell[2, :2] = rng.uniform(-1, 1, 2)
+    atoms = ase.Atoms(numbers=np.ones(n, int), positions=rng.uniform(0, 1, (n, 3)) @ cell, cell=cell, pbc=pbc)
+    i, j, shifts = ase_neighborlist.neighbor_list("ijS", atoms, cutoff)
+    edges, images = radius_graph(atoms.positions, cell, np.array(pbc), cutoff)
+    theirs = sorted(map(tuple, np.column_stack([i, j, shifts]).tolist()))
+    ours = sorted(map(tuple, np.column_stack([edges, images]).tolist()))
+    assert ours == theirs
+    vectors = atoms.positions[edges[:, 1]] + images @ cell - atoms.positions[edges[:, 0]]
+    assert (np.linalg.norm(vectors, axis=1) < cutoff).all()
+
+
+def test_molecules_and_edge_cases() -> None:
+    positions = np.array([[0.0, 0, 0], [0.9, 0, 0], [5.0, 0, 0]])
+    edges, images = radius_graph(positions, np.zeros((3, 3)), np.zeros(3, bool), 1.0)
+    assert edges.tolist() == [[0, 1], [1, 0]] and not images.any()
+    assert radius_graph(np.zeros((0, 3)), np.eye(3), np.ones(3, bool), 2.0)[0].shape == (0, 2)
+    with pytest.raises(ValueError, match="non-zero volume"):
+        radius_graph(positions, np.zeros((3, 3)), np.ones(3, bool), 1.0)
+    with pytest.raises(ValueError, match="cutoff must be a positive number"):
+        radius_graph(positions, np.eye(3), np.ones(3, bool), -1.0)
+    # a single atom in a small periodic box sees its own images
+    edges, images = radius_graph(np.zeros((1, 3)), np.eye(3) * 2.0, np.ones(3, bool), 3.0)
+    assert (
+        len(edges) == 6 + 12
+    )  # faces at 2.0, edges at 2.83; corners at 3.46 are out and set(map(tuple, np.abs(images).tolist())) >= {(1, 0, 0), (1, 1, 0)}
+    assert image_offsets(np.eye(3), np.array([True, False, False]), 2.5).tolist()[0] == [0, 0, 0]

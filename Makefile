@@ -22,7 +22,7 @@ test: install
 	$(BIN)/python -m pytest
 
 demo: install
-	$(BIN)/dali-alchemi bench --json bench-results/demo.json --plot bench-results/demo.png $(BENCH_ARGS)
+	$(BIN)/dali-alchemi bench --rounds 1 --json bench-results/demo.json --plot bench-results/demo.png $(BENCH_ARGS)
 
 lint: install
 	$(BIN)/ruff check dali_alchemi tests examples
@@ -34,5 +34,12 @@ bench: install
 gpu-check: install
 	bash scripts/gpu-check.sh $(BIN)/python
 
+# Parity with nvalchemi-toolkit 0.2.0 in its own environment (it brings a CUDA build of torch and warp).
+parity:
+	$(PYTHON) -m venv .venv-nvalchemi
+	.venv-nvalchemi/bin/python -m pip install --quiet --upgrade pip
+	.venv-nvalchemi/bin/python -m pip install --quiet -e ".[dev,nvalchemi]"
+	.venv-nvalchemi/bin/python -m pytest -q tests/parity tests/interop/test_frameworks.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis bench-results
+	rm -rf $(VENV) .venv-nvalchemi .pytest_cache .ruff_cache .mypy_cache .hypothesis bench-results

@@ -31,6 +31,9 @@ _EXPORTS = {
     "SampleIndexError": "dali_alchemi.errors",
     "ReaderClosedError": "dali_alchemi.errors",
     "LoaderError": "dali_alchemi.errors",
+    "UnknownFieldError": "dali_alchemi.errors",
+    "RemoteReadError": "dali_alchemi.errors",
+    "ReadTooLargeError": "dali_alchemi.errors",
 }
 
 __all__ = [
@@ -45,12 +48,15 @@ __all__ = [
     "LoaderConfig",
     "LoaderError",
     "PackedSamples",
+    "ReadTooLargeError",
     "ReaderClosedError",
+    "RemoteReadError",
     "SampleDataError",
     "SampleIndexError",
     "SamplePlan",
     "StoreFormatError",
     "StoreNotFoundError",
+    "UnknownFieldError",
     "WriteConfig",
 ]
 
@@ -63,10 +69,13 @@ if TYPE_CHECKING:
         FieldLevelError,
         LoaderError,
         ReaderClosedError,
+        ReadTooLargeError,
+        RemoteReadError,
         SampleDataError,
         SampleIndexError,
         StoreFormatError,
         StoreNotFoundError,
+        UnknownFieldError,
     )
     from dali_alchemi.packed import PackedSamples
     from dali_alchemi.pipeline.loader import DALIDataLoader

@@ -9,7 +9,7 @@ own automatic guess (which splits trailing dims and is frozen at the first write
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from zarr.abc.codec import BytesBytesCodec
@@ -132,10 +132,6 @@ class WriteConfig:
             return self.field_overrides[name]
         return getattr(self, group)  # type: ignore[no-any-return]
 
-    def with_overrides(self, **overrides: ArrayConfig) -> WriteConfig:
-        """A copy with extra per-field overrides."""
-        return replace(self, field_overrides={**self.field_overrides, **overrides})
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return {
@@ -155,6 +151,8 @@ class WriteConfig:
 
 
 START_METHODS = ("auto", "fork", "spawn")
+LAYOUTS = ("window", "batch", "structure")
+"""How a window is cut into DALI samples: one per field per window, per training batch, or per structure."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -179,6 +177,7 @@ class LoaderConfig:
     start_method: str = "auto"
     queue_depth: int = 2
     cache_bytes: int | None = None
+    layout: str = "window"
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "prefetch_factor", "read_ahead", "queue_depth"):
@@ -187,6 +186,8 @@ class LoaderConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 0:
             raise ValueError(f"num_workers must be a non-negative integer, got {self.num_workers!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.start_method not in START_METHODS:
             raise ValueError(f"start_method must be one of {START_METHODS}, got {self.start_method!r}")
         if (self.shard_id is None) != (self.num_shards is None):

@@ -25,6 +25,10 @@ class ChunkDecodeError(StoreFormatError):
     """A chunk's bytes could not be decoded (corrupted or truncated); names the array and the chunk key."""
 
 
+class ReadTooLargeError(DaliAlchemiError, MemoryError):
+    """A read would need more memory than the machine can give (a hostile store, or too large a window)."""
+
+
 class RemoteReadError(DaliAlchemiError, OSError):
     """A request to a remote store kept failing after every retry; names the key and the last error."""
 
@@ -35,6 +39,13 @@ class FieldLevelError(DaliAlchemiError, ValueError):
 
 class SampleDataError(DaliAlchemiError, ValueError):
     """Samples given to the writer are inconsistent (shapes, missing fields, dtypes)."""
+
+
+class UnknownFieldError(DaliAlchemiError, KeyError):
+    """A field was asked for that the store (or the reader's ``fields=`` selection) does not have."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
 
 
 class SampleIndexError(DaliAlchemiError, IndexError):

@@ -59,23 +59,6 @@ class PackedSamples:
         """``[B + 1]`` int64 offsets of each sample's edges in the edge-level arrays."""
         return exclusive_cumsum(self.n_edges)
 
-    def slice(self, start: int, stop: int) -> PackedSamples:
-        """Samples ``[start, stop)`` as a new PackedSamples whose arrays are views of this one's."""
-        atoms, edges = self.atoms_ptr, self.edges_ptr
-        bounds = {"atom": (atoms[start], atoms[stop]), "edge": (edges[start], edges[stop]), "system": (start, stop)}
-        fields = {}
-        for name, arr in self.fields.items():
-            lo, hi = bounds[self.levels[name]]
-            fields[name] = arr[lo:hi]
-        return PackedSamples(
-            logical_indices=self.logical_indices[start:stop],
-            physical_indices=self.physical_indices[start:stop],
-            n_atoms=self.n_atoms[start:stop],
-            n_edges=self.n_edges[start:stop],
-            fields=fields,
-            levels=self.levels,
-        )
-
     def take(self, order: IndexArray) -> PackedSamples:
         """Samples in the order ``order`` (positions into this window; repeats allowed), as new arrays."""
         order = np.asarray(order, dtype=np.int64)
@@ -94,14 +77,15 @@ class PackedSamples:
             levels=self.levels,
         )
 
-    def split(self) -> list[dict[str, NDArray[Any]]]:
+    def split(self) -> list[dict[str, Any]]:
         """One dict per sample in nvalchemi's per-sample shapes (system rows get their leading 1).
 
-        The arrays are views into this object's flat arrays. This loops over samples, so it is for
-        the per-sample compatibility API, not for the hot path.
+        The values are views (slices) of this object's flat arrays, whatever their type (numpy arrays,
+        or torch tensors put in with ``dataclasses.replace``). This loops over samples, so it is for the
+        per-sample compatibility API, not for the hot path.
         """
         atoms, edges = self.atoms_ptr.tolist(), self.edges_ptr.tolist()
-        out: list[dict[str, NDArray[Any]]] = []
+        out: list[dict[str, Any]] = []
         for i in range(len(self)):
             bounds = {"atom": (atoms[i], atoms[i + 1]), "edge": (edges[i], edges[i + 1]), "system": (i, i + 1)}
             sample = {}

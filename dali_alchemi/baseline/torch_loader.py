@@ -1,7 +1,7 @@
 """``torch.utils.data.DataLoader`` over the reader: per-sample reads, or one ``read_many`` per batch.
 
 Both variants use the same :class:`~dali_alchemi.planning.SamplePlan` as the DALI loader (so, for a
-seed and epoch, they produce the same batches) and collate with :meth:`Batch.from_samples`, the
+seed, epoch and shard, they produce the same batches) and collate with :meth:`Batch.from_samples`, the
 reference collation. ``num_workers`` and ``pin_memory`` mean what they mean in torch.
 """
 
@@ -100,21 +100,29 @@ def plain_dataloader(
     batched: bool = False,
     fields: Sequence[str] | None = None,
     prefetch_factor: int | None = None,
-    **reader_options: Any,
+    shard_id: int = 0,
+    num_shards: int = 1,
+    cache_bytes: int | None = None,
 ) -> DataLoader[Any]:
     """A torch DataLoader yielding :class:`Batch` objects from a store.
 
     ``batched=False`` reads sample by sample (a map-style dataset, the common setup); ``batched=True``
     passes each batch's indices to the dataset, which reads them with one ``read_many``. The loader's
     sampler has a ``set_epoch`` like ``DistributedSampler``: call ``loader.sampler.set_epoch(e)`` for a
-    new order.
+    new order. ``shard_id``/``num_shards`` shard the epoch exactly as the DALI loader does. ``fields`` and
+    ``cache_bytes`` configure the reader opened from a store; pass them to your own reader instead.
     """
-    reader = (
-        store_or_reader
-        if isinstance(store_or_reader, AtomicDataZarrReader)
-        else AtomicDataZarrReader(store_or_reader, fields=fields, **reader_options)
-    )
-    plan = SamplePlan(num_samples=len(reader), batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
+    if isinstance(store_or_reader, AtomicDataZarrReader):
+        if fields is not None or cache_bytes is not None:
+            raise ValueError("fields= and cache_bytes= configure a reader this function opens; set them on your reader")
+        reader = store_or_reader
+    else:
+        options: dict[str, Any] = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
+        reader = AtomicDataZarrReader(store_or_reader, fields=fields, **options)
+    plan = SamplePlan(
+        num_samples=len(reader), batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+        shard_id=shard_id, num_shards=num_shards,
+    )  # fmt: skip
     collate = Collater(reader.field_levels)
     extra: dict[str, Any] = {}
     if num_workers > 0:

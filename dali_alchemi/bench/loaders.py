@@ -76,10 +76,9 @@ def _dali(store: str, shuffle: bool, s: LoaderSettings, workers: int, layout: st
 def _torch(store: str, shuffle: bool, s: LoaderSettings, batched: bool, workers: int) -> Runnable:
     from dali_alchemi.baseline import plain_dataloader
 
-    options: dict[str, Any] = {} if s.cache_bytes is None else {"cache_bytes": s.cache_bytes}
     loader = plain_dataloader(
         store, batch_size=s.batch_size, shuffle=shuffle, seed=s.seed, num_workers=workers,
-        pin_memory=s.device.type == "cuda", batched=batched, **options,
+        pin_memory=s.device.type == "cuda", batched=batched, cache_bytes=s.cache_bytes,
     )  # fmt: skip
     sampler = loader.sampler  # PlanSampler, or PlanBatchSampler when batched (batch_size=None)
 

@@ -105,6 +105,10 @@ class Record:
         return asdict(self)
 
 
+SAMPLE_INTERVAL_S = 0.1
+"""How often the memory of the measured process tree is sampled (each sample costs a few file reads)."""
+
+
 class _MemorySampler:
     """Polls the memory of this process and its children; reports the peak above the start.
 
@@ -113,7 +117,7 @@ class _MemorySampler:
     process, as a plain RSS sum would. Falls back to RSS where PSS is unavailable.
     """
 
-    def __init__(self, interval: float = 0.05) -> None:
+    def __init__(self, interval: float = SAMPLE_INTERVAL_S) -> None:
         self.interval = interval
         self.start = _memory_tree(os.getpid())
         self.peak = self.start
@@ -149,31 +153,34 @@ def _process_memory(pid: int, status: dict[str, str]) -> int:
     return int(status.get("VmRSS", "0 kB").split()[0]) * 1024
 
 
-def _memory_tree(pid: int) -> int:
-    """Bytes (PSS) of ``pid`` and all its descendants (Linux /proc; 0 where unavailable)."""
-    children: dict[int, list[int]] = {}
-    statuses: dict[int, dict[str, str]] = {}
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` from /proc/PID/task/*/children (no scan of every process)."""
+    kids: list[int] = []
     try:
-        entries = os.listdir("/proc")
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return 0
-    for entry in entries:
-        if not entry.isdigit():
-            continue
+        return kids
+    for tid in tasks:
         try:
-            with open(f"/proc/{entry}/status") as fh:
-                text = fh.read()
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                kids += [int(k) for k in fh.read().split()]
         except OSError:
             continue
-        status = dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
-        children.setdefault(int(status.get("PPid", "0").strip() or 0), []).append(int(entry))
-        statuses[int(entry)] = status
+    return kids
+
+
+def _memory_tree(pid: int) -> int:
+    """Bytes (PSS) of ``pid`` and all its descendants (Linux /proc; 0 where unavailable)."""
     total, stack = 0, [pid]
     while stack:
         current = stack.pop()
-        if current in statuses:
-            total += _process_memory(current, statuses[current])
-        stack.extend(children.get(current, []))
+        try:
+            with open(f"/proc/{current}/status") as fh:
+                status = dict(line.split(":\t", 1) for line in fh.read().splitlines() if ":\t" in line)
+        except OSError:
+            continue
+        total += _process_memory(current, status)
+        stack.extend(_children(current))
     return total
 
 

@@ -96,7 +96,6 @@ def atoms_to_sample(
             sample[name] = np.asarray(value, dtype=fdt).reshape((n, *np.shape(value)[1:]))
     for key in _SYSTEM_FIELDS:
         value = results.get(key, info.pop(key, None))
-        info.pop(key, None)
         if value is None:
             continue
         if key in ("stress", "virial"):

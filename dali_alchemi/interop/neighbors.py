@@ -21,14 +21,28 @@ BLOCK_BYTES = 64 << 20
 """Memory for one block of candidate displacement vectors."""
 
 
+def _complete_lattice(cell: NDArray[np.float64], pbc: NDArray[np.bool_]) -> NDArray[np.float64]:
+    """The cell with zero vectors along non-periodic axes replaced by unit normals (a slab's empty third
+    vector, say), so the plane spacing of the periodic axes is defined."""
+    lattice = cell.copy()
+    for axis in range(3):
+        if not pbc[axis] and np.linalg.norm(lattice[axis]) < 1e-12:
+            others = [lattice[k] for k in range(3) if k != axis]
+            normal = np.cross(others[0], others[1])
+            if np.linalg.norm(normal) < 1e-12:  # fewer than two usable vectors: any free direction will do
+                normal = np.eye(3)[np.argmin(np.abs(others[0]) + np.abs(others[1]))]
+            lattice[axis] = normal / np.linalg.norm(normal)
+    if abs(float(np.linalg.det(lattice))) < 1e-12:
+        raise ValueError("a periodic structure needs a cell of non-zero volume along its periodic axes")
+    return lattice
+
+
 def image_offsets(cell: NDArray[np.floating], pbc: NDArray[np.bool_], cutoff: float) -> NDArray[np.int64]:
     """Integer lattice offsets ``[K, 3]`` that can hold a neighbor within ``cutoff`` (the home cell first)."""
     reach = np.zeros(3, dtype=np.int64)
     if np.any(pbc):
-        volume = abs(float(np.linalg.det(cell)))
-        if volume < 1e-12:
-            raise ValueError("a periodic structure needs a cell of non-zero volume")
-        reciprocal = np.linalg.inv(cell).T  # rows: reciprocal vectors; 1/|b_i| is the plane spacing
+        lattice = _complete_lattice(np.asarray(cell, dtype=np.float64), pbc)
+        reciprocal = np.linalg.inv(lattice).T  # rows: reciprocal vectors; 1/|b_i| is the plane spacing
         spacing = 1.0 / np.linalg.norm(reciprocal, axis=1)
         reach = np.where(pbc, np.ceil(cutoff / spacing).astype(np.int64), 0)
     axes = [np.arange(-n, n + 1, dtype=np.int64) for n in reach]

@@ -15,6 +15,7 @@ and no planning happen here.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import queue
 import threading
@@ -50,6 +51,14 @@ def worker_processes(pipe: Any) -> list[Any]:
     pool = getattr(pipe, "_py_pool", None)  # DALI keeps its worker pool private
     procs = getattr(getattr(pool, "pool", None), "_processes", None)
     return list(procs or [])
+
+
+@functools.cache
+def _warn_unwatched() -> None:
+    logger.warning(
+        "cannot see DALI's worker processes (its private pool layout changed); a killed worker may hang "
+        "the loader instead of raising LoaderError"
+    )
 
 
 def dead_worker(pipe: Any) -> str | None:
@@ -113,6 +122,12 @@ class WindowIterator:
     # -- the consumer -------------------------------------------------------------------------------
     def windows(self) -> Iterator[list[Batch]]:
         """Yield each window of the epoch as a list of Batches."""
+        if (
+            self.pipe.py_num_workers
+            and getattr(self.pipe, "_py_pool", None) is not None
+            and not worker_processes(self.pipe)
+        ):
+            _warn_unwatched()
         self._thread = threading.Thread(target=self._produce, name="dali-alchemi-pipeline", daemon=True)
         self._thread.start()
         try:

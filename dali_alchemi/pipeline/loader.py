@@ -18,10 +18,10 @@ import torch
 
 from dali_alchemi.augment import apply_augmentations
 from dali_alchemi.config import LoaderConfig
-from dali_alchemi.errors import LoaderError
+from dali_alchemi.errors import LoaderError, UnknownFieldError
 from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline, close_pipeline
 from dali_alchemi.pipeline.iterator import WindowIterator, worker_processes
-from dali_alchemi.pipeline.source import LAYOUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
+from dali_alchemi.pipeline.source import OutputSpec, ReadAheadSource, WindowSource, output_specs
 from dali_alchemi.planning import SamplePlan
 from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES
 from dali_alchemi.store.reader import AtomicDataZarrReader
@@ -32,6 +32,12 @@ if TYPE_CHECKING:
     from dali_alchemi.store.location import StoreLike
 
 logger = logging.getLogger(__name__)
+
+KEEP_ALIVE_MARGIN = 3
+"""Windows the read-ahead source keeps referenced beyond DALI's queue, whose buffers it shares."""
+
+SHM_HEADROOM, SHM_SLACK_BYTES = 1.5, 1 << 16
+"""Shared-memory hint: average window bytes times this headroom, plus slack for small windows."""
 
 DEFAULT_NUM_WORKERS = 2
 """DALI worker processes by default: on the 2-core reference machine two workers delivered the reader's
@@ -140,16 +146,14 @@ class DALIDataLoader:
         layout: str = "window",
         augmentations: Sequence[Augmentation] = (),
     ) -> None:
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        self.layout = layout
         self.augmentations = tuple(augmentations)
         self.config = LoaderConfig(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, prefetch_factor=prefetch_factor,
             num_workers=num_workers, device=str(device), fields=None if fields is None else tuple(fields),
             shard_id=shard_id, num_shards=num_shards, read_ahead=read_ahead, start_method=start_method,
-            queue_depth=queue_depth, cache_bytes=cache_bytes,
+            queue_depth=queue_depth, cache_bytes=cache_bytes, layout=layout,
         )  # fmt: skip
+        self.layout = self.config.layout
         self.device = resolve_device(device)
         if isinstance(store_or_reader, AtomicDataZarrReader):
             self.reader = store_or_reader
@@ -161,10 +165,12 @@ class DALIDataLoader:
                 cache_bytes=DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes,
             )
             self._owns_reader = True
+        if self.config.fields is not None and not self.config.fields:
+            raise ValueError("fields must name at least one field (or be None for all of them)")
         self.fields = self.config.fields or self.reader.field_names
         unknown = sorted(set(self.fields) - set(self.reader.field_names))
         if unknown:
-            raise KeyError(f"Unknown fields {unknown}; the reader returns {list(self.reader.field_names)}")
+            raise UnknownFieldError(f"Unknown fields {unknown}; the reader returns {list(self.reader.field_names)}")
         shard, shards = resolve_shard(shard_id, num_shards)
         self.plan = SamplePlan(
             num_samples=len(self.reader), batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
@@ -182,6 +188,7 @@ class DALIDataLoader:
         self._read_ahead: ReadAheadSource | None = None
         self._pipe_next: tuple[int, int] | None = None
         self._abandoned: list[Any] = []  # pipelines wedged by a dead worker; kept referenced, never shut down
+        self._windows: WindowIterator | None = None  # the iteration whose runner thread uses the pipeline
         self._generation = 0
         self._closed = False
 
@@ -231,13 +238,16 @@ class DALIDataLoader:
             raise RuntimeError("This DALIDataLoader is closed")
         if self._batch >= self.plan.num_batches and self.plan.num_batches:
             self._epoch, self._batch = self._epoch + 1, 0
+        self._stop_runner()  # an abandoned iteration's runner thread must not outlive its pipeline
         self._ensure_pipeline(self._epoch, self._batch)
         self._generation += 1
         return self._iterate(self._generation)
 
     def _iterate(self, generation: int) -> Iterator[Batch]:
         assert self._outputs is not None
-        windows = WindowIterator(self._pipe, self._outputs, self.specs, self.device, self.plan.batch_size)
+        windows = self._windows = WindowIterator(
+            self._pipe, self._outputs, self.specs, self.device, self.plan.batch_size
+        )
         self._pipe_next = None  # mid-epoch until the epoch ends cleanly
         try:
             for window in windows.windows():
@@ -274,7 +284,7 @@ class DALIDataLoader:
         workers = self.config.num_workers
         if workers == 0:
             self._read_ahead = ReadAheadSource(
-                source, depth=self.config.read_ahead, keep_alive=self.config.queue_depth + 3
+                source, depth=self.config.read_ahead, keep_alive=self.config.queue_depth + KEEP_ALIVE_MARGIN
             )
         start_method = self.config.start_method
         if start_method == "auto":
@@ -302,14 +312,17 @@ class DALIDataLoader:
 
     def _bytes_per_sample(self) -> int:
         """A generous estimate of one DALI sample's bytes, so DALI's shared memory rarely has to grow."""
-        n = max(1, len(self.reader))
-        atoms_ptr = self.reader.atoms_ptr
-        per_structure = 0.0
-        for spec in self.specs:
-            rows = {"atom": float(atoms_ptr[-1]) / n, "edge": 4.0 * float(atoms_ptr[-1]) / n, "system": 1.0}[spec.level]
-            per_structure += rows * int(np.prod(spec.trailing, dtype=np.int64)) * spec.dtype.itemsize
+        n = max(1, self.reader.atoms_ptr.size - 1)
+        rows = {
+            "atom": float(self.reader.atoms_ptr[-1]) / n,
+            "edge": float(self.reader.edges_ptr[-1]) / n,
+            "system": 1.0,
+        }
+        per_structure = sum(
+            rows[spec.level] * int(np.prod(spec.trailing, dtype=np.int64)) * spec.dtype.itemsize for spec in self.specs
+        )
         structures = self.plan.batch_size * self.plan.batches_per_window / self._samples_per_window()
-        return int(per_structure * structures * 1.5) + (1 << 16)
+        return int(per_structure * structures * SHM_HEADROOM) + SHM_SLACK_BYTES
 
     def _abandon_pipeline(self) -> None:
         """Drop a pipeline that a dead worker left blocked inside DALI: stop its other workers, but do not
@@ -318,12 +331,19 @@ class DALIDataLoader:
             if proc.exitcode is None:
                 proc.terminate()
         self._abandoned.append(self._pipe)
+        self._windows = None  # its thread is stuck inside DALI; it is a daemon and holds nothing of ours
         self._pipe, self._outputs, self._pipe_next = None, None, None
         if self._read_ahead is not None:
             self._read_ahead.close()
             self._read_ahead = None
 
+    def _stop_runner(self) -> None:
+        if self._windows is not None:
+            self._windows.stop()
+            self._windows = None
+
     def _discard_pipeline(self) -> None:
+        self._stop_runner()
         close_pipeline(self._pipe)
         self._pipe, self._outputs, self._pipe_next = None, None, None
         if self._read_ahead is not None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dali_alchemi.batch import collate_on_host
+from dali_alchemi.config import LAYOUTS
 from dali_alchemi.errors import LoaderError
 from dali_alchemi.store.layout import ATOM_INDEX_FIELDS
 
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from dali_alchemi.store.reader import AtomicDataZarrReader
     from dali_alchemi.types import IndexArray, Level
 
-LAYOUTS = ("window", "batch", "structure")
 
 N_ATOMS = "__n_atoms"
 N_EDGES = "__n_edges"

@@ -23,7 +23,7 @@ BlockKey = tuple[str, int]
 
 @dataclass(slots=True)
 class CacheStats:
-    """Counters since the reader was opened (or the cache cleared)."""
+    """Counters since the cache was created (``clear()`` keeps them; ``nbytes``/``entries`` are current)."""
 
     hits: int = 0
     misses: int = 0

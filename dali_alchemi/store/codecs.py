@@ -23,7 +23,8 @@ from dali_alchemi.errors import ChunkDecodeError
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-_MISSING = (1 << 64) - 1  # shard index entry of an inner chunk that was never written
+MISSING_CHUNK = (1 << 64) - 1
+"""Shard index entry (offset and length) of an inner chunk that was never written."""
 
 
 class UnsupportedCodecError(Exception):
@@ -115,9 +116,8 @@ class _Chain:
 class ChunkLocation:
     """Where one inner chunk's bytes live: a whole stored object, or a byte range inside a shard."""
 
-    key: str
-    shard_key: str | None = None  # set for sharded arrays; ``key`` is then the shard's key too
-    inner_index: int = 0  # flat index of the inner chunk inside its shard's index
+    key: str  # the object holding the bytes: the chunk itself, or its shard
+    inner_index: int = 0  # for sharded arrays, the flat index of the inner chunk inside its shard
 
 
 class ArrayCodec:
@@ -192,7 +192,7 @@ class ArrayCodec:
             inner = tuple(c % n for c, n in zip(coords, self.chunks_per_shard, strict=True))
             flat = int(np.ravel_multi_index(inner, self.chunks_per_shard))
             key = self._key(shard)
-            result.append((coords, ChunkLocation(key=key, shard_key=key, inner_index=flat)))
+            result.append((coords, ChunkLocation(key=key, inner_index=flat)))
         return result
 
     # -- decoding -----------------------------------------------------------------------------------
@@ -204,18 +204,15 @@ class ArrayCodec:
             raise ChunkDecodeError(f"Array {self.name!r}: shard index of {key!r} is corrupt: {err}") from err
         return index
 
-    def shard_payload_range(
-        self, index: NDArray[np.uint64], inner: int, shard_nbytes_hint: int | None
-    ) -> tuple[int, int] | None:
-        """Byte range ``(start, stop)`` of inner chunk ``inner``, or ``None`` if it was never written."""
+    def shard_payload_range(self, index: NDArray[np.uint64], inner: int) -> tuple[int, int] | None:
+        """Byte range ``(start, stop)`` of inner chunk ``inner``, or ``None`` if it was never written.
+
+        A range past the end of the shard reads short, and the decoder then reports the chunk as
+        truncated.
+        """
         offset, nbytes = int(index[inner, 0]), int(index[inner, 1])
-        if offset == _MISSING and nbytes == _MISSING:
+        if offset == MISSING_CHUNK and nbytes == MISSING_CHUNK:
             return None
-        if shard_nbytes_hint is not None and offset + nbytes > shard_nbytes_hint:
-            raise ChunkDecodeError(
-                f"Array {self.name!r}: shard index points past the end of the shard "
-                f"(chunk {inner}: bytes {offset}..{offset + nbytes} of {shard_nbytes_hint})"
-            )
         return offset, offset + nbytes
 
     def decode_block(self, block: int, payloads: list[Any | None], keys: list[str]) -> NDArray[Any]:
@@ -224,13 +221,11 @@ class ArrayCodec:
         Returns a new, read-only array of :meth:`block_shape`.
         """
         shape = self.block_shape(block)
-        full_rows = self.chunk_shape[0]
-        simple = not self.trailing_grid or all(g == 1 for g in self.trailing_grid)
-        if simple and shape[0] == full_rows and tuple(self.chunk_shape[1:]) == tuple(self.shape[1:]):
-            out = np.empty(shape, dtype=self.dtype)
-            self._decode_one(payloads[0], keys[0], tuple(self.chunk_shape), out)
+        out = np.empty(shape, dtype=self.dtype)
+        whole = not self.trailing_grid or all(g == 1 for g in self.trailing_grid)
+        if whole and shape[0] == self.chunk_shape[0] and tuple(self.chunk_shape[1:]) == tuple(self.shape[1:]):
+            self._decode_one(payloads[0], keys[0], tuple(self.chunk_shape), out)  # straight into the block
         else:
-            out = np.empty(shape, dtype=self.dtype)
             for (coords, _), payload, key in zip(self.chunks_of_block(block), payloads, keys, strict=True):
                 chunk = self._decode_one(payload, key, tuple(self.chunk_shape), None)
                 dst = tuple(

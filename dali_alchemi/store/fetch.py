@@ -21,6 +21,9 @@ from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByt
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
+INLINE_READS = 2
+"""At most this many local reads are done on the calling thread (a pool hand-off costs more)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ByteRequest:
@@ -36,8 +39,6 @@ class ByteFetcher(Protocol):
     """Reads many objects of one store concurrently; a missing object gives ``None``."""
 
     def fetch(self, requests: Sequence[ByteRequest]) -> list[Any | None]: ...
-
-    def size(self, key: str) -> int | None: ...
 
 
 class LocalFetcher:
@@ -64,15 +65,9 @@ class LocalFetcher:
             os.close(fd)
 
     def fetch(self, requests: Sequence[ByteRequest]) -> list[Any | None]:
-        if len(requests) <= 2:
+        if len(requests) <= INLINE_READS:
             return [self._read(r) for r in requests]
         return list(self._executor.map(self._read, requests))
-
-    def size(self, key: str) -> int | None:
-        try:
-            return os.stat(os.path.join(self.root, key)).st_size
-        except FileNotFoundError:
-            return None
 
 
 class StoreFetcher:
@@ -104,11 +99,3 @@ class StoreFetcher:
         if not requests:
             return []
         return sync(self._get_all(requests))
-
-    def size(self, key: str) -> int | None:
-        async def _size() -> int | None:
-            if not await self.store.exists(key):
-                return None
-            return int(await self.store.getsize(key))
-
-        return sync(_size())

@@ -52,10 +52,10 @@ def atomic_write_text(path: Path, text: str) -> None:
 def read_journal(loc: StoreLocation) -> dict[str, Any] | None:
     """The journal of the operation in progress on this store, or ``None``."""
     if loc.local_root is not None:
-        path = _journal_path(loc)
-        if not path.exists():
+        try:
+            raw = _journal_path(loc).read_bytes()
+        except FileNotFoundError:  # none, or a writer just finished
             return None
-        raw = path.read_bytes()
     else:
         buf = sync(loc.store.get(loc.key(JOURNAL_KEY), prototype=default_buffer_prototype()))
         if buf is None:

@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -30,11 +31,18 @@ from zarr.errors import BaseZarrError, ZarrUserWarning
 from zarr.storage import LocalStore, MemoryStore
 
 from dali_alchemi.config import FetchConfig
-from dali_alchemi.errors import ReaderClosedError, SampleIndexError, StoreFormatError, StoreNotFoundError
+from dali_alchemi.errors import (
+    ReaderClosedError,
+    ReadTooLargeError,
+    SampleIndexError,
+    StoreFormatError,
+    StoreNotFoundError,
+    UnknownFieldError,
+)
 from dali_alchemi.packed import PackedSamples
 from dali_alchemi.store import layout
 from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES, BlockCache, CacheStats
-from dali_alchemi.store.codecs import ArrayCodec, UnsupportedCodecError
+from dali_alchemi.store.codecs import MISSING_CHUNK, ArrayCodec, UnsupportedCodecError
 from dali_alchemi.store.fetch import ByteFetcher, ByteRequest, LocalFetcher, StoreFetcher
 from dali_alchemi.store.gather import LevelPlan, concat_aranges, plan_rows, plan_system_rows
 from dali_alchemi.store.journal import read_journal, sibling
@@ -55,6 +63,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+LOAD_ATTEMPTS = 3
+"""Times a reader re-reads a store whose metadata a concurrent writer changed while it was opened."""
+
 RESIDENT = -1
 """Cache key (in place of a block index) of an array held whole: read with one take, no scatter."""
 
@@ -62,8 +73,16 @@ INLINE_ROWS = 1 << 15
 """Reads of at most this many rows, all cached, are copied on the calling thread (no pool hand-off)."""
 
 
+MIN_THREADS, MAX_THREADS = 2, 8
+"""Bounds of the default thread count (the core count): decoding overlaps I/O even on one core, and
+more than 8 threads only contend for memory bandwidth."""
+
+TASKS_PER_THREAD = 4
+"""Block jobs are grouped into this many tasks per thread, so uneven blocks still balance."""
+
+
 def _default_threads() -> int:
-    return max(2, min(8, os.cpu_count() or 2))
+    return max(MIN_THREADS, min(MAX_THREADS, os.cpu_count() or MIN_THREADS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +172,7 @@ class AtomicDataZarrReader:
         self._executor: ThreadPoolExecutor | None = None
         self._executor_pid = -1
         self._executor_lock = threading.Lock()
+        self._fetcher: ByteFetcher | None = None
         self._closed = False
         self._pid = os.getpid()
         self._packed_reads = 0
@@ -170,31 +190,23 @@ class AtomicDataZarrReader:
         :class:`ReaderClosedError` on a closed reader.
         """
         self._check_open()
-        journal = read_journal(self._location)
-        loc = self._read_location = _effective_location(self._location, journal)
-        try:
-            with warnings.catch_warnings():
-                # a journal inside a non-local store is a foreign key to zarr's group listing
-                warnings.simplefilter("ignore", ZarrUserWarning)
-                root = open_root(loc)
-                meta = check_meta(root, store=loc.display, journal=journal)
-                handles = self._open_arrays(root, meta, loc, journal)
-        except (BaseZarrError, KeyError, TypeError, json.JSONDecodeError) as err:
-            raise StoreFormatError(f"Store {loc.display}: unreadable metadata: {type(err).__name__}: {err}") from err
+        loc, meta, handles = self._load_consistent()
         self._schema = meta.schema
         self._atoms_ptr = meta.atoms_ptr
         self._edges_ptr = meta.edges_ptr
         self._samples_mask = meta.samples_mask
         self._active: IndexArray = np.flatnonzero(meta.samples_mask).astype(np.int64)
         levels = {name: handle.level for name, handle in handles.items()}
-        self._executor_pid = -1  # the fetcher follows the location, which a defragment may have moved
+        self._fetcher = None  # follows the location, which a defragment may have moved
         self._handles = handles
         self._levels = levels
         requested = self._options["fields"]
         if requested is not None:
             unknown = sorted(set(requested) - set(handles))
             if unknown:
-                raise KeyError(f"Unknown fields {unknown} for store {loc.display}; available: {sorted(handles)}")
+                raise UnknownFieldError(
+                    f"Unknown fields {unknown} for store {loc.display}; available: {sorted(handles)}"
+                )
             self._fields: tuple[str, ...] = tuple(requested)
         else:
             self._fields = tuple(handles)
@@ -209,6 +221,36 @@ class AtomicDataZarrReader:
             int(meta.edges_ptr[-1]),
             len(handles),
         )
+
+    def _load_consistent(self) -> tuple[StoreLocation, MetaInfo, dict[str, _ArrayHandle]]:
+        """Load the store's metadata as one consistent state while a writer may be working.
+
+        A writer can start or finish an operation between reading the journal and reading the arrays;
+        then the journal is read again and the load retried, so the result is the old or the new
+        state, never a mix of the two.
+        """
+        for attempt in range(LOAD_ATTEMPTS):
+            journal = read_journal(self._location)
+            loc = _effective_location(self._location, journal)
+            try:
+                with warnings.catch_warnings():
+                    # a journal inside a non-local store is a foreign key to zarr's group listing
+                    warnings.simplefilter("ignore", ZarrUserWarning)
+                    root = open_root(loc)
+                    meta = check_meta(root, store=loc.display, journal=journal)
+                    handles = self._open_arrays(root, meta, loc, journal)
+            except (StoreFormatError, BaseZarrError, KeyError, TypeError, json.JSONDecodeError) as err:
+                if attempt + 1 < LOAD_ATTEMPTS and read_journal(self._location) != journal:
+                    continue  # a write started or finished under us: read again
+                if isinstance(err, StoreFormatError):
+                    raise
+                raise StoreFormatError(
+                    f"Store {loc.display}: unreadable metadata: {type(err).__name__}: {err}"
+                ) from err
+            if read_journal(self._location) == journal:
+                self._read_location = loc
+                return loc, meta, handles
+        raise StoreFormatError(f"Store {self._location.display} kept changing while it was opened; try again")
 
     def _open_arrays(
         self, root: Any, meta: MetaInfo, loc: StoreLocation, journal: Mapping[str, Any] | None
@@ -290,6 +332,13 @@ class AtomicDataZarrReader:
     def atoms_ptr(self) -> NDArray[np.int64]:
         """The store's ``[N + 1]`` atom pointer over *physical* samples (read-only view)."""
         view = self._atoms_ptr.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def edges_ptr(self) -> NDArray[np.int64]:
+        """The store's ``[N + 1]`` edge pointer over *physical* samples (read-only view)."""
+        view = self._edges_ptr.view()
         view.flags.writeable = False
         return view
 
@@ -409,7 +458,7 @@ class AtomicDataZarrReader:
         if int(per_sample.sum(dtype=np.float64)) <= self._max_read_bytes:
             return
         worst = int(np.argmax(per_sample))
-        raise StoreFormatError(
+        raise ReadTooLargeError(
             f"Store {self.source}: reading {len(logical)} samples needs {per_sample.sum(dtype=np.float64) / 2**30:,.1f} GiB, "
             f"more than half of this machine's memory; the largest, sample {int(logical[worst])} (physical "
             f"{int(physical[worst])}), claims {int(counts['atom'][worst]):,} atoms and {int(counts['edge'][worst]):,} edges"
@@ -436,7 +485,9 @@ class AtomicDataZarrReader:
         names = tuple(fields)
         unknown = sorted(set(names) - set(self._fields))
         if unknown:
-            raise KeyError(f"Unknown fields {unknown}; this reader returns {list(self._fields)}")
+            raise UnknownFieldError(f"Unknown fields {unknown}; this reader returns {list(self._fields)}")
+        if not names:
+            raise ValueError("fields must name at least one field")
         return names
 
     def _check_process(self) -> None:
@@ -463,13 +514,27 @@ class AtomicDataZarrReader:
             if self._executor is None or self._executor_pid != os.getpid():
                 self._executor = ThreadPoolExecutor(self._num_threads, thread_name_prefix="dali-alchemi-read")
                 self._executor_pid = os.getpid()
-                loc = self._read_location
-                self._fetcher: ByteFetcher = (
-                    LocalFetcher(loc.local_root, self._executor)
-                    if loc.local_root is not None
-                    else StoreFetcher(loc.store, max_concurrency=self._fetch.max_concurrency)
-                )
+                self._fetcher = None
+            if self._fetcher is None:
+                self._fetcher = self._make_fetcher(self._executor)
             return self._executor
+
+    def _io_fetcher(self) -> ByteFetcher:
+        """The fetcher for this process and location (built with the thread pool it reads on)."""
+        self._pool()
+        assert self._fetcher is not None
+        return self._fetcher
+
+    def _make_fetcher(self, executor: ThreadPoolExecutor) -> ByteFetcher:
+        """Direct file reads for a local directory, the store's own async reads otherwise.
+
+        Chunk keys are paths from the root of the zarr store (a StorePath's prefix included), so a
+        local fetcher reads relative to that root, not to the group the reader opened.
+        """
+        store = self._read_location.store
+        if isinstance(store, LocalStore):
+            return LocalFetcher(Path(store.root), executor)
+        return StoreFetcher(store, max_concurrency=self._fetch.max_concurrency)
 
     def _gather(
         self,
@@ -539,7 +604,7 @@ class AtomicDataZarrReader:
                 take(item)
         else:
             pool = self._pool()
-            tasks = [pool.submit(run, group) for group in _balanced_groups(jobs, self._num_threads * 4)]
+            tasks = [pool.submit(run, group) for group in _balanced_groups(jobs, self._num_threads * TASKS_PER_THREAD)]
             tasks += [pool.submit(take, item) for item in resident]
             for task in tasks:
                 task.result()
@@ -558,7 +623,7 @@ class AtomicDataZarrReader:
 
     def _fetch_blocks(self, blocks: list[tuple[ArrayCodec, int]]) -> list[tuple[list[Any | None], list[str]]]:
         """Fetch every chunk payload of the given row blocks in one concurrent batch (two for shards)."""
-        self._pool()  # the fetcher lives with the thread pool, rebuilt after a fork
+        fetcher = self._io_fetcher()
         locations = [codec.chunks_of_block(block) for codec, block in blocks]
         # Sharded arrays: make sure every needed shard index is known, fetching the missing ones together.
         index_requests: dict[tuple[str, str], tuple[ArrayCodec, ByteRequest]] = {}
@@ -575,7 +640,7 @@ class AtomicDataZarrReader:
                     )
                     index_requests[ikey] = (codec, request)
         if index_requests:
-            raw = self._fetcher.fetch([req for _, req in index_requests.values()])
+            raw = fetcher.fetch([req for _, req in index_requests.values()])
             for (ikey, (codec, _)), payload in zip(index_requests.items(), raw, strict=True):
                 if payload is None:
                     self._shard_indexes[ikey] = _missing_index(codec)
@@ -588,10 +653,10 @@ class AtomicDataZarrReader:
                     requests.append(ByteRequest(loc.key))
                     continue
                 index = self._shard_indexes[(codec.name, loc.key)]
-                span = codec.shard_payload_range(index, loc.inner_index, None)
+                span = codec.shard_payload_range(index, loc.inner_index)
                 requests.append(None if span is None else ByteRequest(loc.key, start=span[0], stop=span[1]))
         present = [r for r in requests if r is not None]
-        fetched = iter(self._fetcher.fetch(present))
+        fetched = iter(fetcher.fetch(present))
         self._chunks_fetched += len(present)
         result: list[tuple[list[Any | None], list[str]]] = []
         wanted = iter(requests)
@@ -616,18 +681,12 @@ class AtomicDataZarrReader:
         blocks = {name: torch.from_numpy(arr) for name, arr in packed.fields.items()}
         if self.pin_memory:
             blocks = {name: t.pin_memory() for name, t in blocks.items()}
-        atoms, edges = packed.atoms_ptr.tolist(), packed.edges_ptr.tolist()
-        result = []
-        for i, (index, phys) in enumerate(
-            zip(packed.logical_indices.tolist(), packed.physical_indices.tolist(), strict=True)
-        ):
-            bounds = {"atom": (atoms[i], atoms[i + 1]), "edge": (edges[i], edges[i + 1]), "system": (i, i + 1)}
-            sample = {}
-            for name, tensor in blocks.items():
-                lo, hi = bounds[packed.levels[name]]
-                sample[name] = tensor[lo:hi]
-            result.append((sample, {"index": index, "source_file": self.source, "physical_index": str(phys)}))
-        return result
+        samples = replace(packed, fields=blocks).split()  # type: ignore[arg-type]  # tensors slice like arrays
+        metadata = (
+            {"index": index, "source_file": self.source, "physical_index": str(phys)}
+            for index, phys in zip(packed.logical_indices.tolist(), packed.physical_indices.tolist(), strict=True)
+        )
+        return list(zip(samples, metadata, strict=True))  # type: ignore[arg-type]
 
     def read(self, index: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """One sample: ``(tensors, metadata)`` as in :meth:`read_many`."""
@@ -721,7 +780,7 @@ def _reopen(store: StoreLike, options: dict[str, Any]) -> AtomicDataZarrReader:
 def _missing_index(codec: ArrayCodec) -> NDArray[np.uint64]:
     """Shard index of a shard that does not exist: every inner chunk missing (fill value)."""
     n_inner = int(np.prod(codec.chunks_per_shard))
-    return np.full((n_inner, 2), (1 << 64) - 1, dtype=np.uint64)
+    return np.full((n_inner, 2), MISSING_CHUNK, dtype=np.uint64)
 
 
 def _rows_view(arr: NDArray[Any]) -> NDArray[Any]:

@@ -90,7 +90,7 @@ def _check_pointer(ptr: NDArray[Any], name: str, n: int, store: str) -> NDArray[
     return ptr
 
 
-def _check_meta_sizes(arrays: Mapping[str, Any], n: int, store: str) -> None:
+def _check_meta_sizes(n: int, store: str) -> None:
     """Refuse meta arrays that could not be read into memory, before reading them."""
     needed = 2 * 8 * (n + 1) + n
     budget = memory_budget()
@@ -101,12 +101,16 @@ def _check_meta_sizes(arrays: Mapping[str, Any], n: int, store: str) -> None:
         )
 
 
+FALLBACK_MEMORY_BUDGET = 8 << 30
+"""The read budget where the machine's memory cannot be queried."""
+
+
 def memory_budget() -> int:
     """Half of this machine's physical memory, in bytes: the most one read may allocate."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
     except (ValueError, OSError, AttributeError):
-        return 8 << 30
+        return FALLBACK_MEMORY_BUDGET
 
 
 def check_meta(root: Any, *, store: str, journal: Mapping[str, Any] | None = None) -> MetaInfo:
@@ -141,7 +145,7 @@ def check_meta(root: Any, *, store: str, journal: Mapping[str, Any] | None = Non
                 f"Store {store}: meta/{name} has shape {tuple(arrays[name].shape)}; "
                 f"expected ({n + 1},) for {n} samples in samples_mask"
             )
-    _check_meta_sizes(arrays, n, store)
+    _check_meta_sizes(n, store)
     samples_mask = np.asarray(_read_prefix(mask_arr, n, layout.SAMPLES_MASK, store), dtype=np.bool_)
     atoms_ptr = _check_pointer(
         _read_prefix(arrays[layout.ATOMS_PTR], n + 1, layout.ATOMS_PTR, store), layout.ATOMS_PTR, n, store

@@ -30,7 +30,7 @@ from zarr.storage import StorePath
 
 from dali_alchemi.batch import Batch
 from dali_alchemi.config import WriteConfig
-from dali_alchemi.errors import SampleDataError, SampleIndexError, StoreNotFoundError
+from dali_alchemi.errors import SampleDataError, SampleIndexError, StoreFormatError, StoreNotFoundError
 from dali_alchemi.packed import PackedSamples
 from dali_alchemi.store import layout
 from dali_alchemi.store.arrays import create_array, extend_array, truncate_array, write_array
@@ -49,6 +49,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_DEFRAGMENT_WINDOW = 8192
 """Samples copied per step by :meth:`AtomicDataZarrWriter.defragment`."""
+
+DEFRAGMENT_CACHE_BYTES = 64 << 20
+"""Decoded-chunk cache while defragmenting: enough for the blocks two windows share, never the store."""
 
 
 class AtomicDataZarrWriter:
@@ -384,6 +387,8 @@ class AtomicDataZarrWriter:
         out-of-range index.
         """
         raw = indices.cpu().numpy() if isinstance(indices, torch.Tensor) else np.asarray(indices)
+        if raw.dtype == np.bool_ or (raw.size and not np.issubdtype(raw.dtype, np.integer)):
+            raise TypeError(f"delete() takes integer physical indices, got dtype {raw.dtype} (a mask is not accepted)")
         physical = np.unique(raw.astype(np.int64).reshape(-1))
         if physical.size == 0:
             return
@@ -447,7 +452,7 @@ class AtomicDataZarrWriter:
         staging = sibling(loc, "defragment-new")
         retired = sibling(loc, "defragment-old")
         shutil.rmtree(staging, ignore_errors=True)
-        reader = AtomicDataZarrReader(str(loc.local_root), cache_bytes=64 << 20)
+        reader = AtomicDataZarrReader(str(loc.local_root), cache_bytes=DEFRAGMENT_CACHE_BYTES)
         try:
             _copy_live(reader, root, meta, staging, new_config, window, self._phase)
         except BaseException:
@@ -481,10 +486,10 @@ class AtomicDataZarrWriter:
     def recover(self) -> str | None:
         """Finish or roll back an operation that a killed writer left half-done; returns its name.
 
-        Every writer operation calls this first. An append or add_custom is rolled back (the store
-        returns to its old state), a delete is completed, and a defragment swap is completed once its
-        new store was journaled (rolled back before that). Staging directories that a killed writer
-        left beside a local store are removed.
+        Every writer operation calls this first. An append, or an add_custom that had not committed,
+        is rolled back (the store returns to its old state); a delete is completed; a defragment is
+        completed if its directory swap had begun, and rolled back (its staged copy removed) if not.
+        Staging directories that a killed writer left beside a local store are removed.
         """
         journal = read_journal(self._location)
         op = None if journal is None else str(journal["op"])
@@ -502,7 +507,7 @@ class AtomicDataZarrWriter:
             meta = check_meta(root, store=self._location.display)
             self._apply_delete(root, meta, np.asarray(journal["physical"], dtype=np.int64))  # type: ignore[index]
         elif op is not None:
-            raise RuntimeError(f"Unknown operation {op!r} in the write journal of {self._location.display}")
+            raise StoreFormatError(f"Unknown operation {op!r} in the write journal of {self._location.display}")
         self._remove_staging()
         if journal is not None:
             clear_journal(self._location)

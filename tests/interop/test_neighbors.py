@@ -39,7 +39,7 @@ def test_molecules_and_edge_cases() -> None:
     edges, images = radius_graph(positions, np.zeros((3, 3)), np.zeros(3, bool), 1.0)
     assert edges.tolist() == [[0, 1], [1, 0]] and not images.any()
     assert radius_graph(np.zeros((0, 3)), np.eye(3), np.ones(3, bool), 2.0)[0].shape == (0, 2)
-    with pytest.raises(ValueError, match="non-zero volume"):
+    with pytest.raises(ValueError, match="non-zero volume along its periodic axes"):
         radius_graph(positions, np.zeros((3, 3)), np.ones(3, bool), 1.0)
     with pytest.raises(ValueError, match="cutoff must be a positive number"):
         radius_graph(positions, np.eye(3), np.ones(3, bool), -1.0)
@@ -49,3 +49,16 @@ def test_molecules_and_edge_cases() -> None:
         len(edges) == 6 + 12
     )  # faces at 2.0, edges at 2.83; corners at 3.46 are out and set(map(tuple, np.abs(images).tolist())) >= {(1, 0, 0), (1, 1, 0)}
     assert image_offsets(np.eye(3), np.array([True, False, False]), 2.5).tolist()[0] == [0, 0, 0]
+
+
+def test_a_slab_with_an_empty_third_cell_vector() -> None:
+    cell = np.array([[3.0, 0, 0], [0.5, 3.0, 0], [0, 0, 0]])
+    pbc = np.array([True, True, False])
+    positions = np.array([[0.0, 0, 0], [1.5, 1.5, 0.5], [0.2, 2.5, -1.0]])
+    edges, images = radius_graph(positions, cell, pbc, 3.2)
+    atoms = ase.Atoms(numbers=[1, 1, 1], positions=positions, cell=cell, pbc=pbc)
+    i, j, shifts = ase_neighborlist.neighbor_list("ijS", atoms, 3.2)
+    assert sorted(map(tuple, np.column_stack([edges, images]).tolist())) == sorted(
+        map(tuple, np.column_stack([i, j, shifts]).tolist())
+    )
+    assert not images[:, 2].any()

@@ -88,6 +88,17 @@ def test_batches_equal_the_reference_over_epochs(reader: AtomicDataZarrReader, w
             assert [b.num_graphs for b in got] == [16] * 18 + [12]  # the partial last batch is kept
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_held_across_many_windows_keep_their_values(reader: AtomicDataZarrReader, workers: int) -> None:
+    """Batches are views of DALI's outputs; DALI must not reuse that memory while they are alive."""
+    with DALIDataLoader(
+        reader, batch_size=10, prefetch_factor=2, seed=8, num_workers=workers, start_method="fork", device="cpu"
+    ) as loader:
+        held = [batch for _ in range(2) for batch in loader]  # 2 epochs of 15 windows, all kept
+        reference = _reference(reader, loader.plan, 0) + _reference(reader, loader.plan, 1)
+    _assert_batches_equal(held, reference)
+
+
 def test_same_seed_same_order_new_epoch_new_order(reader: AtomicDataZarrReader) -> None:
     def order(seed: int, epoch: int) -> list[int]:
         with DALIDataLoader(reader, batch_size=32, seed=seed, device="cpu") as loader:

@@ -201,6 +201,7 @@ def test_opens_every_kind_of_store(tmp_path: Path) -> None:
         str(local),
         LocalStore(local),
         f"file://{local}",
+        StorePath(LocalStore(tmp_path), "sub"),  # chunk keys then carry the prefix
     ):
         with AtomicDataZarrReader(store) as r:
             assert len(r) == 5

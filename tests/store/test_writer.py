@@ -194,6 +194,10 @@ def test_delete_zeroes_data_and_masks_but_keeps_pointers(tmp_path: Path) -> None
     writer.delete(torch.tensor([1]))  # again: nothing changes
     with pytest.raises(SampleIndexError, match="Physical index 3 out of range for a store with 3 samples"):
         writer.delete([3])
+    with pytest.raises(TypeError, match="a mask is not accepted"):
+        writer.delete(np.array([True, False, True]))
+    with pytest.raises(TypeError, match="integer physical indices"):
+        writer.delete([0.5])
     root = zarr.open_group(path, mode="r")
     assert root["meta/samples_mask"][...].tolist() == [True, False, True]
     assert root["meta/atoms_mask"][...].tolist() == [True] * 3 + [False] * 4 + [True] * 2

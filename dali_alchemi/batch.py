@@ -240,17 +240,19 @@ class Batch:
         *,
         levels: Mapping[str, str] | None = None,
         device: torch.device | str | None = None,
+        sample_indices: Sequence[int] | NDArray[np.int64] | None = None,
     ) -> Batch:
         """Collate per-sample dicts (nvalchemi shapes: atom ``[V, *t]``, edge ``[E, *t]``, system ``[1, *t]``).
 
         Levels come from ``levels``, then nvalchemi's default key sets; an unknown field is an error.
-        ``neighbor_list`` must be sample-local. This loops over samples: it is the reference path, not
-        the fast one.
+        ``neighbor_list`` must be sample-local. ``sample_indices`` records where the samples came from
+        (``None``: unknown). This loops over samples: it is the reference path, not the fast one.
         """
         if not samples:
             raise ValueError("Cannot create batch from empty data list")
-        packed = pack_samples(samples, levels=levels)
-        return cls.from_packed(packed, device=device)
+        batch = cls.from_packed(pack_samples(samples, levels=levels), device=device)
+        batch.sample_indices = None if sample_indices is None else np.asarray(sample_indices, dtype=np.int64)
+        return batch
 
     # -- inverse ------------------------------------------------------------------------------------
     def to_packed(self) -> PackedSamples:
@@ -483,12 +485,4 @@ def pack_samples(
         if len(trailing) > 1:
             raise SampleDataError(f"Field {name!r} has different trailing shapes across samples: {sorted(trailing)}")
         fields[name] = np.concatenate(parts, axis=0)
-    indices = np.arange(len(samples), dtype=np.int64)
-    return PackedSamples(
-        logical_indices=indices,
-        physical_indices=indices,
-        n_atoms=n_atoms,
-        n_edges=n_edges,
-        fields=fields,
-        levels=resolved,
-    )
+    return PackedSamples.from_fields(fields, resolved, n_atoms, n_edges)

@@ -46,6 +46,21 @@ class PackedSamples:
     fields: Mapping[str, NDArray[Any]]
     levels: Mapping[str, Level]
 
+    @classmethod
+    def from_fields(
+        cls, fields: Mapping[str, NDArray[Any]], levels: Mapping[str, Level], n_atoms: CountArray, n_edges: CountArray
+    ) -> PackedSamples:
+        """Samples that come from no store (built in memory): their indices are ``0 .. B-1``."""
+        indices = np.arange(n_atoms.size, dtype=np.int64)
+        return cls(
+            logical_indices=indices,
+            physical_indices=indices,
+            n_atoms=n_atoms,
+            n_edges=n_edges,
+            fields=fields,
+            levels=levels,
+        )
+
     def __len__(self) -> int:
         return int(self.logical_indices.size)
 

@@ -22,8 +22,11 @@ if TYPE_CHECKING:
     from dali_alchemi.types import Level
 
 
-class SampleDataset(Dataset[dict[str, torch.Tensor]]):
-    """Map-style dataset: ``dataset[i]`` is one sample dict read with ``reader.read(i)``."""
+Item = tuple[dict[str, torch.Tensor], int]  # a sample and its store index
+
+
+class SampleDataset(Dataset[Item]):
+    """Map-style dataset: ``dataset[i]`` is ``(sample dict, i)`` read with ``reader.read(i)``."""
 
     def __init__(self, reader: AtomicDataZarrReader) -> None:
         self.reader = reader
@@ -31,30 +34,32 @@ class SampleDataset(Dataset[dict[str, torch.Tensor]]):
     def __len__(self) -> int:
         return len(self.reader)
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        sample, _ = self.reader.read(index)
-        return sample
+    def __getitem__(self, index: int) -> Item:
+        sample, meta = self.reader.read(index)
+        return sample, meta["index"]
 
 
 class BatchDataset(SampleDataset):
     """``dataset[indices]`` reads a whole batch with one ``reader.read_many(indices)``."""
 
-    def __getitem__(self, indices: Sequence[int]) -> list[dict[str, torch.Tensor]]:  # type: ignore[override]
-        return [sample for sample, _ in self.reader.read_many(list(indices))]
+    def __getitem__(self, indices: Sequence[int]) -> list[Item]:  # type: ignore[override]
+        return [(sample, meta["index"]) for sample, meta in self.reader.read_many(list(indices))]
 
 
 class Collater:
-    """Picklable collate function: sample dicts -> :class:`Batch` with the store's levels."""
+    """Picklable collate function: ``(sample, index)`` pairs -> :class:`Batch` with the store's levels."""
 
     def __init__(self, levels: Mapping[str, Level]) -> None:
         self.levels = dict(levels)
 
-    def __call__(self, samples: list[dict[str, torch.Tensor]]) -> Batch:
-        return Batch.from_samples(samples, levels=self.levels)
+    def __call__(self, items: list[Item]) -> Batch:
+        return Batch.from_samples(
+            [sample for sample, _ in items], levels=self.levels, sample_indices=[index for _, index in items]
+        )
 
 
-class PlanSampler(Sampler[int]):
-    """Yields one shard's indices of ``plan`` for the current epoch."""
+class _EpochSampler:
+    """A sampler over one shard of ``plan``, with ``DistributedSampler``'s ``set_epoch``."""
 
     def __init__(self, plan: SamplePlan) -> None:
         self.plan = plan
@@ -62,6 +67,10 @@ class PlanSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+
+class PlanSampler(_EpochSampler, Sampler[int]):
+    """Yields one shard's indices of ``plan`` for the current epoch."""
 
     def __len__(self) -> int:
         return min(self.plan.samples_per_shard, self.plan.num_batches * self.plan.batch_size)
@@ -71,15 +80,8 @@ class PlanSampler(Sampler[int]):
         return iter(order[: len(self)].tolist())
 
 
-class PlanBatchSampler(Sampler[list[int]]):
+class PlanBatchSampler(_EpochSampler, Sampler[list[int]]):
     """Yields one shard's batches of ``plan`` for the current epoch."""
-
-    def __init__(self, plan: SamplePlan) -> None:
-        self.plan = plan
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __len__(self) -> int:
         return self.plan.num_batches

@@ -123,49 +123,53 @@ def _nvalchemi(store: str, shuffle: bool, s: LoaderSettings) -> Runnable:
     return _BatchLoader(loader, set_epoch, s.device, reader.close)
 
 
-class _NvalchemiReads:
+class _WindowedReads:
+    """One read per window of ``batch_size * prefetch_factor`` structures, in the plan's order."""
+
+    def __init__(self, reader: Any, shuffle: bool, s: LoaderSettings) -> None:
+        self.reader = reader
+        self.plan = SamplePlan(
+            num_samples=len(reader), batch_size=s.batch_size, shuffle=shuffle, seed=s.seed,
+            batches_per_window=s.prefetch_factor,
+        )  # fmt: skip
+
+    def read(self, indices: np.ndarray) -> tuple[int, int]:
+        """Read one window; return its structure and atom counts."""
+        raise NotImplementedError
+
+    def epoch(self, epoch: int) -> Iterator[tuple[int, int]]:
+        order = self.plan.shard_order(epoch)
+        for w in range(self.plan.num_windows()):
+            yield self.read(self.plan.window(epoch, w, order=order)[0])
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+class _NvalchemiReads(_WindowedReads):
     """nvalchemi's own reader: one ``read_many`` per window, in the same order as ``packed``."""
 
     def __init__(self, store: str, shuffle: bool, s: LoaderSettings) -> None:
         from nvalchemi.data.datapipes import AtomicDataZarrReader as NvReader
 
-        self.reader = NvReader(_nvalchemi_store(store))
-        self.plan = SamplePlan(
-            num_samples=len(self.reader), batch_size=s.batch_size, shuffle=shuffle, seed=s.seed,
-            batches_per_window=s.prefetch_factor,
-        )  # fmt: skip
+        super().__init__(NvReader(_nvalchemi_store(store)), shuffle, s)
 
-    def epoch(self, epoch: int) -> Iterator[tuple[int, int]]:
-        order = self.plan.shard_order(epoch)
-        for w in range(self.plan.num_windows()):
-            indices, _ = self.plan.window(epoch, w, order=order)
-            samples = self.reader.read_many(indices.tolist())
-            yield len(samples), sum(int(d["atomic_numbers"].shape[0]) for d, _ in samples)
-
-    def close(self) -> None:
-        self.reader.close()
+    def read(self, indices: np.ndarray) -> tuple[int, int]:
+        samples = self.reader.read_many(indices.tolist())
+        return len(samples), sum(int(d["atomic_numbers"].shape[0]) for d, _ in samples)
 
 
-class _PackedReads:
+class _PackedReads(_WindowedReads):
     """The reader's own packed windowed reads: the ceiling for anything built on top of it."""
 
     def __init__(self, store: str, shuffle: bool, s: LoaderSettings, *, cache_bytes: int | None = None) -> None:
         budget = s.cache_bytes if cache_bytes is None else cache_bytes
-        self.reader = AtomicDataZarrReader(store) if budget is None else AtomicDataZarrReader(store, cache_bytes=budget)
-        self.plan = SamplePlan(
-            num_samples=len(self.reader), batch_size=s.batch_size, shuffle=shuffle, seed=s.seed,
-            batches_per_window=s.prefetch_factor,
-        )  # fmt: skip
+        reader = AtomicDataZarrReader(store) if budget is None else AtomicDataZarrReader(store, cache_bytes=budget)
+        super().__init__(reader, shuffle, s)
 
-    def epoch(self, epoch: int) -> Iterator[tuple[int, int]]:
-        order = self.plan.shard_order(epoch)
-        for w in range(self.plan.num_windows()):
-            indices, _ = self.plan.window(epoch, w, order=order)
-            packed = self.reader.read_packed(indices)
-            yield len(packed), int(packed.n_atoms.sum())
-
-    def close(self) -> None:
-        self.reader.close()
+    def read(self, indices: np.ndarray) -> tuple[int, int]:
+        packed = self.reader.read_packed(indices)
+        return len(packed), int(packed.n_atoms.sum())
 
 
 class _SequentialDecode(_PackedReads):

@@ -68,15 +68,7 @@ def synthetic_samples(n: int, seed: int = 42, min_atoms: int = 10, max_atoms: in
         "cell": np.broadcast_to(np.eye(3, dtype=np.float32), (n, 3, 3)).copy(),
         "pbc": np.ones((n, 3), dtype=np.bool_),
     }
-    indices = np.arange(n, dtype=np.int64)
-    return PackedSamples(
-        logical_indices=indices,
-        physical_indices=indices,
-        n_atoms=n_atoms,
-        n_edges=n_edges,
-        fields=fields,
-        levels=SYNTHETIC_LEVELS,  # type: ignore[arg-type]
-    )
+    return PackedSamples.from_fields(fields, SYNTHETIC_LEVELS, n_atoms, n_edges)  # type: ignore[arg-type]
 
 
 def write_synthetic_store(

@@ -53,7 +53,9 @@ class FailingReader(AtomicDataZarrReader):
 
 def _reference(reader: AtomicDataZarrReader, plan: SamplePlan, epoch: int, first_batch: int = 0) -> list[Batch]:
     return [
-        Batch.from_samples([sample for sample, _ in reader.read_many(indices)], levels=reader.field_levels)
+        Batch.from_samples(
+            [sample for sample, _ in reader.read_many(indices)], levels=reader.field_levels, sample_indices=indices
+        )
         for indices in plan.batches(epoch, first_batch)
     ]
 
@@ -67,6 +69,7 @@ def _assert_batches_equal(got: list[Batch], want: list[Batch]) -> None:
             assert torch.equal(a[name].cpu(), b[name]), (k, name)
         assert torch.equal(a.batch_idx.cpu(), b.batch_idx) and torch.equal(a.batch_ptr.cpu(), b.batch_ptr)
         assert a.num_nodes_list == b.num_nodes_list and a.num_edges_list == b.num_edges_list
+        assert np.array_equal(a.sample_indices, b.sample_indices), k
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,65 @@
+"""The benchmark runner: records, ratios, JSON and the plot, on a tiny store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dali_alchemi.bench.loaders import validate_names
+from dali_alchemi.bench.runner import BenchConfig, run_bench
+from dali_alchemi.cli import main
+
+KEYS = {
+    "loader",
+    "order",
+    "batch_size",
+    "samples_per_s",
+    "atoms_per_s",
+    "ratio_vs_plain",
+    "first_batch_s",
+    "peak_rss_mb",
+    "wait_s",
+}
+
+
+def test_run_bench_records(small_store: Path) -> None:
+    config = BenchConfig(
+        loaders=("dali-w0", "torch-batched-w0", "packed", "decode"),
+        orders=("shuffle",),
+        rounds=1,
+        epochs=2,
+        batch_size=32,
+    )
+    records = run_bench(str(small_store), config)
+    by_name = {r.loader: r for r in records}
+    assert set(by_name) == {"dali-w0", "torch-batched-w0", "packed", "decode"}
+    assert by_name["torch-batched-w0"].ratio_vs_plain == pytest.approx(1.0)
+    assert by_name["decode"].order == "sequential"
+    for record in records:
+        data = record.to_dict()
+        assert KEYS <= set(data) and data["samples_per_s"] > 0 and data["warm_samples_per_s"] > 0
+        assert data["machine"]["cpus"] >= 1 and "torch" in data["versions"] and data["store"]["open_s"] > 0
+
+
+def test_cli_bench_writes_json_and_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    out, png = tmp_path / "b.json", tmp_path / "b.png"
+    assert main(["bench", "--n", "300", "--rounds", "1", "--epochs", "1", "--loaders", "dali-w0,torch-w0,nvalchemi,decode",
+                 "--step-ms", "1", "--json", str(out), "--plot", str(png)]) == 0  # fmt: skip
+    records = json.loads(out.read_text())
+    assert {r["loader"] for r in records} == {"dali-w0", "torch-w0", "nvalchemi", "decode"}
+    assert all(KEYS <= set(r) for r in records)
+    assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+    text = capsys.readouterr().out
+    assert "samples/s" in text and "epoch / steps" in text
+
+
+def test_unknown_loaders_and_orders_are_rejected() -> None:
+    with pytest.raises(ValueError, match="Unknown loader 'dali-fast'"):
+        validate_names(["dali", "dali-fast"])
+    with pytest.raises(ValueError, match="Unknown order 'random'"):
+        BenchConfig(loaders=("dali",), orders=("random",))

@@ -151,8 +151,9 @@ class WriteConfig:
 
 
 START_METHODS = ("auto", "fork", "spawn")
-LAYOUTS = ("window", "batch", "structure")
-"""How a window is cut into DALI samples: one per field per window, per training batch, or per structure."""
+LAYOUTS = ("blob", "window", "batch", "structure")
+"""How a window goes through DALI: one byte buffer for the whole window, or one sample per field per
+window, per training batch, or per structure."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,4 +10,6 @@ echo "== CUDA tests"
 "$PY" -m pytest -q -m gpu tests
 echo "== GPU benchmark"
 mkdir -p bench-results
-"$PY" -m dali_alchemi.cli h2d --n 20000 --json bench-results/gpu-check.json
+"$PY" -m dali_alchemi.cli h2d --n 20000 --layouts window,blob --json bench-results/gpu-check.json
+echo "== GPU augmentation cost"
+"$PY" -m dali_alchemi.cli augment-cost --device cuda --repeats 20

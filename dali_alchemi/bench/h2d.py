@@ -23,6 +23,7 @@ class H2DResult:
     """One GPU measurement."""
 
     device: str
+    layout: str
     structures: int
     atoms: int
     bytes: int
@@ -61,7 +62,13 @@ def pinned_copy_rate(total_bytes: int, chunk_bytes: int, device: torch.device, r
 
 
 def measure_h2d(
-    store: str, *, batch_size: int = 64, prefetch_factor: int = 16, epochs: int = 2, device: str = "cuda"
+    store: str,
+    *,
+    batch_size: int = 64,
+    prefetch_factor: int = 16,
+    epochs: int = 2,
+    device: str = "cuda",
+    layout: str = "window",
 ) -> H2DResult:
     """Run the DALI loader on ``device`` for ``epochs`` epochs and compare with pinned copies."""
     from dali_alchemi.pipeline.loader import DALIDataLoader
@@ -70,7 +77,8 @@ def measure_h2d(
     if target.type != "cuda" or not torch.cuda.is_available():
         raise RuntimeError("the host-to-device benchmark needs a CUDA GPU")
     opened = time.perf_counter()
-    with DALIDataLoader(store, batch_size=batch_size, prefetch_factor=prefetch_factor, device=target) as loader:
+    loader = DALIDataLoader(store, batch_size=batch_size, prefetch_factor=prefetch_factor, device=target, layout=layout)
+    with loader:
         structures = atoms = moved = 0
         first: float | None = None
         started = 0.0
@@ -90,6 +98,7 @@ def measure_h2d(
     window_bytes = max(1, moved // max(1, structures) * batch_size * prefetch_factor)
     return H2DResult(
         device=torch.cuda.get_device_name(target),
+        layout=layout,
         structures=structures,
         atoms=atoms,
         bytes=moved,

@@ -183,7 +183,7 @@ class _SequentialDecode(_PackedReads):
 
 
 _PATTERN = re.compile(
-    r"^(?P<kind>dali|torch|torch-batched)(?:-w(?P<workers>\d+))?(?:-(?P<layout>window|batch|structure))?$"
+    r"^(?P<kind>dali|torch|torch-batched)(?:-w(?P<workers>\d+))?(?:-(?P<layout>blob|window|batch|structure))?$"
 )
 
 LOADER_HELP = (

@@ -1,9 +1,10 @@
 """Building the DALI pipeline: one batch-aware external source, ``.gpu()`` outputs on a GPU.
 
 The pipeline's batch is one window, cut into at most ``samples_per_window`` DALI samples.
-On a CUDA device every field and the counts go ``.gpu()``: DALI then stages them in pinned memory
-and copies them asynchronously; the host keeps its own copy of the counts and indices so batch sizes
-never need a device synchronisation. Without a GPU the same graph runs with ``device_id=None``.
+On a CUDA device the outputs placed on the device (the fields and counts, or the window blob) go
+``.gpu()``: DALI then stages them in pinned memory and copies them asynchronously; the host keeps
+its own copy of the sizes (counts and indices, or the blob's header) so batch sizes never need a
+device synchronisation. Without a GPU the same graph runs with ``device_id=None``.
 No data logic lives here.
 """
 
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nvidia.dali import fn, types
 from nvidia.dali.pipeline import Pipeline
 
-from dali_alchemi.pipeline.source import N_ATOMS, N_EDGES, OutputSpec
+if TYPE_CHECKING:
+    from dali_alchemi.pipeline.source import OutputSpec
 
 logger = logging.getLogger(__name__)
 
@@ -76,11 +78,11 @@ def build_pipeline(
             outputs = PipelineOutputs(device_names=tuple(s.name for s in specs), host_names=())
             pipe.set_outputs(*nodes)
         else:
-            on_device = [spec for spec in specs if spec.is_field or spec.name in (N_ATOMS, N_EDGES)]
             by_name = dict(zip((s.name for s in specs), nodes, strict=True))
-            host = [spec.name for spec in specs if not spec.is_field]
-            outputs = PipelineOutputs(device_names=tuple(s.name for s in on_device), host_names=tuple(host))
-            pipe.set_outputs(*(by_name[s.name].gpu() for s in on_device), *(by_name[name] for name in host))
+            on_device = [spec.name for spec in specs if spec.placement in ("device", "both")]
+            host = [spec.name for spec in specs if spec.placement in ("host", "both")]
+            outputs = PipelineOutputs(device_names=tuple(on_device), host_names=tuple(host))
+            pipe.set_outputs(*(by_name[name].gpu() for name in on_device), *(by_name[name] for name in host))
     pipe.build()
     logger.debug(
         "built pipeline: %d outputs, %d samples per window, %d workers",

@@ -22,11 +22,22 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from dali_alchemi.batch import Batch, collate
 from dali_alchemi.errors import LoaderError
-from dali_alchemi.pipeline.source import BATCH_IDX, INDICES, N_ATOMS, N_EDGES, OutputSpec, loader_error
+from dali_alchemi.pipeline.source import (
+    BATCH_IDX,
+    BLOB,
+    HEADER,
+    INDICES,
+    N_ATOMS,
+    N_EDGES,
+    OutputSpec,
+    blob_entries,
+    loader_error,
+)
 
 if TYPE_CHECKING:
     from dali_alchemi.pipeline.build import PipelineOutputs
@@ -38,6 +49,11 @@ WATCHDOG_INTERVAL_S = 0.2
 """How often a waiting consumer checks DALI's worker processes."""
 
 _END = object()
+
+_TORCH_DTYPES: dict[Any, torch.dtype] = {
+    np.dtype(t): torch.from_numpy(np.zeros(1, dtype=t)).dtype
+    for t in (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64)
+}
 
 
 def _flat_view(tensor_list: Any, trailing: tuple[int, ...]) -> torch.Tensor:
@@ -85,6 +101,7 @@ class WindowIterator:
     ) -> None:
         self.pipe = pipe
         self.outputs = outputs
+        self.specs = specs  # what the window holds; with the blob layout, what the blob holds
         self.trailing = {spec.name: spec.trailing for spec in specs}
         self.levels: dict[str, Level] = {spec.name: spec.level for spec in specs if spec.is_field}
         self.device = device
@@ -173,8 +190,11 @@ class WindowIterator:
         n_device = len(self.outputs.device_names)
         on_device = dict(zip(self.outputs.device_names, raw[:n_device], strict=True))
         on_host = dict(zip(self.outputs.host_names, raw[n_device:], strict=True)) or on_device
-        flat = {name: _flat_view(on_device[name], self.trailing[name]) for name in on_device}
-        host = {name: _flat_view(on_host[name], ()).numpy() for name in (N_ATOMS, N_EDGES, INDICES)}
+        if BLOB in on_device:
+            flat, host = self._unpack_blob(on_device[BLOB], on_host[HEADER])
+        else:
+            flat = {name: _flat_view(on_device[name], self.trailing[name]) for name in on_device}
+            host = {name: _flat_view(on_host[name], ()).numpy() for name in (N_ATOMS, N_EDGES, INDICES)}
         return collate(
             fields={name: flat[name] for name in self.levels},
             levels=self.levels,
@@ -186,3 +206,20 @@ class WindowIterator:
             sample_indices=host[INDICES],
             batch_idx=flat.get(BATCH_IDX),
         )
+
+    def _unpack_blob(self, blob: Any, header: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Typed zero-copy views of every array in a window blob, and the host copies of the sizes."""
+        sizes = _flat_view(header, ()).numpy()
+        structures, atoms, edges = (int(v) for v in sizes[:3])
+        host = {
+            N_ATOMS: sizes[3 : 3 + structures],
+            N_EDGES: sizes[3 + structures : 3 + 2 * structures],
+            INDICES: sizes[3 + 2 * structures : 3 + 3 * structures],
+        }
+        data = _flat_view(blob, ())
+        entries, _ = blob_entries(self.specs, structures, atoms, edges)
+        flat = {
+            e.name: data[e.offset : e.offset + e.nbytes].view(_TORCH_DTYPES[e.dtype]).view(e.rows, *e.trailing)
+            for e in entries
+        }
+        return flat, host

@@ -44,6 +44,11 @@ N_ATOMS = "__n_atoms"
 N_EDGES = "__n_edges"
 INDICES = "__indices"
 BATCH_IDX = "__batch_idx"
+BLOB = "__blob"
+HEADER = "__header"
+
+BLOB_ALIGN = 8
+"""Byte alignment of every array in a window blob, so each can be viewed with its own dtype."""
 
 _MARKER = re.compile(r"\[dali-alchemi:(?P<type>[A-Za-z_][\w.]*)\] (?P<message>.*?)(?:\n|$)", re.S)
 
@@ -56,6 +61,7 @@ class OutputSpec:
     dtype: np.dtype[Any]
     trailing: tuple[int, ...]
     level: Level
+    placement: str = "device"  # on a GPU: "device" goes .gpu(), "host" stays, "both" does each
 
     @property
     def is_field(self) -> bool:
@@ -81,13 +87,72 @@ def output_specs(
         specs.append(OutputSpec(name=name, dtype=np.dtype(dtype), trailing=tuple(shape[1:]), level=level))
     int64 = np.dtype(np.int64)
     specs += [
-        OutputSpec(N_ATOMS, int64, (), "system"),
-        OutputSpec(N_EDGES, int64, (), "system"),
-        OutputSpec(INDICES, int64, (), "system"),
+        OutputSpec(N_ATOMS, int64, (), "system", "both"),
+        OutputSpec(N_EDGES, int64, (), "system", "both"),
+        OutputSpec(INDICES, int64, (), "system", "host"),
     ]
     if host_collation:
         specs.append(OutputSpec(BATCH_IDX, np.dtype(np.int32), (), "atom"))
     return tuple(specs)
+
+
+BLOB_OUTPUTS = (
+    OutputSpec(BLOB, np.dtype(np.uint8), (), "system", "device"),
+    OutputSpec(HEADER, np.dtype(np.int64), (), "system", "host"),
+)
+"""The pipeline outputs of the ``"blob"`` layout: the window's bytes, and its sizes on the host."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlobEntry:
+    """Where one array sits in a window blob."""
+
+    name: str
+    offset: int
+    rows: int
+    trailing: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * int(np.prod(self.trailing, dtype=np.int64)) * self.dtype.itemsize
+
+
+def blob_entries(specs: tuple[OutputSpec, ...], structures: int, atoms: int, edges: int) -> tuple[list[BlobEntry], int]:
+    """The position of every output in the blob of a window of that size, and the blob's length.
+
+    The source packs and the iterator unpacks with this one function, so they always agree.
+    """
+    rows = {"atom": atoms, "edge": edges, "system": structures}
+    entries, offset = [], 0
+    for spec in specs:
+        entry = BlobEntry(spec.name, offset, rows[spec.level], spec.trailing, spec.dtype)
+        entries.append(entry)
+        offset += -(-entry.nbytes // BLOB_ALIGN) * BLOB_ALIGN
+    return entries, offset
+
+
+def pack_blob(
+    arrays: dict[str, NDArray[Any]],
+    specs: tuple[OutputSpec, ...],
+    n_atoms: NDArray[np.int64],
+    n_edges: NDArray[np.int64],
+    indices: NDArray[np.int64],
+) -> tuple[list[NDArray[Any]], list[NDArray[Any]]]:
+    """One window as a byte blob of every output (device side) and a header of sizes (host side).
+
+    The header is ``[B, V, E, n_atoms (B), n_edges (B), indices (B)]`` int64, so the host knows every
+    size, and the blob's layout, without reading device memory.
+    """
+    structures, atoms, edges = int(n_atoms.size), int(n_atoms.sum()), int(n_edges.sum())
+    entries, total = blob_entries(specs, structures, atoms, edges)
+    blob = np.empty(total, dtype=np.uint8)
+    for entry in entries:
+        blob[entry.offset : entry.offset + entry.nbytes] = (
+            np.ascontiguousarray(arrays[entry.name]).reshape(-1).view(np.uint8)
+        )
+    header = np.concatenate([np.array([structures, atoms, edges], dtype=np.int64), n_atoms, n_edges, indices])
+    return [blob], [header]
 
 
 def source_error(err: BaseException) -> RuntimeError:
@@ -163,6 +228,15 @@ class WindowSource:
         if any(spec.name == BATCH_IDX for spec in self.specs):
             index_fields = {name: packed.fields[name] for name in self.fields if name in ATOM_INDEX_FIELDS}
             extras[BATCH_IDX] = collate_on_host(index_fields, packed.n_atoms, packed.n_edges, bounds)
+        if self.layout == "blob":
+            arrays = {
+                **packed.fields,
+                N_ATOMS: packed.n_atoms,
+                N_EDGES: packed.n_edges,
+                INDICES: packed.logical_indices,
+                **extras,
+            }
+            return pack_blob(arrays, self.specs, packed.n_atoms, packed.n_edges, packed.logical_indices)
         if self.layout == "window":
             bounds = bounds[[0, -1]]
         elif self.layout == "structure":

@@ -78,9 +78,11 @@ def reader(small_store: Path) -> AtomicDataZarrReader:
         yield r
 
 
+@pytest.mark.parametrize("layout", ["window", "blob", "batch", "structure"])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_batches_equal_the_reference_over_epochs(reader: AtomicDataZarrReader, workers: int) -> None:
-    with DALIDataLoader(reader, batch_size=16, prefetch_factor=4, seed=11, num_workers=workers, device="cpu") as loader:
+def test_batches_equal_the_reference_over_epochs(reader: AtomicDataZarrReader, workers: int, layout: str) -> None:
+    options = dict(batch_size=16, prefetch_factor=4, seed=11, num_workers=workers, device="cpu", layout=layout)
+    with DALIDataLoader(reader, **options) as loader:
         assert len(loader) == 19
         for epoch in range(2):
             got = list(loader)
@@ -299,10 +301,11 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.gpu
-def test_cuda_batches_equal_the_cpu_path(reader: AtomicDataZarrReader) -> None:
+@pytest.mark.parametrize(("layout", "workers"), [("window", 2), ("blob", 2), ("window", 0)])
+def test_cuda_batches_equal_the_cpu_path(reader: AtomicDataZarrReader, layout: str, workers: int) -> None:
     with (
-        DALIDataLoader(reader, batch_size=16, seed=2, device="cpu") as cpu,
-        DALIDataLoader(reader, batch_size=16, seed=2, device="cuda") as gpu,
+        DALIDataLoader(reader, batch_size=16, seed=2, device="cpu", layout=layout, num_workers=workers) as cpu,
+        DALIDataLoader(reader, batch_size=16, seed=2, device="cuda", layout=layout, num_workers=workers) as gpu,
     ):
         for a, b in zip(cpu, gpu, strict=True):
             assert b.positions.is_cuda and b.batch_idx.is_cuda and b.neighbor_list.is_cuda

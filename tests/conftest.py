@@ -11,8 +11,8 @@ import torch
 from dali_alchemi.bench.synth import write_synthetic_store
 from dali_alchemi.config import ArrayConfig, WriteConfig
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-NV_FIXTURE_DIR = REPO_ROOT.parent / "shared" / "fixtures" / "nvalchemi-0.2.0"
+NV_FIXTURE_DIR = Path(__file__).parent / "fixtures" / "nvalchemi-0.2.0"
+"""A store written by nvalchemi 0.2.0 and what its reader returned (see its README)."""
 
 # Small chunks so that a few hundred structures span many chunks and shards.
 SMALL_CHUNKS = WriteConfig(core=ArrayConfig(chunk_size=97), custom=ArrayConfig(chunk_size=13))

@@ -188,7 +188,7 @@ _PATTERN = re.compile(
 
 LOADER_HELP = (
     "dali-wN (the DALI loader with N worker processes; dali-w0 reads on a background thread; dali: the "
-    "default), optionally with a DALI sample layout suffix -window, -batch or -structure; torch-wN (plain "
+    "default), optionally with a DALI sample layout suffix -window, -batch, -structure or -blob; torch-wN (plain "
     "DataLoader, per-sample reads), torch-batched-wN (one read_many per batch), nvalchemi (nvalchemi-toolkit's "
     "DataLoader), nvalchemi-reader (its read_many per window), packed (this reader's windowed reads), decode "
     "(sequential decode of the whole store)"

@@ -158,6 +158,8 @@ def test_index_errors_name_index_and_length(reader: AtomicDataZarrReader) -> Non
         reader.read_many([0, -N_SMALL - 1])
     with pytest.raises(TypeError, match="must be integers"):
         reader.read_many([0.5])
+    with pytest.raises(TypeError, match="got dtype bool"):
+        reader.read_packed(np.array([True, False]))
     assert reader.read_many([]) == []
 
 

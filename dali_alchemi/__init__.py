@@ -19,7 +19,7 @@ _EXPORTS = {
     "SamplePlan": "dali_alchemi.planning",
     "AtomicDataZarrWriter": "dali_alchemi.store.writer",
     "Batch": "dali_alchemi.batch",
-    "PackedSamples": "dali_alchemi.packed",
+    "PackedSamples": "dali_alchemi.store.packed",
     "WriteConfig": "dali_alchemi.config",
     "ArrayConfig": "dali_alchemi.config",
     "DaliAlchemiError": "dali_alchemi.errors",
@@ -77,9 +77,9 @@ if TYPE_CHECKING:
         StoreNotFoundError,
         UnknownFieldError,
     )
-    from dali_alchemi.packed import PackedSamples
     from dali_alchemi.pipeline.loader import DALIDataLoader
     from dali_alchemi.planning import SamplePlan
+    from dali_alchemi.store.packed import PackedSamples
     from dali_alchemi.store.reader import AtomicDataZarrReader
     from dali_alchemi.store.writer import AtomicDataZarrWriter
 

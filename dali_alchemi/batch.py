@@ -4,9 +4,10 @@ Collation is the forward direction (:meth:`Batch.from_packed`, :meth:`Batch.from
 separation the inverse (:meth:`Batch.__getitem__`, :meth:`Batch.to_data_list`, :meth:`Batch.to_packed`).
 Atom- and edge-level fields are concatenated; system-level fields are stacked on dim 0 (energy
 ``[B, 1]``, cell ``[B, 3, 3]``, pbc ``[B, 3]``); ``neighbor_list`` is offset by each structure's node
-offset. Building a Batch from packed data has no per-sample Python step, and the per-atom ``batch_idx``
-and the offsets are computed on the Batch's device without a host synchronisation. This module does
-no I/O and knows nothing of DALI.
+offset. Where each batch ends is given (``batch_bounds``, from the plan), never re-derived here.
+Building a Batch from packed data has no per-sample Python step, and the per-atom ``batch_idx`` and the
+offsets are computed on the Batch's device without a host synchronisation. This module does no I/O,
+knows nothing of DALI, and leaves conversions to other frameworks to :mod:`dali_alchemi.interop`.
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from dali_alchemi.errors import SampleDataError
-from dali_alchemi.packed import PackedSamples
+from dali_alchemi import csr
+from dali_alchemi.csr import exclusive_cumsum
+from dali_alchemi.errors import FieldLevelError
 from dali_alchemi.store import layout
-from dali_alchemi.store.gather import exclusive_cumsum
+from dali_alchemi.store.packed import PackedSamples
+from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
-    from dali_alchemi.types import Level
+    from dali_alchemi.types import Level, PtrArray
 
 _KEY_OF_LEVEL: dict[Level, str] = {"atom": "node", "edge": "edge", "system": "system"}
 
@@ -35,13 +38,6 @@ def _exclusive_cumsum_t(counts: torch.Tensor) -> torch.Tensor:
     ptr = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=counts.device)
     torch.cumsum(counts, 0, out=ptr[1:])
     return ptr
-
-
-def batch_cuts(n: int, batch_size: int | None) -> NDArray[np.int64]:
-    """Structure offsets ``[0, b, 2b, ..., n]`` of consecutive batches of ``batch_size`` (last may be short)."""
-    size = n if batch_size is None else batch_size
-    cuts = np.minimum(np.arange(0, n + size, size, dtype=np.int64), n)
-    return cuts[: int(np.searchsorted(cuts, n)) + 1]
 
 
 def _within_batch(n_atoms: NDArray[np.int64], cuts: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
@@ -67,9 +63,7 @@ def collate_on_host(
     """
     graph, node_offset = _within_batch(n_atoms, cuts)
     for values in index_fields.values():
-        if values.size:
-            shift = np.repeat(node_offset, n_edges).astype(values.dtype, copy=False)
-            values += shift.reshape((-1,) + (1,) * (values.ndim - 1))
+        csr.rebase(values, node_offset, n_edges)
     return np.repeat(graph.astype(np.int32), n_atoms)
 
 
@@ -81,27 +75,37 @@ def collate(
     n_edges: torch.Tensor,
     host_n_atoms: NDArray[np.int64],
     host_n_edges: NDArray[np.int64],
-    batch_size: int | None = None,
+    batch_bounds: PtrArray | None = None,
     sample_indices: NDArray[np.int64] | None = None,
     batch_idx: torch.Tensor | None = None,
 ) -> list[Batch]:
-    """Cut a window of structures (flat tensors, in order) into Batches of ``batch_size`` structures.
+    """Cut a window of structures (flat tensors, in order) into Batches at structure offsets ``batch_bounds``.
 
     ``fields`` are flat and on one device, with sample-local index fields (``neighbor_list``);
     ``n_atoms``/``n_edges`` are the per-structure counts on that device and ``host_n_atoms``/
     ``host_n_edges`` the same counts on the host. The per-atom batch index, the pointers and the
     index-field offsets are computed once for the whole window (numpy on the CPU, torch on a GPU, with
-    sizes from the host so nothing synchronises), and every Batch gets views of them. The last batch
-    may be smaller; ``batch_size=None`` makes one batch of everything. When ``batch_idx`` is given it
-    came from :func:`collate_on_host`, and the index fields are already offset.
+    sizes from the host so nothing synchronises), and every Batch gets views of them. ``batch_bounds`` is
+    the ``[b + 1]`` int64 structure offsets of the window's batches, as the plan decided them (``None``
+    makes one batch of everything). When ``batch_idx`` is given it came from :func:`collate_on_host`,
+    and the index fields are already offset.
+
+    Raises
+    ------
+    FieldLevelError
+        If a field has no level.
+    ValueError
+        If the window is empty or ``batch_bounds`` does not rise strictly from 0 to its length.
     """
     missing = set(fields) - set(levels)
     if missing:
-        raise KeyError(f"No level given for fields {sorted(missing)}")
+        raise FieldLevelError(f"No level given for fields {sorted(missing)}")
     n = int(host_n_atoms.size)
     if n == 0:
         raise ValueError("Cannot create batch from empty data list")
-    cuts = batch_cuts(n, batch_size)
+    cuts = np.array([0, n], dtype=np.int64) if batch_bounds is None else np.asarray(batch_bounds, dtype=np.int64)
+    if cuts.size < 2 or cuts[0] != 0 or cuts[-1] != n or bool(np.any(np.diff(cuts) < 1)):
+        raise ValueError(f"batch_bounds must rise strictly from 0 to the window's {n} structures, got {cuts.tolist()}")
     per_batch = np.diff(cuts)
     atoms_ptr, edges_ptr = exclusive_cumsum(host_n_atoms), exclusive_cumsum(host_n_edges)
     total_atoms, total_edges = int(atoms_ptr[-1]), int(edges_ptr[-1])
@@ -128,12 +132,12 @@ def collate(
                 for name, index in index_fields.items():
                     out[name] = index + shift_t.to(index.dtype).view((-1,) + (1,) * (index.dim() - 1))
     batches = []
-    level_cuts = {"atom": atoms_ptr[cuts].tolist(), "edge": edges_ptr[cuts].tolist(), "system": cuts.tolist()}
+    level_cuts = PerLevel(atom=atoms_ptr[cuts].tolist(), edge=edges_ptr[cuts].tolist(), system=cuts.tolist())
     kept_levels = {name: levels[name] for name in out}
     for j in range(per_batch.size):
         g0, g1 = int(cuts[j]), int(cuts[j + 1])
-        a0, a1 = level_cuts["atom"][j], level_cuts["atom"][j + 1]
-        e0 = level_cuts["edge"][j]
+        a0, a1 = level_cuts.atom[j], level_cuts.atom[j + 1]
+        e0 = level_cuts.edge[j]
         batch_fields = {}
         for name, tensor in out.items():
             bounds = level_cuts[kept_levels[name]]
@@ -250,7 +254,7 @@ class Batch:
         """
         if not samples:
             raise ValueError("Cannot create batch from empty data list")
-        batch = cls.from_packed(pack_samples(samples, levels=levels), device=device)
+        batch = cls.from_packed(PackedSamples.from_samples(samples, levels=levels), device=device)
         batch.sample_indices = None if sample_indices is None else np.asarray(sample_indices, dtype=np.int64)
         return batch
 
@@ -260,10 +264,10 @@ class Batch:
         host = self.to("cpu")
         fields: dict[str, NDArray[Any]] = {}
         for name, tensor in host.fields.items():
-            if name in layout.ATOM_INDEX_FIELDS and tensor.numel():
-                offsets = torch.repeat_interleave(host.batch_ptr[:-1], torch.from_numpy(self._n_edges))
-                tensor = tensor - offsets.to(tensor.dtype).view((-1,) + (1,) * (tensor.dim() - 1))
-            fields[name] = tensor.numpy()
+            values = tensor.numpy()
+            if name in layout.ATOM_INDEX_FIELDS:
+                values = csr.rebase(values.copy(), host.batch_ptr[:-1].numpy(), self._n_edges, sign=-1)
+            fields[name] = values
         indices = self.sample_indices if self.sample_indices is not None else np.arange(self.num_graphs, dtype=np.int64)
         return PackedSamples(
             logical_indices=np.asarray(indices, dtype=np.int64),
@@ -282,11 +286,11 @@ class Batch:
         index %= n
         atoms = exclusive_cumsum(self._n_atoms)
         edges = exclusive_cumsum(self._n_edges)
-        bounds = {
-            "atom": (int(atoms[index]), int(atoms[index + 1])),
-            "edge": (int(edges[index]), int(edges[index + 1])),
-            "system": (index, index + 1),
-        }
+        bounds = PerLevel(
+            atom=(int(atoms[index]), int(atoms[index + 1])),
+            edge=(int(edges[index]), int(edges[index + 1])),
+            system=(index, index + 1),
+        )
         sample = {}
         for name, tensor in self.fields.items():
             lo, hi = bounds[self.levels[name]]
@@ -299,25 +303,6 @@ class Batch:
     def to_data_list(self) -> list[dict[str, torch.Tensor]]:
         """Every structure as a dict (see :meth:`get_sample`)."""
         return [self.get_sample(i) for i in range(self.num_graphs)]
-
-    # -- other frameworks ---------------------------------------------------------------------------
-    def to_pyg(self) -> Any:
-        """This batch as a ``torch_geometric.data.Batch`` (``pos``, ``z``, ``edge_index``, ``batch``, ``ptr``, ...)."""
-        from dali_alchemi.interop.frameworks import to_pyg
-
-        return to_pyg(self)
-
-    def to_nvalchemi(self) -> Any:
-        """This batch as an ``nvalchemi.data.Batch`` with the same content (needs nvalchemi-toolkit)."""
-        from dali_alchemi.interop.frameworks import to_nvalchemi
-
-        return to_nvalchemi(self)
-
-    def to_ase(self) -> list[Any]:
-        """Every structure as an ``ase.Atoms`` with its energy, forces and stress (needs ase)."""
-        from dali_alchemi.interop.ase_io import batch_to_atoms
-
-        return batch_to_atoms(self)
 
     # -- access -------------------------------------------------------------------------------------
     def __getitem__(self, key: str | int) -> Any:
@@ -417,72 +402,3 @@ class Batch:
     def __repr__(self) -> str:
         shapes = ", ".join(f"{k}={tuple(v.shape)}" for k, v in self.fields.items())
         return f"Batch(num_graphs={self.num_graphs}, num_nodes={self.num_nodes}, num_edges={self.num_edges}, {shapes})"
-
-
-def _as_numpy(value: ArrayLike) -> NDArray[Any]:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
-    return np.asarray(value)
-
-
-def pack_samples(
-    samples: Sequence[Mapping[str, ArrayLike]], *, levels: Mapping[str, str] | None = None
-) -> PackedSamples:
-    """Concatenate per-sample dicts into a :class:`PackedSamples` (sample-local ``neighbor_list`` kept).
-
-    Every sample must have the same fields. Atom counts come from the atom-level fields, edge counts
-    from the edge-level ones (0 when there are none). System values are ``[1, *t]`` per sample (a 0-d
-    value counts as ``[1]``).
-
-    Raises
-    ------
-    SampleDataError
-        Naming the sample and field when fields differ between samples or row counts disagree.
-    FieldLevelError
-        When a field has no level.
-    """
-    if not samples:
-        raise ValueError("No samples given")
-    names = [k for k in samples[0] if k not in layout.NON_DATA_KEYS]
-    resolved = {name: layout.resolve_level(name, levels) for name in names}
-    arrays: dict[str, list[NDArray[Any]]] = {name: [] for name in names}
-    n_atoms = np.zeros(len(samples), dtype=np.int64)
-    n_edges = np.zeros(len(samples), dtype=np.int64)
-    for i, sample in enumerate(samples):
-        present = [k for k in sample if k not in layout.NON_DATA_KEYS]
-        if set(present) != set(names):
-            raise SampleDataError(
-                f"Sample {i} has fields {sorted(present)}; sample 0 has {sorted(names)} (all samples need the same fields)"
-            )
-        counts: dict[str, tuple[str, int]] = {}
-        for name in names:
-            arr = _as_numpy(sample[name])
-            level = resolved[name]
-            if level == "system":
-                if arr.ndim == 0:
-                    arr = arr.reshape(1)
-                if arr.shape[0] != 1:
-                    raise SampleDataError(
-                        f"Sample {i} field {name!r} (system level) has shape {arr.shape}; expected a leading 1, e.g. (1, ...)"
-                    )
-            else:
-                if arr.ndim == 0:
-                    raise SampleDataError(
-                        f"Sample {i} field {name!r} ({level} level) is 0-dimensional; expected one row per {level}"
-                    )
-                seen = counts.get(level)
-                if seen is not None and seen[1] != arr.shape[0]:
-                    raise SampleDataError(
-                        f"Sample {i}: field {name!r} has {arr.shape[0]} rows but {seen[0]!r} has {seen[1]} ({level} level)"
-                    )
-                counts[level] = (name, int(arr.shape[0]))
-            arrays[name].append(arr)
-        n_atoms[i] = counts.get("atom", ("", 0))[1]
-        n_edges[i] = counts.get("edge", ("", 0))[1]
-    fields: dict[str, NDArray[Any]] = {}
-    for name, parts in arrays.items():
-        trailing = {p.shape[1:] for p in parts}
-        if len(trailing) > 1:
-            raise SampleDataError(f"Field {name!r} has different trailing shapes across samples: {sorted(trailing)}")
-        fields[name] = np.concatenate(parts, axis=0)
-    return PackedSamples.from_fields(fields, resolved, n_atoms, n_edges)

@@ -56,6 +56,22 @@ class ReaderClosedError(DaliAlchemiError, RuntimeError):
     """An operation was attempted on a reader after :meth:`close`."""
 
 
+class LoaderClosedError(DaliAlchemiError, RuntimeError):
+    """A loader was iterated after :meth:`close`; build a new one."""
+
+
+class DeviceError(DaliAlchemiError, RuntimeError):
+    """A CUDA device was asked for (``device="cuda"``, ``pin_memory=True``) and none is visible."""
+
+
+class PlanError(DaliAlchemiError, ValueError):
+    """A plan does not fit its loader or reader (sample count, resume state, batch bounds)."""
+
+
+class UnsupportedCodecError(DaliAlchemiError, NotImplementedError):
+    """An array's codec chain is not one the fast decoder handles; the reader then reads it through zarr."""
+
+
 class LoaderError(DaliAlchemiError, RuntimeError):
     """A failure inside the loader's reading machinery (reader, source callback or worker process).
 

@@ -1,8 +1,9 @@
-"""Type aliases shared across the package; no logic lives here."""
+"""Type aliases shared across the package, and the one small per-level container; no logic lives here."""
 
 from __future__ import annotations
 
-from typing import Literal, TypeAlias
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeAlias, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -20,3 +21,22 @@ PtrArray: TypeAlias = NDArray[np.int64]
 
 CountArray: TypeAlias = NDArray[np.int64]
 """Per-sample row counts (atoms or edges), int64."""
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class PerLevel(Generic[T]):
+    """One value per level (rows, pointers, bounds, ...), indexed by the level's name.
+
+    The small container that replaces ``{"atom": ..., "edge": ..., "system": ...}`` dicts, so a missing
+    or misspelt level is a type error rather than a ``KeyError`` at run time.
+    """
+
+    atom: T
+    edge: T
+    system: T
+
+    def __getitem__(self, level: Level) -> T:
+        return getattr(self, level)  # type: ignore[no-any-return]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dali_alchemi.packed import PackedSamples
+from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.writer import AtomicDataZarrWriter
 
 if TYPE_CHECKING:

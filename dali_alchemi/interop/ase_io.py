@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dali_alchemi.batch import pack_samples
 from dali_alchemi.errors import SampleDataError
 from dali_alchemi.interop.neighbors import radius_graph
+from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.writer import AtomicDataZarrWriter
 
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ def write_atoms(
             extra = set(sample) - set(schema)
             report.dropped.update(extra)
             samples.append({name: sample[name] for name in schema})
-        packed = pack_samples(samples, levels=custom_levels)
+        packed = PackedSamples.from_samples(samples, levels=custom_levels)
         if report.structures == 0:
             writer.write(packed, levels=custom_levels, custom=sorted(custom_levels))
             report.fields = dict(packed.levels)

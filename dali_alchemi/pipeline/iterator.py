@@ -202,7 +202,7 @@ class WindowIterator:
             n_edges=flat[N_EDGES],
             host_n_atoms=host[N_ATOMS],
             host_n_edges=host[N_EDGES],
-            batch_size=self.batch_size,
+            batch_bounds=np.append(np.arange(0, host[N_ATOMS].size, self.batch_size), host[N_ATOMS].size),
             sample_indices=host[INDICES],
             batch_idx=flat.get(BATCH_IDX),
         )

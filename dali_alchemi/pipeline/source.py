@@ -34,8 +34,8 @@ from dali_alchemi.store.layout import ATOM_INDEX_FIELDS
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-    from dali_alchemi.packed import PackedSamples
     from dali_alchemi.planning import SamplePlan
+    from dali_alchemi.store.packed import PackedSamples
     from dali_alchemi.store.reader import AtomicDataZarrReader
     from dali_alchemi.types import IndexArray, Level
 

@@ -18,17 +18,13 @@ import numcodecs
 import numpy as np
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
 
-from dali_alchemi.errors import ChunkDecodeError
+from dali_alchemi.errors import ChunkDecodeError, UnsupportedCodecError
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 MISSING_CHUNK = (1 << 64) - 1
 """Shard index entry (offset and length) of an inner chunk that was never written."""
-
-
-class UnsupportedCodecError(Exception):
-    """The array's codec chain is not one this module decodes; the caller falls back to zarr."""
 
 
 class _CheckedBlosc:

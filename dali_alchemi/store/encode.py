@@ -1,8 +1,8 @@
 """Turning samples into what goes on disk, and checking them on the way.
 
-Samples arrive as per-sample mappings, a Batch or a PackedSamples; they leave as one array per
-field with store-global neighbor lists and nvalchemi's system-field squeeze applied. Pure numpy and
-torch; no zarr.
+Samples arrive as per-sample mappings, a PackedSamples, or anything that packs itself (a Batch);
+they leave as one array per field with store-global neighbor lists and nvalchemi's system-field
+squeeze applied. Pure numpy; no zarr, and nothing from above the store.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dali_alchemi.batch import Batch, pack_samples
+from dali_alchemi import csr
 from dali_alchemi.errors import SampleDataError
-from dali_alchemi.packed import PackedSamples
 from dali_alchemi.store import layout
+from dali_alchemi.store.packed import PackedSamples, SupportsPacked
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-Samples = Sequence[Mapping[str, Any]] | Batch | PackedSamples
+Samples = Sequence[Mapping[str, Any]] | PackedSamples | SupportsPacked
 
 
 def squeeze_system(arr: NDArray[Any]) -> NDArray[Any]:
@@ -34,7 +34,7 @@ def squeeze_system(arr: NDArray[Any]) -> NDArray[Any]:
 def to_packed(samples: Samples, levels: Mapping[str, str] | None) -> PackedSamples:
     if isinstance(samples, PackedSamples):
         return samples
-    if isinstance(samples, Batch):
+    if isinstance(samples, SupportsPacked):
         packed = samples.to_packed()
         if levels:
             for name, level in levels.items():
@@ -45,12 +45,14 @@ def to_packed(samples: Samples, levels: Mapping[str, str] | None) -> PackedSampl
         return packed
     if isinstance(samples, Mapping):
         raise TypeError("samples must be a sequence of {field: array} mappings or a Batch, not a single mapping")
-    return pack_samples(samples, levels=levels)
+    return PackedSamples.from_samples(samples, levels=levels)
 
 
 def field_names(samples: Samples) -> list[str]:
-    if isinstance(samples, (Batch, PackedSamples)):
+    if isinstance(samples, PackedSamples):
         return list(samples.fields)
+    if isinstance(samples, SupportsPacked):
+        return list(samples.to_packed().fields)
     return [k for k in samples[0] if k not in layout.NON_DATA_KEYS] if len(samples) else []
 
 
@@ -62,11 +64,9 @@ def check_neighbor_list(packed: PackedSamples) -> None:
             raise SampleDataError(f"Field {name!r} has dtype {values.dtype}; expected integer atom indices")
         if values.size == 0:
             continue
-        limit = np.repeat(packed.n_atoms, packed.n_edges).reshape((-1,) + (1,) * (values.ndim - 1))
-        bad = (values < 0) | (values >= limit)
-        if bad.any():
-            edge = int(np.argmax(bad.reshape(bad.shape[0], -1).any(axis=1)))
-            sample = int(np.searchsorted(np.cumsum(packed.n_edges), edge, side="right"))
+        bad = csr.first_out_of_range(values, packed.n_atoms, packed.n_edges)
+        if bad is not None:
+            edge, sample = bad
             raise SampleDataError(
                 f"Sample {sample}: {name} holds {values[edge].tolist()} but the sample has "
                 f"{int(packed.n_atoms[sample])} atoms (indices must be sample-local, in [0, n_atoms))"
@@ -75,9 +75,7 @@ def check_neighbor_list(packed: PackedSamples) -> None:
 
 def global_index(packed: PackedSamples, name: str, atom_base: int) -> NDArray[Any]:
     """Sample-local atom indices -> store-global ones (``local + atoms_ptr[i]``)."""
-    values = packed.fields[name]
-    offsets = np.repeat(packed.atoms_ptr[:-1] + atom_base, packed.n_edges).astype(values.dtype)
-    return values + offsets.reshape((-1,) + (1,) * (values.ndim - 1))
+    return csr.rebase(packed.fields[name].copy(), packed.atoms_ptr[:-1] + atom_base, packed.n_edges)
 
 
 def disk_arrays(packed: PackedSamples, atom_base: int) -> dict[str, NDArray[Any]]:

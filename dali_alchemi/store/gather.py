@@ -13,26 +13,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dali_alchemi.csr import concat_aranges
+
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from dali_alchemi.types import CountArray, IndexArray, PtrArray
-
-
-def concat_aranges(starts: NDArray[np.int64], counts: NDArray[np.int64]) -> NDArray[np.int64]:
-    """``concatenate([arange(s, s + c) for s, c in zip(starts, counts)])`` without a Python loop."""
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    offsets = np.cumsum(counts) - counts
-    return np.repeat(starts - offsets, counts) + np.arange(total, dtype=np.int64)
-
-
-def exclusive_cumsum(counts: NDArray[np.int64]) -> PtrArray:
-    """CSR pointer ``[0, c0, c0 + c1, ...]`` of length ``len(counts) + 1``."""
-    ptr = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=ptr[1:])
-    return ptr
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,23 +30,27 @@ import zarr
 from zarr.errors import BaseZarrError, ZarrUserWarning
 from zarr.storage import LocalStore, MemoryStore
 
+from dali_alchemi import csr
 from dali_alchemi.config import FetchConfig
+from dali_alchemi.csr import concat_aranges
 from dali_alchemi.errors import (
+    DeviceError,
     ReaderClosedError,
     ReadTooLargeError,
     SampleIndexError,
     StoreFormatError,
     StoreNotFoundError,
     UnknownFieldError,
+    UnsupportedCodecError,
 )
-from dali_alchemi.packed import PackedSamples
 from dali_alchemi.store import layout
 from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES, BlockCache, CacheStats
-from dali_alchemi.store.codecs import MISSING_CHUNK, ArrayCodec, UnsupportedCodecError
+from dali_alchemi.store.codecs import MISSING_CHUNK, ArrayCodec
 from dali_alchemi.store.fetch import ByteFetcher, ByteRequest, LocalFetcher, StoreFetcher
-from dali_alchemi.store.gather import LevelPlan, concat_aranges, plan_rows, plan_system_rows
+from dali_alchemi.store.gather import LevelPlan, plan_rows, plan_system_rows
 from dali_alchemi.store.journal import read_journal, sibling
 from dali_alchemi.store.location import StoreLike, StoreLocation, resolve_store
+from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.validate import (
     MetaInfo,
     check_chunk_size,
@@ -151,7 +155,7 @@ class AtomicDataZarrReader:
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if pin_memory and not torch.cuda.is_available():
-            raise RuntimeError("pin_memory=True needs a CUDA build of torch and a visible GPU")
+            raise DeviceError("pin_memory=True needs a CUDA build of torch and a visible GPU")
         self._store_arg = store
         self._options: dict[str, Any] = {
             "pin_memory": pin_memory,
@@ -430,8 +434,7 @@ class AtomicDataZarrReader:
         self._gather(names, plans, outputs, request_rows)
         for name in names:
             if name in layout.ATOM_INDEX_FIELDS and outputs[name].size:
-                offsets = np.repeat(self._atoms_ptr[physical], n_edges).astype(outputs[name].dtype, copy=False)
-                outputs[name] -= offsets.reshape((-1,) + (1,) * (outputs[name].ndim - 1))
+                csr.rebase(outputs[name], self._atoms_ptr[physical], n_edges, sign=-1)
                 self._check_local_indices(name, outputs[name], logical, physical, n_atoms, n_edges)
         self._packed_reads += 1
         self._samples_read += int(logical.size)
@@ -469,12 +472,10 @@ class AtomicDataZarrReader:
         n_atoms: CountArray, n_edges: CountArray,
     ) -> None:  # fmt: skip
         """Every re-based index must point inside its own sample; a store that says otherwise is corrupt."""
-        limit = np.repeat(n_atoms, n_edges).reshape((-1,) + (1,) * (values.ndim - 1))
-        bad = (values < 0) | (values >= limit)
-        if not bad.any():
+        bad = csr.first_out_of_range(values, n_atoms, n_edges)
+        if bad is None:
             return
-        edge = int(np.argmax(bad.reshape(bad.shape[0], -1).any(axis=1)))
-        sample = int(np.searchsorted(np.cumsum(n_edges), edge, side="right"))
+        edge, sample = bad
         raise StoreFormatError(
             f"Store {self.source}: {name} of sample {int(logical[sample])} (physical {int(physical[sample])}) holds "
             f"{(values[edge] + self._atoms_ptr[physical[sample]]).tolist()}, outside its atom rows "

@@ -28,16 +28,15 @@ import torch
 import zarr
 from zarr.storage import StorePath
 
-from dali_alchemi.batch import Batch
 from dali_alchemi.config import WriteConfig
+from dali_alchemi.csr import concat_aranges, exclusive_cumsum
 from dali_alchemi.errors import SampleDataError, SampleIndexError, StoreFormatError, StoreNotFoundError
-from dali_alchemi.packed import PackedSamples
 from dali_alchemi.store import layout
 from dali_alchemi.store.arrays import create_array, extend_array, truncate_array, write_array
 from dali_alchemi.store.encode import Samples, check_neighbor_list, disk_arrays, field_names, to_packed
-from dali_alchemi.store.gather import concat_aranges, exclusive_cumsum
 from dali_alchemi.store.journal import clear_journal, read_journal, sibling, write_journal
 from dali_alchemi.store.location import StoreLike, StoreLocation, resolve_store
+from dali_alchemi.store.packed import PackedSamples, SupportsPacked
 from dali_alchemi.store.validate import MetaInfo, check_meta, open_root
 
 if TYPE_CHECKING:
@@ -205,7 +204,7 @@ class AtomicDataZarrWriter:
         SampleDataError
             If fields are missing or extra, or shapes or dtypes do not fit the stored arrays.
         """
-        if not isinstance(samples, (Batch, PackedSamples)) and len(samples) == 0:
+        if not isinstance(samples, (PackedSamples, SupportsPacked)) and len(samples) == 0:
             return
         root, meta = self._open()
         store_levels = meta.schema.field_levels

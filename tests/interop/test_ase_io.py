@@ -14,6 +14,7 @@ from ase.io import read, write  # noqa: E402
 
 from dali_alchemi import AtomicDataZarrReader, DALIDataLoader, SampleDataError  # noqa: E402
 from dali_alchemi.cli import main  # noqa: E402
+from dali_alchemi.interop import to_ase  # noqa: E402
 from dali_alchemi.interop.ase_io import convert, write_atoms  # noqa: E402
 
 
@@ -49,7 +50,7 @@ def test_extxyz_through_convert_loader_and_back_to_atoms(extxyz: Path, tmp_path:
     with DALIDataLoader(store, batch_size=4, shuffle=True, seed=1, num_workers=0, device="cpu") as loader:
         seen = 0
         for batch in loader:
-            for index, atoms in zip(batch.sample_indices.tolist(), batch.to_ase(), strict=True):
+            for index, atoms in zip(batch.sample_indices.tolist(), to_ase(batch), strict=True):
                 want = original[index]
                 assert np.array_equal(atoms.numbers, want.numbers)
                 assert np.allclose(atoms.positions, want.positions)

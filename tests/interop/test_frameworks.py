@@ -1,4 +1,4 @@
-"""Batch.to_pyg() and Batch.to_nvalchemi(), where those packages are importable."""
+"""to_pyg(batch) and to_nvalchemi(batch), where those packages are importable."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dali_alchemi import AtomicDataZarrReader, Batch
+from dali_alchemi.interop import to_nvalchemi, to_pyg
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +19,7 @@ def batch(small_store: Path) -> Batch:
 
 def test_to_pyg(batch: Batch) -> None:
     pytest.importorskip("torch_geometric", reason="PyTorch Geometric is not installed")
-    pyg = batch.to_pyg()
+    pyg = to_pyg(batch)
     assert pyg.num_graphs == 4
     assert torch.equal(pyg.pos, batch.positions) and torch.equal(pyg.z, batch.atomic_numbers)
     assert torch.equal(pyg.edge_index, batch.neighbor_list.t().long()) and pyg.edge_index.shape[0] == 2
@@ -33,7 +34,7 @@ def test_to_pyg(batch: Batch) -> None:
 
 def test_to_nvalchemi(batch: Batch) -> None:
     pytest.importorskip("nvalchemi.data", reason="nvalchemi-toolkit is not installed")
-    theirs = batch.to_nvalchemi()
+    theirs = to_nvalchemi(batch)
     assert theirs.num_graphs == 4 and theirs.num_nodes == batch.num_nodes and theirs.num_edges == batch.num_edges
     assert theirs.keys == batch.keys
     for name in batch.fields:

@@ -4,15 +4,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dali_alchemi.store.gather import concat_aranges, exclusive_cumsum, plan_rows
-
-
-@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 6)), max_size=30))
-def test_concat_aranges_matches_the_loop(pairs: list[tuple[int, int]]) -> None:
-    starts = np.array([s for s, _ in pairs], dtype=np.int64)
-    counts = np.array([c for _, c in pairs], dtype=np.int64)
-    expected = np.concatenate([np.arange(s, s + c) for s, c in pairs]) if pairs else np.zeros(0)
-    assert concat_aranges(starts, counts).tolist() == expected.tolist()
+from dali_alchemi.csr import exclusive_cumsum
+from dali_alchemi.store.gather import plan_rows
 
 
 @given(st.lists(st.integers(0, 5), min_size=1, max_size=20), st.data())

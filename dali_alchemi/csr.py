@@ -1,0 +1,74 @@
+"""CSR arithmetic on pointer and count arrays, shared by the store, the Batch and the pipeline.
+
+A window of samples is described by per-sample counts (``n_atoms``, ``n_edges``) or their CSR pointers
+(``atoms_ptr = [0, c0, c0 + c1, ...]``). Everything here is pure numpy over those arrays, with no Python
+loop per sample: building pointers, expanding row ranges, re-basing atom-index fields (``neighbor_list``)
+by a per-sample offset, and finding the first index that falls outside its own sample. Every module that
+does one of these things calls the function here, so the rule is written once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from dali_alchemi.types import CountArray, PtrArray
+
+
+def exclusive_cumsum(counts: NDArray[np.int64]) -> PtrArray:
+    """CSR pointer ``[0, c0, c0 + c1, ...]`` (int64, length ``len(counts) + 1``)."""
+    ptr = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    return ptr
+
+
+def concat_aranges(starts: NDArray[np.int64], counts: NDArray[np.int64]) -> NDArray[np.int64]:
+    """``concatenate([arange(s, s + c) for s, c in zip(starts, counts)])`` without a Python loop."""
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.cumsum(counts) - counts
+    return np.repeat(starts - offsets, counts) + np.arange(total, dtype=np.int64)
+
+
+def per_row(values: NDArray[Any], per_sample: NDArray[Any], counts: CountArray) -> NDArray[Any]:
+    """``per_sample`` repeated ``counts`` times, in ``values``' dtype and shaped to broadcast against it."""
+    expanded = np.repeat(per_sample, counts).astype(values.dtype, copy=False)
+    return expanded.reshape((-1,) + (1,) * (values.ndim - 1))
+
+
+def rebase(values: NDArray[Any], offsets: NDArray[Any], n_edges: CountArray, *, sign: int = 1) -> NDArray[Any]:
+    """Add ``sign * offsets[i]`` to every row of sample ``i`` of an edge-level atom-index field, *in place*.
+
+    ``values`` is ``[ΣE, *t]`` with the rows of each sample consecutive (``n_edges`` rows each). This one
+    rule turns store-global indices into sample-local ones (``sign=-1``, offsets ``atoms_ptr[i]``),
+    sample-local ones into batch-local ones (offsets: each sample's first atom in its batch) and back.
+    Returns ``values``.
+    """
+    if values.size:
+        shift = per_row(values, offsets, n_edges)
+        if sign < 0:
+            values -= shift
+        else:
+            values += shift
+    return values
+
+
+def first_out_of_range(values: NDArray[Any], n_atoms: CountArray, n_edges: CountArray) -> tuple[int, int] | None:
+    """The first edge row whose sample-local atom index is outside ``[0, n_atoms)`` of its sample.
+
+    Returns ``(edge_row, sample)`` positions in the window, or ``None`` when every index is in range.
+    """
+    if values.size == 0:
+        return None
+    limit = per_row(values, n_atoms, n_edges)
+    bad = (values < 0) | (values >= limit)
+    if not bad.any():
+        return None
+    edge = int(np.argmax(bad.reshape(bad.shape[0], -1).any(axis=1)))
+    sample = int(np.searchsorted(np.cumsum(n_edges), edge, side="right"))
+    return edge, sample

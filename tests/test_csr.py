@@ -1,0 +1,50 @@
+"""The CSR helpers against the per-sample loops they replace."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dali_alchemi.csr import concat_aranges, exclusive_cumsum, first_out_of_range, rebase
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 6)), max_size=30))
+def test_concat_aranges_matches_the_loop(pairs: list[tuple[int, int]]) -> None:
+    starts = np.array([s for s, _ in pairs], dtype=np.int64)
+    counts = np.array([c for _, c in pairs], dtype=np.int64)
+    expected = np.concatenate([np.arange(s, s + c) for s, c in pairs]) if pairs else np.zeros(0)
+    assert concat_aranges(starts, counts).tolist() == expected.tolist()
+
+
+def test_exclusive_cumsum_is_a_pointer() -> None:
+    ptr = exclusive_cumsum(np.array([3, 0, 2], dtype=np.int64))
+    assert ptr.dtype == np.int64 and ptr.tolist() == [0, 3, 3, 5]
+    assert exclusive_cumsum(np.zeros(0, dtype=np.int64)).tolist() == [0]
+
+
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=12), st.integers(-1, 1).filter(bool))
+def test_rebase_shifts_each_sample_by_its_offset_in_place(n_edges: list[int], sign: int) -> None:
+    counts = np.array(n_edges, dtype=np.int64)
+    values = np.arange(2 * counts.sum(), dtype=np.int32).reshape(-1, 2)
+    offsets = np.arange(counts.size, dtype=np.int64) * 100
+    expected = values.copy()
+    row = 0
+    for i, c in enumerate(n_edges):
+        expected[row : row + c] += sign * offsets[i]
+        row += c
+    out = rebase(values, offsets, counts, sign=sign)
+    assert out is values and out.dtype == np.int32
+    assert values.tolist() == expected.tolist()
+
+
+def test_first_out_of_range_names_the_edge_and_its_sample() -> None:
+    n_atoms = np.array([3, 2, 4], dtype=np.int64)
+    n_edges = np.array([2, 0, 3], dtype=np.int64)
+    values = np.array([[0, 2], [1, 0], [3, 0], [0, 4], [1, 1]])
+    assert first_out_of_range(values, n_atoms, n_edges) == (3, 2)
+    values[3, 1] = 3
+    assert first_out_of_range(values, n_atoms, n_edges) is None
+    values[0, 0] = -1
+    assert first_out_of_range(values, n_atoms, n_edges) == (0, 0)
+    assert first_out_of_range(np.zeros((0, 2), dtype=np.int64), n_atoms, np.zeros(3, dtype=np.int64)) is None

@@ -82,9 +82,10 @@ def output_specs(
     worker processes instead of the training process.
     """
     specs = []
+    field_specs = reader.field_specs
     for name in fields:
-        level, shape, dtype = reader.field_info(name)
-        specs.append(OutputSpec(name=name, dtype=np.dtype(dtype), trailing=tuple(shape[1:]), level=level))
+        spec = field_specs[name]
+        specs.append(OutputSpec(name=name, dtype=spec.dtype, trailing=spec.trailing, level=spec.level))
     int64 = np.dtype(np.int64)
     specs += [
         OutputSpec(N_ATOMS, int64, (), "system", "both"),

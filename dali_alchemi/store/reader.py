@@ -51,6 +51,7 @@ from dali_alchemi.store.gather import LevelPlan, plan_rows, plan_system_rows
 from dali_alchemi.store.journal import read_journal, sibling
 from dali_alchemi.store.location import StoreLike, StoreLocation, resolve_store
 from dali_alchemi.store.packed import PackedSamples
+from dali_alchemi.store.protocol import FieldSpec
 from dali_alchemi.store.validate import (
     MetaInfo,
     check_chunk_size,
@@ -346,10 +347,13 @@ class AtomicDataZarrReader:
         view.flags.writeable = False
         return view
 
-    def field_info(self, name: str) -> tuple[Level, tuple[int, ...], np.dtype[Any]]:
-        """Level, stored shape and dtype of field ``name``."""
-        handle = self._handles[name]
-        return handle.level, handle.shape, handle.dtype
+    @property
+    def field_specs(self) -> dict[str, FieldSpec]:
+        """Level, dtype and trailing shape of every field the reader returns, in its order."""
+        return {
+            name: FieldSpec(level=h.level, dtype=h.dtype, trailing=h.shape[1:])
+            for name, h in ((name, self._handles[name]) for name in self._fields)
+        }
 
     def normalize_indices(self, indices: int | Sequence[int] | NDArray[Any]) -> IndexArray:
         """Logical indices as a non-negative int64 array; negatives count from the end.

@@ -1,0 +1,74 @@
+"""The reader seam: what a loader needs from a reader, and nothing more.
+
+:class:`PackedReader` is a ``typing.Protocol``. This project's
+:class:`~dali_alchemi.store.reader.AtomicDataZarrReader` implements it, and so can an adapter over any
+other source of structures (another project's reader, several stores at once). The loaders
+(:class:`~dali_alchemi.pipeline.loader.DALIDataLoader`, :func:`~dali_alchemi.baseline.plain_dataloader`)
+and the planners only ever call what is listed here. Contract tests that any implementation can
+subclass live in :mod:`dali_alchemi.testing.reader`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from dali_alchemi.store.packed import PackedSamples
+    from dali_alchemi.types import CountArray, Level
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """What one field holds: its level, dtype and the shape of one row (``trailing``, without dim 0)."""
+
+    level: Level
+    dtype: np.dtype[Any]
+    trailing: tuple[int, ...]
+
+    @property
+    def row_nbytes(self) -> int:
+        """Bytes of one row (one atom, edge or structure) of this field."""
+        return int(np.prod(self.trailing, dtype=np.int64)) * self.dtype.itemsize
+
+
+@runtime_checkable
+class PackedReader(Protocol):
+    """A source of structures that a loader can plan over and read a window from.
+
+    Implementations must also pickle as a recipe (paths and options, not open handles): the DALI
+    loader sends the reader to its worker processes, where it is reopened.
+
+    Methods
+    -------
+    __len__
+        Number of structures; indices run over ``0 .. len - 1``.
+    field_specs
+        Every field the reader returns, in its order, with level, dtype and trailing shape.
+    sample_sizes
+        Atom and edge counts of structures, without reading any data (planners call it on a whole
+        epoch).
+    read_packed
+        One window as :class:`~dali_alchemi.store.packed.PackedSamples`, in request order
+        (duplicates allowed), optionally narrowed to ``fields``.
+    close
+        Release handles, threads and caches; idempotent.
+    """
+
+    def __len__(self) -> int: ...
+
+    @property
+    def field_specs(self) -> Mapping[str, FieldSpec]: ...
+
+    def sample_sizes(self, indices: Sequence[int] | NDArray[Any]) -> tuple[CountArray, CountArray]: ...
+
+    def read_packed(
+        self, indices: Sequence[int] | NDArray[Any], *, fields: Sequence[str] | None = None
+    ) -> PackedSamples: ...
+
+    def close(self) -> None: ...

@@ -1,8 +1,13 @@
 """dali_alchemi: feed atomistic training data from nvalchemi Zarr stores to PyTorch through NVIDIA DALI.
 
-Data flows one way: ``store`` (layout, writer, reader) -> ``planning`` (sampling, sharding, windows)
--> ``pipeline`` (DALI source, pipeline, iterator) -> :class:`Batch`. Importing this package is cheap:
-torch, zarr and DALI are imported only when the names that need them are first used.
+Data flows one way: ``store`` (layout, writer, reader) -> ``plan`` (order, batches, shards) ->
+``pipeline`` (DALI source, pipeline, iterator) -> :class:`Batch`. ``baseline`` (the plain torch
+DataLoader) and ``bench`` sit beside, on the same reader, plan and Batch. Importing this package is
+cheap: torch, zarr and DALI are imported only when a name that needs them is first used.
+
+The public names are the keys of ``_EXPORTS`` (with the module each lives in); ``__all__`` is built
+from it, and the block under ``TYPE_CHECKING`` only repeats it for type checkers (a test keeps the two
+equal).
 """
 
 from __future__ import annotations
@@ -13,15 +18,24 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    # reading and writing stores
     "AtomicDataZarrReader": "dali_alchemi.store.reader",
-    "DALIDataLoader": "dali_alchemi.pipeline.loader",
-    "LoaderConfig": "dali_alchemi.config",
-    "SamplePlan": "dali_alchemi.planning",
     "AtomicDataZarrWriter": "dali_alchemi.store.writer",
-    "Batch": "dali_alchemi.batch",
     "PackedSamples": "dali_alchemi.store.packed",
+    "PackedReader": "dali_alchemi.store.protocol",
+    "FieldSpec": "dali_alchemi.store.protocol",
     "WriteConfig": "dali_alchemi.config",
     "ArrayConfig": "dali_alchemi.config",
+    "FetchConfig": "dali_alchemi.config",
+    # planning epochs
+    "Plan": "dali_alchemi.plan",
+    "EpochPlan": "dali_alchemi.plan",
+    "FixedBatchPlan": "dali_alchemi.plan",
+    # loading
+    "DALIDataLoader": "dali_alchemi.pipeline.loader",
+    "plain_dataloader": "dali_alchemi.baseline",
+    "Batch": "dali_alchemi.batch",
+    # errors
     "DaliAlchemiError": "dali_alchemi.errors",
     "StoreFormatError": "dali_alchemi.errors",
     "StoreNotFoundError": "dali_alchemi.errors",
@@ -29,45 +43,30 @@ _EXPORTS = {
     "FieldLevelError": "dali_alchemi.errors",
     "SampleDataError": "dali_alchemi.errors",
     "SampleIndexError": "dali_alchemi.errors",
-    "ReaderClosedError": "dali_alchemi.errors",
-    "LoaderError": "dali_alchemi.errors",
     "UnknownFieldError": "dali_alchemi.errors",
-    "RemoteReadError": "dali_alchemi.errors",
     "ReadTooLargeError": "dali_alchemi.errors",
+    "RemoteReadError": "dali_alchemi.errors",
+    "ReaderClosedError": "dali_alchemi.errors",
+    "LoaderClosedError": "dali_alchemi.errors",
+    "LoaderError": "dali_alchemi.errors",
+    "DeviceError": "dali_alchemi.errors",
+    "PlanError": "dali_alchemi.errors",
 }
 
-__all__ = [
-    "ArrayConfig",
-    "AtomicDataZarrReader",
-    "AtomicDataZarrWriter",
-    "Batch",
-    "ChunkDecodeError",
-    "DALIDataLoader",
-    "DaliAlchemiError",
-    "FieldLevelError",
-    "LoaderConfig",
-    "LoaderError",
-    "PackedSamples",
-    "ReadTooLargeError",
-    "ReaderClosedError",
-    "RemoteReadError",
-    "SampleDataError",
-    "SampleIndexError",
-    "SamplePlan",
-    "StoreFormatError",
-    "StoreNotFoundError",
-    "UnknownFieldError",
-    "WriteConfig",
-]
+__all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
+    from dali_alchemi.baseline import plain_dataloader
     from dali_alchemi.batch import Batch
-    from dali_alchemi.config import ArrayConfig, LoaderConfig, WriteConfig
+    from dali_alchemi.config import ArrayConfig, FetchConfig, WriteConfig
     from dali_alchemi.errors import (
         ChunkDecodeError,
         DaliAlchemiError,
+        DeviceError,
         FieldLevelError,
+        LoaderClosedError,
         LoaderError,
+        PlanError,
         ReaderClosedError,
         ReadTooLargeError,
         RemoteReadError,
@@ -78,8 +77,9 @@ if TYPE_CHECKING:
         UnknownFieldError,
     )
     from dali_alchemi.pipeline.loader import DALIDataLoader
-    from dali_alchemi.planning import SamplePlan
+    from dali_alchemi.plan import EpochPlan, FixedBatchPlan, Plan
     from dali_alchemi.store.packed import PackedSamples
+    from dali_alchemi.store.protocol import FieldSpec, PackedReader
     from dali_alchemi.store.reader import AtomicDataZarrReader
     from dali_alchemi.store.writer import AtomicDataZarrWriter
 

@@ -15,6 +15,7 @@ Randomness comes from one ``torch.Generator`` per batch, seeded by ``(seed, epoc
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -135,3 +136,30 @@ def apply_augmentations(
         for augmentation in augmentations:
             augmentation(batch, generator)
     return batch
+
+
+def check_augmentations(augmentations: Sequence[Augmentation]) -> tuple[Augmentation, ...]:
+    """``augmentations`` as a tuple, each checked to take ``(batch, generator)``, at construction.
+
+    Raises
+    ------
+    TypeError
+        Naming the first entry that is not callable with two positional arguments (a one-argument
+        ``lambda b: b`` would otherwise fail only at the first batch).
+    """
+    if callable(augmentations) or isinstance(augmentations, (str, bytes)):
+        raise TypeError(f"augmentations must be a sequence of augmentations, got {augmentations!r}")
+    checked = tuple(augmentations)
+    for k, augmentation in enumerate(checked):
+        if not callable(augmentation):
+            raise TypeError(f"augmentations[{k}] is not callable: {augmentation!r}")
+        try:
+            inspect.signature(augmentation).bind(None, None)
+        except TypeError:
+            raise TypeError(
+                f"augmentations[{k}] ({augmentation!r}) must accept (batch, generator), "
+                "like dali_alchemi.augment.RandomRotation"
+            ) from None
+        except ValueError:  # no signature to inspect (some builtins): trust it
+            continue
+    return checked

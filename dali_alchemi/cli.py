@@ -110,7 +110,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     config = BenchConfig(
         loaders=tuple(loaders), orders=tuple(o.strip() for o in args.order.split(",")), batch_size=args.batch_size,
         epochs=args.epochs, rounds=args.rounds, step_ms=args.step_ms, device=str(device),
-        prefetch_factor=args.prefetch_factor, torch_workers=args.torch_workers,
+        batches_per_window=args.batches_per_window, torch_workers=args.torch_workers,
         cache_bytes=None if args.cache_mb is None else int(args.cache_mb * 2**20),
     )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="dali-alchemi-bench-") as scratch:
@@ -302,7 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--loaders", default=",".join(DEFAULT_LOADERS), help=f"comma-separated: {LOADER_HELP}")
     bench.add_argument("--order", default="shuffle", help="comma-separated: shuffle, sequential")
     bench.add_argument("--batch-size", type=int, default=64)
-    bench.add_argument("--prefetch-factor", type=int, default=16, help="batches per packed read window")
+    bench.add_argument(
+        "--batches-per-window", type=int, default=16, help="batches per packed read (nvalchemi: prefetch_factor)"
+    )
     bench.add_argument("--epochs", type=int, default=2, help="epochs per measurement (default 2)")
     bench.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the report gives medians")
     bench.add_argument("--step-ms", type=float, default=0.0, help="simulated training step after each batch")

@@ -19,9 +19,6 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 """Target uncompressed bytes per chunk when ``chunk_size`` is not set (4 MiB: fastest shuffled reads
 measured, see the README's store tuning)."""
 
-DEFAULT_SHARD_CHUNKS = 0
-"""Chunks per shard when ``shard_size`` is not set; 0 writes unsharded arrays."""
-
 DEFAULT_COMPRESSORS: tuple[BytesBytesCodec, ...] = (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),)
 """Codec chain after the ``bytes`` serializer when none is configured: blosc-lz4 with byte shuffle,
 which decoded fastest of the codecs measured (README, store tuning)."""
@@ -151,29 +148,24 @@ class WriteConfig:
 
 
 START_METHODS = ("auto", "fork", "spawn")
-LAYOUTS = ("blob", "window", "batch", "structure")
-"""How a window goes through DALI: one byte buffer for the whole window, or one sample per field per
-window, per training batch, or per structure."""
+LAYOUTS = ("window", "blob")
+"""How a window goes through DALI: one sample per output (``"window"``), or every output in one byte
+buffer (``"blob"``: one host-to-device copy per window)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoaderConfig:
-    """Settings of :class:`~dali_alchemi.pipeline.loader.DALIDataLoader` (see its docstring).
+    """How :class:`~dali_alchemi.pipeline.loader.DALIDataLoader` reads and moves data (see its docstring).
 
-    ``prefetch_factor`` has nvalchemi's meaning: the number of batches read together in one call to the
-    reader (one *window*), not torch's batches-in-flight per worker.
+    Which structures form a batch is the plan's business, not this config's. ``batches_per_window`` is
+    how many of the plan's batches are read together with one call to the reader (nvalchemi calls this
+    ``prefetch_factor``; the name is not reused because torch's ``prefetch_factor`` means something else).
     """
 
-    batch_size: int = 64
-    shuffle: bool = True
-    seed: int = 0
-    drop_last: bool = False
-    prefetch_factor: int = 16
+    batches_per_window: int = 16
     num_workers: int = 2
     device: str = "auto"
     fields: tuple[str, ...] | None = None
-    shard_id: int | None = None
-    num_shards: int | None = None
     read_ahead: int = 2
     start_method: str = "auto"
     queue_depth: int = 2
@@ -181,7 +173,7 @@ class LoaderConfig:
     layout: str = "window"
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "prefetch_factor", "read_ahead", "queue_depth"):
+        for name in ("batches_per_window", "read_ahead", "queue_depth"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -191,8 +183,8 @@ class LoaderConfig:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.start_method not in START_METHODS:
             raise ValueError(f"start_method must be one of {START_METHODS}, got {self.start_method!r}")
-        if (self.shard_id is None) != (self.num_shards is None):
-            raise ValueError("shard_id and num_shards must be given together (or both left to torch.distributed)")
+        if self.cache_bytes is not None and (not isinstance(self.cache_bytes, int) or self.cache_bytes < 0):
+            raise ValueError(f"cache_bytes must be a non-negative integer or None, got {self.cache_bytes!r}")
         if self.fields is not None:
             object.__setattr__(self, "fields", tuple(self.fields))
 

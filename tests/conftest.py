@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from dali_alchemi import AtomicDataZarrReader
 from dali_alchemi.bench.synth import write_synthetic_store
 from dali_alchemi.config import ArrayConfig, WriteConfig
 
@@ -51,6 +53,13 @@ def sharded_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         core=ArrayConfig(chunk_size=64, shard_size=256), meta=ArrayConfig(chunk_size=128, shard_size=256)
     )
     return write_synthetic_store(path, 300, seed=7, min_atoms=10, max_atoms=40, config=config)
+
+
+@pytest.fixture(scope="session")
+def reader(small_store: Path) -> Iterator[AtomicDataZarrReader]:
+    """An open reader over ``small_store``, shared by the session; tests must not close it."""
+    with AtomicDataZarrReader(small_store) as r:
+        yield r
 
 
 @pytest.fixture()

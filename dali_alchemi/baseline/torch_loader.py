@@ -1,152 +1,170 @@
-"""``torch.utils.data.DataLoader`` over the reader: per-sample reads, or one ``read_many`` per batch.
+"""``torch.utils.data.DataLoader`` over a reader: per-sample reads, or one packed read per batch.
 
-Both variants use the same :class:`~dali_alchemi.planning.SamplePlan` as the DALI loader (so, for a
-seed, epoch and shard, they produce the same batches) and collate with :meth:`Batch.from_samples`, the
-reference collation. ``num_workers`` and ``pin_memory`` mean what they mean in torch.
+The comparison the project measures itself against, built from the same parts as the DALI loader:
+the same :class:`~dali_alchemi.plan.Plan` (so, for a seed, epoch and shard, both yield the same
+batches), the same :class:`~dali_alchemi.store.protocol.PackedReader` seam and the same
+:class:`~dali_alchemi.batch.Batch`. The plan's batches go to torch as a ``batch_sampler``; the dataset
+reads them sample by sample (the common setup) or, with ``batched=True``, through torch's
+``__getitems__`` hook with one packed read per batch. ``num_workers``, ``pin_memory`` and
+``prefetch_factor`` mean what they mean in torch. This module does not import DALI.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dali_alchemi.batch import Batch
-from dali_alchemi.planning import SamplePlan
-from dali_alchemi.store.reader import AtomicDataZarrReader
+from dali_alchemi.plan import DEFAULT_BATCH_SIZE, plan_from_arguments
+from dali_alchemi.store.packed import PackedSamples
+from dali_alchemi.store.protocol import open_reader, select_fields
 
 if TYPE_CHECKING:
+    from dali_alchemi.plan import EpochPlan, Plan
     from dali_alchemi.store.location import StoreLike
+    from dali_alchemi.store.protocol import PackedReader
     from dali_alchemi.types import Level
 
 
-Item = tuple[dict[str, torch.Tensor], int]  # a sample and its store index
+Item = tuple[dict[str, torch.Tensor], int]  # a sample and its reader index
 
 
 class SampleDataset(Dataset[Item]):
-    """Map-style dataset: ``dataset[i]`` is ``(sample dict, i)`` read with ``reader.read(i)``."""
+    """Map-style dataset: ``dataset[i]`` is ``(sample dict, i)``, one read of one structure.
 
-    def __init__(self, reader: AtomicDataZarrReader) -> None:
+    With ``batched=True``, ``__getitems__`` reads a whole batch with one packed read instead (torch's
+    DataLoader calls it with a batch's indices when it exists).
+    """
+
+    def __init__(self, reader: PackedReader, fields: tuple[str, ...], *, batched: bool = False) -> None:
         self.reader = reader
+        self.fields = fields
+        self.batched = batched
 
     def __len__(self) -> int:
         return len(self.reader)
 
     def __getitem__(self, index: int) -> Item:
-        sample, meta = self.reader.read(index)
-        return sample, meta["index"]
+        packed = self.reader.read_packed([index], fields=self.fields)
+        sample: dict[str, torch.Tensor] = {
+            name: torch.from_numpy(value) for name, value in packed.split()[0].items()
+        }
+        return sample, int(packed.logical_indices[0])
 
-
-class BatchDataset(SampleDataset):
-    """``dataset[indices]`` reads a whole batch with one ``reader.read_many(indices)``."""
-
-    def __getitem__(self, indices: Sequence[int]) -> list[Item]:  # type: ignore[override]
-        return [(sample, meta["index"]) for sample, meta in self.reader.read_many(list(indices))]
+    def __getitems__(self, indices: Sequence[int]) -> PackedSamples | list[Item]:
+        if not self.batched:
+            return [self[int(i)] for i in indices]
+        return self.reader.read_packed(np.asarray(indices, dtype=np.int64), fields=self.fields)
 
 
 class Collater:
-    """Picklable collate function: ``(sample, index)`` pairs -> :class:`Batch` with the store's levels."""
+    """Picklable collate function: a packed batch, or ``(sample, index)`` pairs, -> :class:`Batch`."""
 
     def __init__(self, levels: Mapping[str, Level]) -> None:
         self.levels = dict(levels)
 
-    def __call__(self, items: list[Item]) -> Batch:
+    def __call__(self, items: PackedSamples | list[Item]) -> Batch:
+        if isinstance(items, PackedSamples):
+            return Batch.from_packed(items)
         return Batch.from_samples(
             [sample for sample, _ in items], levels=self.levels, sample_indices=[index for _, index in items]
         )
 
 
-class _EpochSampler:
-    """A sampler over one shard of ``plan``, with ``DistributedSampler``'s ``set_epoch``."""
+class PlanBatchSampler(Sampler[list[int]]):
+    """Yields one shard's batches of ``plan`` for the current epoch, with ``DistributedSampler``'s ``set_epoch``."""
 
-    def __init__(self, plan: SamplePlan) -> None:
+    def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.epoch = 0
+        self._epoch_plan: EpochPlan | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-
-class PlanSampler(_EpochSampler, Sampler[int]):
-    """Yields one shard's indices of ``plan`` for the current epoch."""
-
-    def __len__(self) -> int:
-        return min(self.plan.samples_per_shard, self.plan.num_batches * self.plan.batch_size)
-
-    def __iter__(self) -> Iterator[int]:
-        order = self.plan.shard_order(self.epoch)
-        return iter(order[: len(self)].tolist())
-
-
-class PlanBatchSampler(_EpochSampler, Sampler[list[int]]):
-    """Yields one shard's batches of ``plan`` for the current epoch."""
+    def epoch_plan(self) -> EpochPlan:
+        """The plan of the current epoch (computed once per epoch)."""
+        if self._epoch_plan is None or self._epoch_plan.epoch != self.epoch:
+            self._epoch_plan = self.plan.epoch(self.epoch)
+        return self._epoch_plan
 
     def __len__(self) -> int:
-        return self.plan.num_batches
+        return self.epoch_plan().num_batches
 
     def __iter__(self) -> Iterator[list[int]]:
-        return (batch.tolist() for batch in self.plan.batches(self.epoch))
+        return (batch.tolist() for batch in self.epoch_plan().batches())
+
+
+class PlanDataLoader(DataLoader[Any]):
+    """A torch DataLoader whose batches come from a plan; ``set_epoch`` picks the epoch, as on the DALI loader."""
+
+    batch_sampler: PlanBatchSampler
+
+    @property
+    def plan(self) -> Plan:
+        """The plan the batches come from."""
+        return self.batch_sampler.plan
+
+    def set_epoch(self, epoch: int) -> None:
+        """Iterate ``epoch`` next (as ``DistributedSampler.set_epoch``)."""
+        self.batch_sampler.set_epoch(epoch)
+
+    def close(self) -> None:
+        """Stop persistent workers now, not at garbage collection."""
+        iterator = getattr(self, "_iterator", None)
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
 
 
 def plain_dataloader(
-    store_or_reader: StoreLike | AtomicDataZarrReader,
+    store_or_reader: StoreLike | PackedReader,
     *,
-    batch_size: int = 64,
+    batch_size: int = DEFAULT_BATCH_SIZE,
     shuffle: bool = True,
     seed: int = 0,
     drop_last: bool = False,
+    shard_id: int | None = None,
+    num_shards: int | None = None,
+    plan: Plan | None = None,
     num_workers: int = 2,
     pin_memory: bool = False,
     batched: bool = False,
-    fields: Sequence[str] | None = None,
+    fields: str | Iterable[str] | None = None,
     prefetch_factor: int | None = None,
-    shard_id: int = 0,
-    num_shards: int = 1,
     cache_bytes: int | None = None,
-) -> DataLoader[Any]:
-    """A torch DataLoader yielding :class:`Batch` objects from a store.
+) -> PlanDataLoader:
+    """A torch DataLoader yielding :class:`Batch` objects from a store or any packed reader.
 
+    The plan arguments (``batch_size``, ``shuffle``, ``seed``, ``drop_last``, ``shard_id``,
+    ``num_shards``, or ``plan``), ``fields`` and ``cache_bytes`` mean exactly what they mean for
+    :class:`~dali_alchemi.pipeline.loader.DALIDataLoader`, sharding by torch.distributed rank by default.
     ``batched=False`` reads sample by sample (a map-style dataset, the common setup); ``batched=True``
-    passes each batch's indices to the dataset, which reads them with one ``read_many``. The loader's
-    sampler has a ``set_epoch`` like ``DistributedSampler``: call ``loader.sampler.set_epoch(e)`` for a
-    new order. ``shard_id``/``num_shards`` shard the epoch exactly as the DALI loader does. ``fields`` and
-    ``cache_bytes`` configure the reader opened from a store; pass them to your own reader instead.
+    reads each batch with one packed read. ``num_workers``, ``pin_memory`` and ``prefetch_factor`` are
+    torch's (``prefetch_factor``: batches loaded in advance by each worker). Call ``loader.set_epoch(e)``
+    for a new order.
     """
-    if isinstance(store_or_reader, AtomicDataZarrReader):
-        if fields is not None or cache_bytes is not None:
-            raise ValueError("fields= and cache_bytes= configure a reader this function opens; set them on your reader")
-        reader = store_or_reader
-    else:
-        options: dict[str, Any] = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
-        reader = AtomicDataZarrReader(store_or_reader, fields=fields, **options)
-    plan = SamplePlan(
-        num_samples=len(reader), batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+    names = None if fields is None else ((fields,) if isinstance(fields, str) else tuple(fields))
+    reader, _ = open_reader(store_or_reader, fields=names, cache_bytes=cache_bytes)
+    selected = select_fields(reader, names)
+    plan = plan_from_arguments(
+        plan, len(reader), batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
         shard_id=shard_id, num_shards=num_shards,
     )  # fmt: skip
-    collate = Collater(reader.field_levels)
+    specs = reader.field_specs
     extra: dict[str, Any] = {}
     if num_workers > 0:
         extra["persistent_workers"] = True
         if prefetch_factor is not None:
             extra["prefetch_factor"] = prefetch_factor
-    if batched:
-        return DataLoader(
-            BatchDataset(reader),
-            batch_size=None,
-            sampler=PlanBatchSampler(plan),
-            collate_fn=collate,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-            **extra,
-        )
-    return DataLoader(
-        SampleDataset(reader),
-        batch_size=batch_size,
-        sampler=PlanSampler(plan),
-        drop_last=drop_last,
-        collate_fn=collate,
+    return PlanDataLoader(
+        SampleDataset(reader, selected, batched=batched),
+        batch_sampler=PlanBatchSampler(plan),
+        collate_fn=Collater({name: specs[name].level for name in selected}),
         num_workers=num_workers,
         pin_memory=pin_memory,
         **extra,

@@ -65,7 +65,7 @@ def measure_h2d(
     store: str,
     *,
     batch_size: int = 64,
-    prefetch_factor: int = 16,
+    batches_per_window: int = 16,
     epochs: int = 2,
     device: str = "cuda",
     layout: str = "window",
@@ -77,7 +77,7 @@ def measure_h2d(
     if target.type != "cuda" or not torch.cuda.is_available():
         raise RuntimeError("the host-to-device benchmark needs a CUDA GPU")
     opened = time.perf_counter()
-    loader = DALIDataLoader(store, batch_size=batch_size, prefetch_factor=prefetch_factor, device=target, layout=layout)
+    loader = DALIDataLoader(store, batch_size=batch_size, batches_per_window=batches_per_window, device=target, layout=layout)
     with loader:
         structures = atoms = moved = 0
         first: float | None = None
@@ -95,7 +95,7 @@ def measure_h2d(
                 moved += batch_bytes(batch)
         torch.cuda.synchronize(target)
         seconds = time.perf_counter() - started
-    window_bytes = max(1, moved // max(1, structures) * batch_size * prefetch_factor)
+    window_bytes = max(1, moved // max(1, structures) * batch_size * batches_per_window)
     return H2DResult(
         device=torch.cuda.get_device_name(target),
         layout=layout,

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from dali_alchemi.planning import SamplePlan
+from dali_alchemi.plan import FixedBatchPlan
 from dali_alchemi.store.reader import AtomicDataZarrReader
 
 DECODE_CACHE_BYTES = 64 << 20
@@ -25,10 +25,14 @@ DECODE_CACHE_BYTES = 64 << 20
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoaderSettings:
-    """What every loader in a run shares: batch size, window size, device, worker counts."""
+    """What every loader in a run shares: batch size, window size, device, worker counts.
+
+    ``batches_per_window`` is the batches read per reader call by the DALI loader and the limits (and
+    nvalchemi's ``prefetch_factor``, which means the same there).
+    """
 
     batch_size: int = 64
-    prefetch_factor: int = 16
+    batches_per_window: int = 16
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     torch_workers: int = 2
     seed: int = 0
@@ -67,7 +71,7 @@ def _dali(store: str, shuffle: bool, s: LoaderSettings, workers: int, layout: st
     from dali_alchemi.pipeline.loader import DALIDataLoader
 
     loader = DALIDataLoader(
-        store, batch_size=s.batch_size, shuffle=shuffle, seed=s.seed, prefetch_factor=s.prefetch_factor,
+        store, batch_size=s.batch_size, shuffle=shuffle, seed=s.seed, batches_per_window=s.batches_per_window,
         num_workers=workers, device=s.device, layout=layout, cache_bytes=s.cache_bytes,
     )  # fmt: skip
     return _BatchLoader(loader, loader.set_epoch, s.device, loader.close)
@@ -80,15 +84,12 @@ def _torch(store: str, shuffle: bool, s: LoaderSettings, batched: bool, workers:
         store, batch_size=s.batch_size, shuffle=shuffle, seed=s.seed, num_workers=workers,
         pin_memory=s.device.type == "cuda", batched=batched, cache_bytes=s.cache_bytes,
     )  # fmt: skip
-    sampler = loader.sampler  # PlanSampler, or PlanBatchSampler when batched (batch_size=None)
 
     def close() -> None:
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()  # persistent workers: stop them now, not at garbage collection
+        loader.close()  # persistent workers: stop them now, not at garbage collection
         loader.dataset.reader.close()  # type: ignore[attr-defined]
 
-    return _BatchLoader(loader, sampler.set_epoch, s.device, close)  # type: ignore[attr-defined]
+    return _BatchLoader(loader, loader.set_epoch, s.device, close)
 
 
 def nvalchemi_available() -> bool:
@@ -112,7 +113,7 @@ def _nvalchemi(store: str, shuffle: bool, s: LoaderSettings) -> Runnable:
     reader = NvReader(_nvalchemi_store(store))
     dataset = Dataset(reader, device=s.device, skip_validation=True)
     loader = DataLoader(
-        dataset, batch_size=s.batch_size, shuffle=shuffle, prefetch_factor=s.prefetch_factor,
+        dataset, batch_size=s.batch_size, shuffle=shuffle, prefetch_factor=s.batches_per_window,
         pin_memory=s.device.type == "cuda", use_streams=s.device.type == "cuda",
     )  # fmt: skip
 
@@ -124,23 +125,21 @@ def _nvalchemi(store: str, shuffle: bool, s: LoaderSettings) -> Runnable:
 
 
 class _WindowedReads:
-    """One read per window of ``batch_size * prefetch_factor`` structures, in the plan's order."""
+    """One read per window of ``batches_per_window`` batches, in the plan's order."""
 
     def __init__(self, reader: Any, shuffle: bool, s: LoaderSettings) -> None:
         self.reader = reader
-        self.plan = SamplePlan(
-            num_samples=len(reader), batch_size=s.batch_size, shuffle=shuffle, seed=s.seed,
-            batches_per_window=s.prefetch_factor,
-        )  # fmt: skip
+        self.plan = FixedBatchPlan(num_samples=len(reader), batch_size=s.batch_size, shuffle=shuffle, seed=s.seed)
+        self.batches_per_window = s.batches_per_window
 
     def read(self, indices: np.ndarray) -> tuple[int, int]:
         """Read one window; return its structure and atom counts."""
         raise NotImplementedError
 
     def epoch(self, epoch: int) -> Iterator[tuple[int, int]]:
-        order = self.plan.shard_order(epoch)
-        for w in range(self.plan.num_windows()):
-            yield self.read(self.plan.window(epoch, w, order=order)[0])
+        epoch_plan = self.plan.epoch(epoch)
+        for w in range(epoch_plan.num_windows(self.batches_per_window)):
+            yield self.read(epoch_plan.window(w, self.batches_per_window).indices)
 
     def close(self) -> None:
         self.reader.close()
@@ -183,12 +182,12 @@ class _SequentialDecode(_PackedReads):
 
 
 _PATTERN = re.compile(
-    r"^(?P<kind>dali|torch|torch-batched)(?:-w(?P<workers>\d+))?(?:-(?P<layout>blob|window|batch|structure))?$"
+    r"^(?P<kind>dali|torch|torch-batched)(?:-w(?P<workers>\d+))?(?:-(?P<layout>blob|window))?$"
 )
 
 LOADER_HELP = (
     "dali-wN (the DALI loader with N worker processes; dali-w0 reads on a background thread; dali: the "
-    "default), optionally with a DALI sample layout suffix -window, -batch, -structure or -blob; torch-wN (plain "
+    "default), optionally with a DALI layout suffix -window or -blob; torch-wN (plain "
     "DataLoader, per-sample reads), torch-batched-wN (one read_many per batch), nvalchemi (nvalchemi-toolkit's "
     "DataLoader), nvalchemi-reader (its read_many per window), packed (this reader's windowed reads), decode "
     "(sequential decode of the whole store)"

@@ -42,7 +42,7 @@ class BenchConfig:
     rounds: int = 3
     step_ms: float = 0.0
     device: str = "cpu"
-    prefetch_factor: int = 16
+    batches_per_window: int = 16
     torch_workers: int = 2
     seed: int = 0
     cache_bytes: int | None = None
@@ -51,7 +51,7 @@ class BenchConfig:
         bad = [o for o in self.orders if o not in ("shuffle", "sequential")]
         if bad:
             raise ValueError(f"Unknown order {bad[0]!r}: use 'shuffle' and/or 'sequential'")
-        for name in ("batch_size", "epochs", "rounds", "prefetch_factor"):
+        for name in ("batch_size", "epochs", "rounds", "batches_per_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.step_ms < 0:
@@ -191,7 +191,7 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
         result.note = "not installed"
         return result
     settings = LoaderSettings(
-        batch_size=config.batch_size, prefetch_factor=config.prefetch_factor, device=device,
+        batch_size=config.batch_size, batches_per_window=config.batches_per_window, device=device,
         torch_workers=config.torch_workers, seed=config.seed, cache_bytes=config.cache_bytes,
     )  # fmt: skip
     step = config.step_ms / 1000.0

@@ -1,6 +1,6 @@
 """Building the DALI pipeline: one batch-aware external source, ``.gpu()`` outputs on a GPU.
 
-The pipeline's batch is one window, cut into at most ``samples_per_window`` DALI samples.
+The pipeline's batch is one window: one DALI sample per output.
 On a CUDA device the outputs placed on the device (the fields and counts, or the window blob) go
 ``.gpu()``: DALI then stages them in pinned memory and copies them asynchronously; the host keeps
 its own copy of the sizes (counts and indices, or the blob's header) so batch sizes never need a
@@ -39,18 +39,17 @@ def build_pipeline(
     source: Any,
     specs: tuple[OutputSpec, ...],
     *,
-    samples_per_window: int,
     device_id: int | None,
     num_workers: int,
     start_method: str,
     queue_depth: int,
-    bytes_per_sample: int,
+    bytes_per_window: int,
     num_threads: int = 2,
 ) -> tuple[Pipeline, PipelineOutputs]:
     """Build (and start) the pipeline; returns it with the names of its outputs."""
     parallel = num_workers > 0
     pipe = Pipeline(
-        batch_size=samples_per_window,
+        batch_size=1,
         num_threads=num_threads,
         device_id=device_id,
         prefetch_queue_depth=queue_depth,
@@ -61,7 +60,7 @@ def build_pipeline(
     source_kwargs: dict[str, Any] = {"no_copy": True}
     if parallel:
         # One task per window; at least one window in flight per worker (dali-notes section 2.1).
-        source_kwargs.update(prefetch_queue_depth=max(num_workers, 1), bytes_per_sample_hint=bytes_per_sample)
+        source_kwargs.update(prefetch_queue_depth=max(num_workers, 1), bytes_per_sample_hint=bytes_per_window)
     with pipe:
         nodes = fn.external_source(
             source=source,
@@ -84,20 +83,5 @@ def build_pipeline(
             outputs = PipelineOutputs(device_names=tuple(on_device), host_names=tuple(host))
             pipe.set_outputs(*(by_name[name].gpu() for name in on_device), *(by_name[name] for name in host))
     pipe.build()
-    logger.debug(
-        "built pipeline: %d outputs, %d samples per window, %d workers",
-        len(outputs.names),
-        samples_per_window,
-        num_workers,
-    )
+    logger.debug("built pipeline: %d outputs, %d workers", len(outputs.names), num_workers)
     return pipe, outputs
-
-
-def close_pipeline(pipe: Pipeline | None) -> None:
-    """Stop the pipeline's worker processes and free its shared memory and buffers."""
-    if pipe is None:
-        return
-    pool = getattr(pipe, "_py_pool", None)  # DALI keeps its worker pool private; closing it frees /dev/shm
-    if pool is not None:
-        pool.close()
-    pipe._shutdown()

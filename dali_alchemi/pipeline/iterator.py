@@ -27,7 +27,9 @@ import torch
 
 from dali_alchemi.batch import Batch, collate
 from dali_alchemi.errors import LoaderError
+from dali_alchemi.pipeline.dali_private import worker_processes, workers_hidden
 from dali_alchemi.pipeline.source import (
+    BATCH_BOUNDS,
     BATCH_IDX,
     BLOB,
     HEADER,
@@ -62,13 +64,6 @@ def _flat_view(tensor_list: Any, trailing: tuple[int, ...]) -> torch.Tensor:
     return torch.from_dlpack(tensor_list.as_reshaped_tensor([rows, *trailing]))
 
 
-def worker_processes(pipe: Any) -> list[Any]:
-    """The multiprocessing.Process objects of a pipeline's parallel external source (empty without one)."""
-    pool = getattr(pipe, "_py_pool", None)  # DALI keeps its worker pool private
-    procs = getattr(getattr(pool, "pool", None), "_processes", None)
-    return list(procs or [])
-
-
 @functools.cache
 def _warn_unwatched() -> None:
     logger.warning(
@@ -96,16 +91,13 @@ class WindowIterator:
     pipeline is wedged inside DALI and must be abandoned, not reused or shut down.
     """
 
-    def __init__(
-        self, pipe: Any, outputs: PipelineOutputs, specs: tuple[OutputSpec, ...], device: torch.device, batch_size: int
-    ) -> None:
+    def __init__(self, pipe: Any, outputs: PipelineOutputs, specs: tuple[OutputSpec, ...], device: torch.device) -> None:
         self.pipe = pipe
         self.outputs = outputs
         self.specs = specs  # what the window holds; with the blob layout, what the blob holds
         self.trailing = {spec.name: spec.trailing for spec in specs}
-        self.levels: dict[str, Level] = {spec.name: spec.level for spec in specs if spec.is_field}
+        self.levels: dict[str, Level] = {spec.name: spec.level for spec in specs if spec.is_field and spec.level}
         self.device = device
-        self.batch_size = batch_size
         self.broken = False
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=2)
         self._stop = threading.Event()
@@ -139,11 +131,7 @@ class WindowIterator:
     # -- the consumer -------------------------------------------------------------------------------
     def windows(self) -> Iterator[list[Batch]]:
         """Yield each window of the epoch as a list of Batches."""
-        if (
-            self.pipe.py_num_workers
-            and getattr(self.pipe, "_py_pool", None) is not None
-            and not worker_processes(self.pipe)
-        ):
+        if workers_hidden(self.pipe):
             _warn_unwatched()
         self._thread = threading.Thread(target=self._produce, name="dali-alchemi-pipeline", daemon=True)
         self._thread.start()
@@ -194,7 +182,7 @@ class WindowIterator:
             flat, host = self._unpack_blob(on_device[BLOB], on_host[HEADER])
         else:
             flat = {name: _flat_view(on_device[name], self.trailing[name]) for name in on_device}
-            host = {name: _flat_view(on_host[name], ()).numpy() for name in (N_ATOMS, N_EDGES, INDICES)}
+            host = {name: _flat_view(on_host[name], ()).numpy() for name in (N_ATOMS, N_EDGES, INDICES, BATCH_BOUNDS)}
         return collate(
             fields={name: flat[name] for name in self.levels},
             levels=self.levels,
@@ -202,7 +190,7 @@ class WindowIterator:
             n_edges=flat[N_EDGES],
             host_n_atoms=host[N_ATOMS],
             host_n_edges=host[N_EDGES],
-            batch_bounds=np.append(np.arange(0, host[N_ATOMS].size, self.batch_size), host[N_ATOMS].size),
+            batch_bounds=host[BATCH_BOUNDS],
             sample_indices=host[INDICES],
             batch_idx=flat.get(BATCH_IDX),
         )
@@ -215,6 +203,7 @@ class WindowIterator:
             N_ATOMS: sizes[3 : 3 + structures],
             N_EDGES: sizes[3 + structures : 3 + 2 * structures],
             INDICES: sizes[3 + 2 * structures : 3 + 3 * structures],
+            BATCH_BOUNDS: sizes[3 + 3 * structures :],
         }
         data = _flat_view(blob, ())
         entries, _ = blob_entries(self.specs, structures, atoms, edges)

@@ -1,8 +1,9 @@
 """DALIDataLoader: the user-facing loader that owns epochs, resume state and the pipeline's lifetime.
 
-It plans epochs with :class:`~dali_alchemi.planning.SamplePlan`, reads each window with one packed
-read through :class:`~dali_alchemi.pipeline.source.WindowSource`, lets DALI stage and copy the data
-(``.gpu()`` on CUDA), and yields :class:`~dali_alchemi.batch.Batch` objects built on the device.
+It asks its :class:`~dali_alchemi.plan.Plan` for each epoch, reads each window of the plan's batches
+with one packed read through :class:`~dali_alchemi.pipeline.source.WindowSource`, lets DALI stage and
+copy the data (``.gpu()`` on CUDA), and yields :class:`~dali_alchemi.batch.Batch` objects built on the
+device, cut where the plan says. It reads through any :class:`~dali_alchemi.store.protocol.PackedReader`.
 """
 
 from __future__ import annotations
@@ -16,20 +17,22 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from dali_alchemi.augment import apply_augmentations
+from dali_alchemi.augment import apply_augmentations, check_augmentations
 from dali_alchemi.config import LoaderConfig
-from dali_alchemi.errors import LoaderError, UnknownFieldError
-from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline, close_pipeline
-from dali_alchemi.pipeline.iterator import WindowIterator, worker_processes
+from dali_alchemi.errors import DeviceError, LoaderClosedError, LoaderError, PlanError
+from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline
+from dali_alchemi.pipeline.dali_private import close_pipeline, worker_processes
+from dali_alchemi.pipeline.iterator import WindowIterator
 from dali_alchemi.pipeline.source import BLOB_OUTPUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
-from dali_alchemi.planning import SamplePlan
-from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES
-from dali_alchemi.store.reader import AtomicDataZarrReader
+from dali_alchemi.plan import DEFAULT_BATCH_SIZE, plan_from_arguments
+from dali_alchemi.store.protocol import open_reader, select_fields
 
 if TYPE_CHECKING:
     from dali_alchemi.augment import Augmentation
     from dali_alchemi.batch import Batch
+    from dali_alchemi.plan import EpochPlan, Plan
     from dali_alchemi.store.location import StoreLike
+    from dali_alchemi.store.protocol import PackedReader
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +47,21 @@ DEFAULT_NUM_WORKERS = 2
 full packed-read rate, while reading on a background thread of the training process reached about
 60% of it (GIL contention); see the README's benchmark."""
 
+DEFAULT_BATCHES_PER_WINDOW = 16
+"""Batches read with one call to the reader by default (nvalchemi's ``prefetch_factor``)."""
+
 
 def resolve_device(device: str | torch.device) -> torch.device:
     """``"auto"`` -> CUDA when a GPU is visible, else CPU; a CUDA device without a GPU is an error.
 
     Under ``torchrun`` (``LOCAL_RANK`` set) ``"auto"`` picks this process's own GPU, ``cuda:LOCAL_RANK``.
+
+    Raises
+    ------
+    DeviceError
+        If a CUDA device is asked for and none is visible.
+    ValueError
+        If ``device`` is neither ``"auto"``, a CPU nor a CUDA device.
     """
     if isinstance(device, str) and device == "auto":
         if not torch.cuda.is_available():
@@ -59,38 +72,33 @@ def resolve_device(device: str | torch.device) -> torch.device:
     resolved = torch.device(device)
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError(f"device={device!r} needs a CUDA GPU, and none is visible (use device='cpu' or 'auto')")
+            raise DeviceError(f"device={device!r} needs a CUDA GPU, and none is visible (use device='cpu' or 'auto')")
         return torch.device("cuda", resolved.index if resolved.index is not None else torch.cuda.current_device())
     if resolved.type != "cpu":
         raise ValueError(f"device must be 'auto', 'cpu' or a CUDA device, got {device!r}")
     return resolved
 
 
-def resolve_shard(shard_id: int | None, num_shards: int | None) -> tuple[int, int]:
-    """An explicit shard, else this rank of the initialised torch.distributed group, else ``(0, 1)``."""
-    if shard_id is not None and num_shards is not None:
-        return shard_id, num_shards
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
 class DALIDataLoader:
-    """Iterate an nvalchemi Zarr store as :class:`~dali_alchemi.batch.Batch` objects through DALI.
+    """Iterate a store (or any :class:`~dali_alchemi.store.protocol.PackedReader`) as Batches through DALI.
 
     Parameters
     ----------
     store_or_reader
-        A store (path, URL, zarr Store) or an open :class:`~dali_alchemi.store.reader.AtomicDataZarrReader`.
-    batch_size
-        Structures per batch.
-    shuffle, seed
-        Shuffle each epoch with a permutation seeded by ``(seed, epoch)``.
-    drop_last
-        Drop the last batch of an epoch when it is smaller than ``batch_size``; otherwise it is kept.
-    prefetch_factor
-        Batches read together in one packed read (a *window* of ``batch_size * prefetch_factor``
-        structures), as in nvalchemi.
+        A store (path, URL, zarr Store) or an open reader implementing
+        :class:`~dali_alchemi.store.protocol.PackedReader` (this project's
+        :class:`~dali_alchemi.store.reader.AtomicDataZarrReader`, for one).
+    batch_size, shuffle, seed, drop_last, shard_id, num_shards
+        Build the default plan, a :class:`~dali_alchemi.plan.FixedBatchPlan`: batches of ``batch_size``
+        structures (default 64), shuffled each epoch by ``(seed, epoch)``, the last one dropped when
+        short if ``drop_last``, this loader's shard (``None``: rank and world size of an initialised
+        torch.distributed group, else ``(0, 1)``; shards are padded like ``DistributedSampler``).
+        ``seed`` also seeds the augmentations.
+    plan
+        A :class:`~dali_alchemi.plan.Plan` deciding every epoch's order and batches instead; it
+        excludes the plan arguments above (except ``seed``) and must be made for the reader's length.
+    batches_per_window
+        Batches read together in one packed read (a *window*); nvalchemi calls this ``prefetch_factor``.
     num_workers
         DALI worker processes (parallel external source), each reading whole windows, so a window is
         never read twice (default 2, the fastest measured; see the README). 0 reads windows on a
@@ -99,10 +107,7 @@ class DALIDataLoader:
         ``"auto"`` (CUDA when a GPU is visible), ``"cpu"`` or a CUDA device. With CUDA, DALI copies each
         window to the device through pinned memory and the Batch is built there.
     fields
-        Read and return only these fields.
-    shard_id, num_shards
-        This loader's shard. ``None`` takes rank and world size from an initialised torch.distributed
-        process group, else ``(0, 1)``. Shards are padded like ``DistributedSampler``.
+        Read and return only these fields (one name, or several); ``None`` reads every field.
     read_ahead
         Windows read ahead on the background thread when ``num_workers == 0``.
     start_method
@@ -112,10 +117,10 @@ class DALIDataLoader:
     cache_bytes
         Decoded-chunk cache of a reader the loader opens itself (per worker process).
     layout
-        How a window goes through DALI: ``"window"`` (the default: one DALI sample per field per window),
-        ``"blob"`` (every array of the window in one byte buffer: one host-to-device copy per window, the
-        fields typed views of it; as fast as ``"window"`` on the CPU, measured), or one sample per field
-        per ``"batch"`` or per ``"structure"`` (both slower, measured). Batches are identical either way.
+        How a window goes through DALI: ``"window"`` (the default: one DALI sample per output), or
+        ``"blob"`` (every array of the window in one byte buffer: one host-to-device copy per window
+        instead of one per field; measured equal on the CPU, and the one to try where many small copies
+        cost more than one large one). Batches are identical either way.
     augmentations
         Per-structure transforms applied on ``device`` to every batch (see :mod:`dali_alchemi.augment`),
         seeded by ``(seed, epoch, batch index)`` so they are reproducible, also after a resume.
@@ -123,24 +128,33 @@ class DALIDataLoader:
     Iteration resumes where the loader stands: ``(epoch, batch)`` advances as batches are yielded,
     and moves to the next epoch when one ends. :meth:`set_epoch` jumps to the start of an epoch;
     :meth:`state_dict`/:meth:`load_state_dict` save and restore the position exactly.
-    Errors from the reader, the source or a worker surface during iteration as
-    :class:`~dali_alchemi.errors.LoaderError`, naming the original exception type.
+
+    Raises
+    ------
+    PlanError, UnknownFieldError, DeviceError, ValueError, TypeError
+        At construction, for arguments that do not fit (each message names the argument).
+    LoaderError
+        During iteration, for errors from the reader, the source or a worker, naming the original
+        exception type.
+    LoaderClosedError
+        When iterated after :meth:`close`.
     """
 
     def __init__(
         self,
-        store_or_reader: StoreLike | AtomicDataZarrReader,
+        store_or_reader: StoreLike | PackedReader,
         *,
-        batch_size: int = 64,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
-        prefetch_factor: int = 16,
-        num_workers: int = DEFAULT_NUM_WORKERS,
-        device: str | torch.device = "auto",
-        fields: Iterable[str] | None = None,
         shard_id: int | None = None,
         num_shards: int | None = None,
+        plan: Plan | None = None,
+        batches_per_window: int = DEFAULT_BATCHES_PER_WINDOW,
+        num_workers: int = DEFAULT_NUM_WORKERS,
+        device: str | torch.device = "auto",
+        fields: str | Iterable[str] | None = None,
         read_ahead: int = 2,
         start_method: str = "auto",
         queue_depth: int = 2,
@@ -148,43 +162,35 @@ class DALIDataLoader:
         layout: str = "window",
         augmentations: Sequence[Augmentation] = (),
     ) -> None:
-        self.augmentations = tuple(augmentations)
+        self.augmentations = check_augmentations(augmentations)
         self.config = LoaderConfig(
-            batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, prefetch_factor=prefetch_factor,
-            num_workers=num_workers, device=str(device), fields=None if fields is None else tuple(fields),
-            shard_id=shard_id, num_shards=num_shards, read_ahead=read_ahead, start_method=start_method,
-            queue_depth=queue_depth, cache_bytes=cache_bytes, layout=layout,
+            batches_per_window=batches_per_window, num_workers=num_workers, device=str(device),
+            fields=None if fields is None else ((fields,) if isinstance(fields, str) else tuple(fields)),
+            read_ahead=read_ahead, start_method=start_method, queue_depth=queue_depth, cache_bytes=cache_bytes,
+            layout=layout,
         )  # fmt: skip
         self.layout = self.config.layout
+        self.seed = seed
         self.device = resolve_device(device)
-        if isinstance(store_or_reader, AtomicDataZarrReader):
-            self.reader = store_or_reader
-            self._owns_reader = False
-        else:
-            self.reader = AtomicDataZarrReader(
-                store_or_reader,
-                fields=self.config.fields,
-                cache_bytes=DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes,
-            )
-            self._owns_reader = True
-        if self.config.fields is not None and not self.config.fields:
-            raise ValueError("fields must name at least one field (or be None for all of them)")
-        self.fields = self.config.fields or self.reader.field_names
-        unknown = sorted(set(self.fields) - set(self.reader.field_names))
-        if unknown:
-            raise UnknownFieldError(f"Unknown fields {unknown}; the reader returns {list(self.reader.field_names)}")
-        shard, shards = resolve_shard(shard_id, num_shards)
-        self.plan = SamplePlan(
-            num_samples=len(self.reader), batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-            shard_id=shard, num_shards=shards, batches_per_window=prefetch_factor,
-        )  # fmt: skip
+        self.reader, self._owns_reader = open_reader(store_or_reader, fields=self.config.fields, cache_bytes=cache_bytes)
+        try:
+            self.fields = select_fields(self.reader, self.config.fields)
+            self.plan = plan_from_arguments(
+                plan, len(self.reader), batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                shard_id=shard_id, num_shards=num_shards,
+            )  # fmt: skip
+        except BaseException:
+            if self._owns_reader:
+                self.reader.close()
+            raise
         # On the CPU the batch index and neighbor-list offsets are computed where the window is read (in
         # the workers); on a GPU they are computed on the device (batch.collate).
         self.specs: tuple[OutputSpec, ...] = output_specs(
-            self.reader, tuple(self.fields), host_collation=self.device.type == "cpu"
+            self.reader.field_specs, tuple(self.fields), host_collation=self.device.type == "cpu"
         )
         self._epoch = 0
         self._batch = 0
+        self._epoch_plan: EpochPlan | None = None
         self._pipe: Any = None
         self._outputs: PipelineOutputs | None = None
         self._read_ahead: ReadAheadSource | None = None
@@ -195,9 +201,16 @@ class DALIDataLoader:
         self._closed = False
 
     # -- sizes and position ---------------------------------------------------------------------------
+    def epoch_plan(self, epoch: int | None = None) -> EpochPlan:
+        """The plan of ``epoch`` (default: the current one), computed once per epoch."""
+        epoch = self._epoch if epoch is None else epoch
+        if self._epoch_plan is None or self._epoch_plan.epoch != epoch:
+            self._epoch_plan = self.plan.epoch(epoch)
+        return self._epoch_plan
+
     def __len__(self) -> int:
-        """Batches per epoch (the same on every shard)."""
-        return self.plan.num_batches
+        """Batches in the current epoch (the same on every shard), known before the first batch."""
+        return self.epoch_plan().num_batches
 
     @property
     def epoch(self) -> int:
@@ -206,39 +219,43 @@ class DALIDataLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next iteration at the beginning of ``epoch`` (as ``DistributedSampler.set_epoch``)."""
-        if not isinstance(epoch, (int, np.integer)) or epoch < 0:
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
         self._epoch, self._batch = int(epoch), 0
 
     def state_dict(self) -> dict[str, Any]:
-        """The position (epoch and batches already yielded in it) and the plan it belongs to."""
+        """The position (epoch and batches already yielded in it) and the plan it belongs to, as plain data."""
         return {"epoch": self._epoch, "batch": self._batch, "plan": self.plan.to_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the position of :meth:`state_dict`; the next batch is exactly the one that followed.
 
-        Raises ``ValueError`` if the state belongs to a different plan (sample count, batch size, seed,
-        shuffling, drop_last or sharding), since the batches would then differ.
+        Raises
+        ------
+        PlanError
+            If the state belongs to a different plan (any setting differs), since the batches would then
+            differ, or its batch is outside its epoch.
         """
         plan = dict(state.get("plan", {}))
         mine = self.plan.to_dict()
-        keys = ("num_samples", "batch_size", "shuffle", "seed", "drop_last", "shard_id", "num_shards")
-        differing = [k for k in keys if plan.get(k) != mine[k]]
+        differing = sorted(set(plan) | set(mine), key=lambda k: (k not in mine, k))
+        differing = [k for k in differing if plan.get(k) != mine.get(k)]
         if differing:
-            raise ValueError(
+            raise PlanError(
                 "state_dict belongs to a different plan: "
-                + ", ".join(f"{k}={plan.get(k)!r} (loader has {mine[k]!r})" for k in differing)
+                + ", ".join(f"{k}={plan.get(k)!r} (loader has {mine.get(k)!r})" for k in differing)
             )
         epoch, batch = int(state["epoch"]), int(state["batch"])
-        if not 0 <= batch <= self.plan.num_batches:
-            raise ValueError(f"state_dict batch {batch} is outside the epoch's {self.plan.num_batches} batches")
+        num_batches = self.epoch_plan(epoch).num_batches
+        if not 0 <= batch <= num_batches:
+            raise PlanError(f"state_dict batch {batch} is outside epoch {epoch}'s {num_batches} batches")
         self._epoch, self._batch = epoch, batch
 
     # -- iteration ----------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
         if self._closed:
-            raise RuntimeError("This DALIDataLoader is closed")
-        if self._batch >= self.plan.num_batches and self.plan.num_batches:
+            raise LoaderClosedError("This DALIDataLoader is closed; build a new one")
+        if self._batch >= len(self) and self._batch:
             self._epoch, self._batch = self._epoch + 1, 0
         self._stop_runner()  # an abandoned iteration's runner thread must not outlive its pipeline
         self._ensure_pipeline(self._epoch, self._batch)
@@ -247,24 +264,25 @@ class DALIDataLoader:
 
     def _iterate(self, generation: int) -> Iterator[Batch]:
         assert self._outputs is not None
-        windows = self._windows = WindowIterator(
-            self._pipe, self._outputs, self.specs, self.device, self.plan.batch_size
-        )
+        windows = self._windows = WindowIterator(self._pipe, self._outputs, self.specs, self.device)
         self._pipe_next = None  # mid-epoch until the epoch ends cleanly
         try:
             for window in windows.windows():
                 for batch in window:
                     if generation != self._generation:
-                        raise RuntimeError(
-                            "This iterator was superseded by a newer iter() over the same DALIDataLoader"
+                        raise LoaderError(
+                            "This iterator was superseded by a newer iter() over the same DALIDataLoader",
+                            original_type="Superseded",
                         )
                     if self.augmentations:
                         apply_augmentations(
-                            batch, self.augmentations, seed=self.plan.seed, epoch=self._epoch, batch_index=self._batch
+                            batch, self.augmentations, seed=self.seed, epoch=self._epoch, batch_index=self._batch
                         )
                     self._batch += 1
                     yield batch
         except LoaderError:
+            if generation != self._generation:
+                raise  # superseded: the pipeline belongs to the newer iteration now
             if windows.broken:
                 self._abandon_pipeline()
             else:
@@ -281,8 +299,9 @@ class DALIDataLoader:
             return
         self._discard_pipeline()
         source = WindowSource(
-            self.reader, self.plan, self.specs, start_epoch=epoch, start_batch=batch, layout=self.layout
-        )
+            self.reader, self.plan, self.specs, batches_per_window=self.config.batches_per_window,
+            start_epoch=epoch, start_batch=batch, layout=self.layout,
+        )  # fmt: skip
         workers = self.config.num_workers
         if workers == 0:
             self._read_ahead = ReadAheadSource(
@@ -294,37 +313,29 @@ class DALIDataLoader:
         self._pipe, self._outputs = build_pipeline(
             self._read_ahead if workers == 0 else source,
             BLOB_OUTPUTS if self.layout == "blob" else self.specs,
-            samples_per_window=self._samples_per_window(),
             device_id=self.device.index if self.device.type == "cuda" else None,
             num_workers=workers,
             start_method=start_method,
             queue_depth=self.config.queue_depth,
-            bytes_per_sample=self._bytes_per_sample(),
+            bytes_per_window=self._bytes_per_window(epoch),
         )
         self._pipe_next = (epoch, batch)
 
-    def _samples_per_window(self) -> int:
-        """DALI samples in one window (the pipeline's batch size) for the layout."""
-        per_window = {
-            "blob": 1,
-            "window": 1,
-            "batch": self.plan.batches_per_window,
-            "structure": self.plan.batches_per_window * self.plan.batch_size,
-        }
-        return per_window[self.layout]
-
-    def _bytes_per_sample(self) -> int:
-        """A generous estimate of one DALI sample's bytes, so DALI's shared memory rarely has to grow."""
-        n = max(1, self.reader.atoms_ptr.size - 1)
-        rows = {
-            "atom": float(self.reader.atoms_ptr[-1]) / n,
-            "edge": float(self.reader.edges_ptr[-1]) / n,
-            "system": 1.0,
-        }
+    def _bytes_per_window(self, epoch: int) -> int:
+        """A generous estimate of one window's bytes, so DALI's shared memory rarely has to grow."""
+        n = len(self.reader)
+        if n == 0:
+            return SHM_SLACK_BYTES
+        n_atoms, n_edges = self.reader.sample_sizes(np.arange(n, dtype=np.int64))
+        rows = {"atom": float(n_atoms.mean()), "edge": float(n_edges.mean()), "system": 1.0}
         per_structure = sum(
-            rows[spec.level] * int(np.prod(spec.trailing, dtype=np.int64)) * spec.dtype.itemsize for spec in self.specs
+            rows[spec.level] * int(np.prod(spec.trailing, dtype=np.int64)) * spec.dtype.itemsize
+            for spec in self.specs
+            if spec.level is not None
         )
-        structures = self.plan.batch_size * self.plan.batches_per_window / self._samples_per_window()
+        epoch_plan = self.epoch_plan(epoch)
+        per_batch = int(epoch_plan.batch_ptr[-1]) / max(1, epoch_plan.num_batches)
+        structures = per_batch * self.config.batches_per_window
         return int(per_structure * structures * SHM_HEADROOM) + SHM_SLACK_BYTES
 
     def _abandon_pipeline(self) -> None:
@@ -380,6 +391,6 @@ class DALIDataLoader:
 
     def __repr__(self) -> str:
         return (
-            f"DALIDataLoader({self.reader.source!r}, batch_size={self.config.batch_size}, "
-            f"batches={len(self)}, device={self.device}, workers={self.config.num_workers})"
+            f"DALIDataLoader({self.reader!r}, plan={self.plan.to_dict()}, batches={len(self)}, "
+            f"device={self.device}, workers={self.config.num_workers})"
         )

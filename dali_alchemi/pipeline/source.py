@@ -1,14 +1,14 @@
 """The external-source callable: ``(epoch_idx, iteration) -> one window of packed samples``.
 
-A DALI *iteration* here is one *window*: ``batches_per_window`` consecutive training batches, read
-with **one** call to the reader's packed path. The window's flat arrays (atoms ``[ΣV, *t]``, edges
-``[ΣE, *t]``, systems ``[B, *t]``, plus per-structure atom and edge counts and logical indices) are
-cut into DALI samples by a *layout*: one sample per field per window (``"window"``, the default and
-the fastest measured), per training batch (``"batch"``) or per structure (``"structure"``). The
-iterator concatenates the samples back into one flat view whatever the layout, so the layout only
-changes DALI's per-sample costs. Everything is derived from DALI's ``BatchInfo``, so the callable is
-stateless in meaning (it may cache the current epoch's order) and can run in any DALI worker
-process; it raises ``StopIteration`` for every iteration past the end of the epoch.
+A DALI *iteration* here is one *window*: ``batches_per_window`` consecutive training batches of the
+plan's epoch, read with **one** call to the reader's packed path. The window goes through DALI as one
+sample per output: every field flat (atoms ``[ΣV, *t]``, edges ``[ΣE, *t]``, systems ``[B, *t]``), the
+per-structure atom and edge counts and reader indices, and the window's batch bounds, the offsets the
+plan chose, which travel with the data to the iterator so nothing downstream re-derives a batch. The
+``"blob"`` layout packs every output into one byte buffer instead (one host-to-device copy per window).
+Everything is derived from DALI's ``BatchInfo`` and the plan, so the callable is stateless in meaning
+(it caches the current epoch's plan) and can run in any DALI worker process; it raises
+``StopIteration`` for every iteration past the end of the epoch.
 
 Errors are re-raised with a ``[dali-alchemi:TypeName]`` prefix, because DALI's worker processes
 forward only an exception's text; the iterator turns that back into a
@@ -30,19 +30,22 @@ from dali_alchemi.batch import collate_on_host
 from dali_alchemi.config import LAYOUTS
 from dali_alchemi.errors import LoaderError
 from dali_alchemi.store.layout import ATOM_INDEX_FIELDS
+from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from numpy.typing import NDArray
 
-    from dali_alchemi.planning import SamplePlan
-    from dali_alchemi.store.packed import PackedSamples
-    from dali_alchemi.store.reader import AtomicDataZarrReader
-    from dali_alchemi.types import IndexArray, Level
+    from dali_alchemi.plan.base import EpochPlan, Plan
+    from dali_alchemi.store.protocol import FieldSpec, PackedReader
+    from dali_alchemi.types import Level
 
 
 N_ATOMS = "__n_atoms"
 N_EDGES = "__n_edges"
 INDICES = "__indices"
+BATCH_BOUNDS = "__batch_bounds"
 BATCH_IDX = "__batch_idx"
 BLOB = "__blob"
 HEADER = "__header"
@@ -55,12 +58,15 @@ _MARKER = re.compile(r"\[dali-alchemi:(?P<type>[A-Za-z_][\w.]*)\] (?P<message>.*
 
 @dataclass(frozen=True, slots=True)
 class OutputSpec:
-    """One pipeline output: a field (or a count/index array), its dtype, rank and level."""
+    """One pipeline output: a field (or a count/index array), its dtype, rank and level.
+
+    ``level=None`` marks a per-window array (the batch bounds), which is never placed in a blob.
+    """
 
     name: str
     dtype: np.dtype[Any]
     trailing: tuple[int, ...]
-    level: Level
+    level: Level | None
     placement: str = "device"  # on a GPU: "device" goes .gpu(), "host" stays, "both" does each
 
     @property
@@ -73,16 +79,15 @@ class OutputSpec:
 
 
 def output_specs(
-    reader: AtomicDataZarrReader, fields: tuple[str, ...], *, host_collation: bool = False
+    field_specs: Mapping[str, FieldSpec], fields: tuple[str, ...], *, host_collation: bool = False
 ) -> tuple[OutputSpec, ...]:
-    """The pipeline outputs for ``fields``: one per field, then atom counts, edge counts and indices.
+    """The pipeline outputs for ``fields``: one per field, then counts, indices and the batch bounds.
 
     With ``host_collation`` the source also emits the per-atom batch index and batch-offset neighbor
     lists (see :func:`~dali_alchemi.batch.collate_on_host`): the CPU path then does that work in the
     worker processes instead of the training process.
     """
     specs = []
-    field_specs = reader.field_specs
     for name in fields:
         spec = field_specs[name]
         specs.append(OutputSpec(name=name, dtype=spec.dtype, trailing=spec.trailing, level=spec.level))
@@ -91,6 +96,7 @@ def output_specs(
         OutputSpec(N_ATOMS, int64, (), "system", "both"),
         OutputSpec(N_EDGES, int64, (), "system", "both"),
         OutputSpec(INDICES, int64, (), "system", "host"),
+        OutputSpec(BATCH_BOUNDS, int64, (), None, "host"),
     ]
     if host_collation:
         specs.append(OutputSpec(BATCH_IDX, np.dtype(np.int32), (), "atom"))
@@ -122,11 +128,14 @@ class BlobEntry:
 def blob_entries(specs: tuple[OutputSpec, ...], structures: int, atoms: int, edges: int) -> tuple[list[BlobEntry], int]:
     """The position of every output in the blob of a window of that size, and the blob's length.
 
-    The source packs and the iterator unpacks with this one function, so they always agree.
+    The source packs and the iterator unpacks with this one function, so they always agree. Per-window
+    outputs (the batch bounds) travel in the header, not the blob.
     """
-    rows = {"atom": atoms, "edge": edges, "system": structures}
+    rows = PerLevel(atom=atoms, edge=edges, system=structures)
     entries, offset = [], 0
     for spec in specs:
+        if spec.level is None:
+            continue
         entry = BlobEntry(spec.name, offset, rows[spec.level], spec.trailing, spec.dtype)
         entries.append(entry)
         offset += -(-entry.nbytes // BLOB_ALIGN) * BLOB_ALIGN
@@ -139,11 +148,12 @@ def pack_blob(
     n_atoms: NDArray[np.int64],
     n_edges: NDArray[np.int64],
     indices: NDArray[np.int64],
+    batch_bounds: NDArray[np.int64],
 ) -> tuple[list[NDArray[Any]], list[NDArray[Any]]]:
     """One window as a byte blob of every output (device side) and a header of sizes (host side).
 
-    The header is ``[B, V, E, n_atoms (B), n_edges (B), indices (B)]`` int64, so the host knows every
-    size, and the blob's layout, without reading device memory.
+    The header is ``[B, V, E, n_atoms (B), n_edges (B), indices (B), batch bounds (b + 1)]`` int64, so
+    the host knows every size, the blob's layout and where each batch ends without reading device memory.
     """
     structures, atoms, edges = int(n_atoms.size), int(n_atoms.sum()), int(n_edges.sum())
     entries, total = blob_entries(specs, structures, atoms, edges)
@@ -152,7 +162,9 @@ def pack_blob(
         blob[entry.offset : entry.offset + entry.nbytes] = (
             np.ascontiguousarray(arrays[entry.name]).reshape(-1).view(np.uint8)
         )
-    header = np.concatenate([np.array([structures, atoms, edges], dtype=np.int64), n_atoms, n_edges, indices])
+    header = np.concatenate(
+        [np.array([structures, atoms, edges], dtype=np.int64), n_atoms, n_edges, indices, batch_bounds]
+    )
     return [blob], [header]
 
 
@@ -176,18 +188,19 @@ def loader_error(err: BaseException) -> LoaderError:
 
 
 class WindowSource:
-    """Reads window ``iteration`` of epoch ``start_epoch + epoch_idx`` and splits it into packed batches.
+    """Reads window ``iteration`` of epoch ``start_epoch + epoch_idx`` of ``plan`` as one packed read.
 
     The first epoch this source produces may resume at ``start_batch``; later ones start at 0.
-    Pickling drops the cached order; the reader pickles as a recipe and reopens in the worker.
+    Pickling drops the cached epoch plan; the reader pickles as a recipe and reopens in the worker.
     """
 
     def __init__(
         self,
-        reader: AtomicDataZarrReader,
-        plan: SamplePlan,
+        reader: PackedReader,
+        plan: Plan,
         specs: tuple[OutputSpec, ...],
         *,
+        batches_per_window: int,
         start_epoch: int = 0,
         start_batch: int = 0,
         layout: str = "window",
@@ -199,50 +212,54 @@ class WindowSource:
         self.plan = plan
         self.specs = specs
         self.fields = tuple(spec.name for spec in specs if spec.is_field)
+        self.batches_per_window = batches_per_window
         self.start_epoch = start_epoch
         self.start_batch = start_batch
-        self._order: tuple[int, IndexArray] | None = None
+        self._epoch_plan: EpochPlan | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_order"] = None
+        state["_epoch_plan"] = None
         return state
 
     def epoch_of(self, epoch_idx: int) -> tuple[int, int]:
         """The epoch and its first batch for DALI's ``epoch_idx``."""
         return self.start_epoch + epoch_idx, self.start_batch if epoch_idx == 0 else 0
 
+    def epoch_plan(self, epoch: int) -> EpochPlan:
+        """The plan of ``epoch`` (computed once per epoch and process)."""
+        if self._epoch_plan is None or self._epoch_plan.epoch != epoch:
+            self._epoch_plan = self.plan.epoch(epoch)
+        return self._epoch_plan
+
     def num_windows(self, epoch_idx: int) -> int:
         """Windows in DALI epoch ``epoch_idx``."""
-        return self.plan.num_windows(self.epoch_of(epoch_idx)[1])
+        epoch, first_batch = self.epoch_of(epoch_idx)
+        return self.epoch_plan(epoch).num_windows(self.batches_per_window, first_batch)
 
     def read_window(self, epoch_idx: int, iteration: int) -> tuple[list[NDArray[Any]], ...]:
-        """One window as a tuple of outputs, each a list with one array per batch."""
+        """One window as a tuple of outputs, each a list with one array (one DALI sample)."""
         epoch, first_batch = self.epoch_of(epoch_idx)
-        if iteration >= self.plan.num_windows(first_batch):
+        epoch_plan = self.epoch_plan(epoch)
+        if iteration >= epoch_plan.num_windows(self.batches_per_window, first_batch):
             raise StopIteration
-        if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, self.plan.shard_order(epoch))
-        indices, bounds = self.plan.window(epoch, iteration, first_batch, order=self._order[1])
-        packed = self.reader.read_packed(indices, fields=self.fields)
-        extras: dict[str, NDArray[Any]] = {}
+        window = epoch_plan.window(iteration, self.batches_per_window, first_batch)
+        packed = self.reader.read_packed(window.indices, fields=self.fields)
+        arrays: dict[str, NDArray[Any]] = {
+            **packed.fields,
+            N_ATOMS: packed.n_atoms,
+            N_EDGES: packed.n_edges,
+            INDICES: packed.logical_indices,
+            BATCH_BOUNDS: window.batch_bounds,
+        }
         if any(spec.name == BATCH_IDX for spec in self.specs):
             index_fields = {name: packed.fields[name] for name in self.fields if name in ATOM_INDEX_FIELDS}
-            extras[BATCH_IDX] = collate_on_host(index_fields, packed.n_atoms, packed.n_edges, bounds)
+            arrays[BATCH_IDX] = collate_on_host(index_fields, packed.n_atoms, packed.n_edges, window.batch_bounds)
         if self.layout == "blob":
-            arrays = {
-                **packed.fields,
-                N_ATOMS: packed.n_atoms,
-                N_EDGES: packed.n_edges,
-                INDICES: packed.logical_indices,
-                **extras,
-            }
-            return pack_blob(arrays, self.specs, packed.n_atoms, packed.n_edges, packed.logical_indices)
-        if self.layout == "window":
-            bounds = bounds[[0, -1]]
-        elif self.layout == "structure":
-            bounds = np.arange(len(packed) + 1, dtype=np.int64)
-        return split_window(packed, bounds, self.specs, extras)
+            return pack_blob(
+                arrays, self.specs, packed.n_atoms, packed.n_edges, packed.logical_indices, window.batch_bounds
+            )
+        return tuple([arrays[spec.name]] for spec in self.specs)
 
     def __call__(self, info: Any) -> tuple[list[NDArray[Any]], ...]:
         try:
@@ -251,24 +268,6 @@ class WindowSource:
             raise
         except Exception as err:
             raise source_error(err) from err
-
-
-def split_window(
-    packed: PackedSamples,
-    bounds: IndexArray,
-    specs: tuple[OutputSpec, ...],
-    extras: dict[str, NDArray[Any]] | None = None,
-) -> tuple[list[NDArray[Any]], ...]:
-    """Cut a window into DALI samples at structure offsets ``bounds`` (views of the flat arrays, no copies)."""
-    atoms, edges = packed.atoms_ptr, packed.edges_ptr
-    level_bounds = {"atom": atoms[bounds], "edge": edges[bounds], "system": bounds}
-    extras = {N_ATOMS: packed.n_atoms, N_EDGES: packed.n_edges, INDICES: packed.logical_indices, **(extras or {})}
-    outputs: list[list[NDArray[Any]]] = []
-    for spec in specs:
-        arr = packed.fields[spec.name] if spec.is_field else extras[spec.name]
-        cuts = level_bounds[spec.level].tolist()
-        outputs.append([arr[cuts[j] : cuts[j + 1]] for j in range(len(cuts) - 1)])
-    return tuple(outputs)
 
 
 class ReadAheadSource:

@@ -10,15 +10,18 @@ subclass live in :mod:`dali_alchemi.testing.reader`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from dali_alchemi.errors import UnknownFieldError
+
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
+    from dali_alchemi.store.location import StoreLike
     from dali_alchemi.store.packed import PackedSamples
     from dali_alchemi.types import CountArray, Level
 
@@ -72,3 +75,50 @@ class PackedReader(Protocol):
     ) -> PackedSamples: ...
 
     def close(self) -> None: ...
+
+
+def select_fields(reader: PackedReader, fields: str | Iterable[str] | None) -> tuple[str, ...]:
+    """The fields a loader reads from ``reader``: all of them (``None``), one name, or a subset.
+
+    Both loaders call this, so ``fields=`` means the same in each: a narrowing of what the reader returns.
+
+    Raises
+    ------
+    UnknownFieldError
+        Naming the fields the reader does not return, and those it does.
+    ValueError
+        If ``fields`` is empty.
+    """
+    available = tuple(reader.field_specs)
+    if fields is None:
+        return available
+    names = (fields,) if isinstance(fields, str) else tuple(fields)
+    if not names:
+        raise ValueError("fields must name at least one field (or be None for all of them)")
+    unknown = sorted(set(names) - set(available))
+    if unknown:
+        raise UnknownFieldError(f"Unknown fields {unknown}; the reader returns {list(available)}")
+    return names
+
+
+def open_reader(
+    store_or_reader: StoreLike | PackedReader, *, fields: tuple[str, ...] | None, cache_bytes: int | None
+) -> tuple[PackedReader, bool]:
+    """The reader a loader reads through, and whether the loader opened it (and so must close it).
+
+    A :class:`PackedReader` is used as it is; anything else is a store, opened as an
+    :class:`~dali_alchemi.store.reader.AtomicDataZarrReader` reading only ``fields``.
+
+    Raises
+    ------
+    ValueError
+        If ``cache_bytes`` is given with a reader: it configures a reader the loader opens itself.
+    """
+    if isinstance(store_or_reader, PackedReader):
+        if cache_bytes is not None:
+            raise ValueError("cache_bytes= configures a reader the loader opens itself; set it on your reader instead")
+        return store_or_reader, False
+    from dali_alchemi.store.reader import AtomicDataZarrReader
+
+    options: dict[str, Any] = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
+    return AtomicDataZarrReader(store_or_reader, fields=fields, **options), True

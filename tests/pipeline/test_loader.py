@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from dali_alchemi import AtomicDataZarrReader, Batch, DALIDataLoader, LoaderError
-from dali_alchemi.pipeline.iterator import worker_processes
-from dali_alchemi.planning import SamplePlan
+from dali_alchemi import AtomicDataZarrReader, DALIDataLoader, DeviceError, LoaderClosedError, LoaderError, PlanError
+from dali_alchemi.pipeline.dali_private import worker_processes
+from tests.loader_contract import LoaderContract, assert_batches_equal, reference_batches
 
-N = 300
+N = 300  # structures in small_store
 
 
 class CountingReader(AtomicDataZarrReader):
@@ -51,57 +51,45 @@ class FailingReader(AtomicDataZarrReader):
         return super().read_packed(indices, fields=fields)
 
 
-def _reference(reader: AtomicDataZarrReader, plan: SamplePlan, epoch: int, first_batch: int = 0) -> list[Batch]:
-    return [
-        Batch.from_samples(
-            [sample for sample, _ in reader.read_many(indices)], levels=reader.field_levels, sample_indices=indices
+class TestThreadRead(LoaderContract):
+    """The contract with the window read on a background thread of this process."""
+
+    def make_loader(self, source: Any, **options: Any) -> DALIDataLoader:
+        return DALIDataLoader(source, batches_per_window=4, num_workers=0, device="cpu", **options)
+
+
+class TestWorkers(LoaderContract):
+    """The contract with DALI worker processes, the blob layout, and short windows."""
+
+    def make_loader(self, source: Any, **options: Any) -> DALIDataLoader:
+        return DALIDataLoader(
+            source, batches_per_window=3, num_workers=2, start_method="fork", device="cpu", layout="blob", **options
         )
-        for indices in plan.batches(epoch, first_batch)
-    ]
 
 
-def _assert_batches_equal(got: list[Batch], want: list[Batch]) -> None:
-    assert len(got) == len(want)
-    for k, (a, b) in enumerate(zip(got, want, strict=True)):
-        assert set(a.fields) == set(b.fields), k
-        for name in b.fields:
-            assert a[name].dtype == b[name].dtype, (k, name)
-            assert torch.equal(a[name].cpu(), b[name]), (k, name)
-        assert torch.equal(a.batch_idx.cpu(), b.batch_idx) and torch.equal(a.batch_ptr.cpu(), b.batch_ptr)
-        assert a.num_nodes_list == b.num_nodes_list and a.num_edges_list == b.num_edges_list
-        assert np.array_equal(a.sample_indices, b.sample_indices), k
-
-
-@pytest.fixture(scope="module")
-def reader(small_store: Path) -> AtomicDataZarrReader:
-    with AtomicDataZarrReader(small_store) as r:
-        yield r
-
-
-@pytest.mark.parametrize("layout", ["window", "blob", "batch", "structure"])
+@pytest.mark.parametrize("layout", ["window", "blob"])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_batches_equal_the_reference_over_epochs(reader: AtomicDataZarrReader, workers: int, layout: str) -> None:
-    options = dict(batch_size=16, prefetch_factor=4, seed=11, num_workers=workers, device="cpu", layout=layout)
+def test_every_layout_equals_the_reference_and_advances_the_epoch(
+    reader: AtomicDataZarrReader, workers: int, layout: str
+) -> None:
+    options = dict(batch_size=16, batches_per_window=4, seed=11, num_workers=workers, device="cpu", layout=layout)
     with DALIDataLoader(reader, **options) as loader:
         assert len(loader) == 19
         for epoch in range(2):
             got = list(loader)
-            _assert_batches_equal(got, _reference(reader, loader.plan, epoch))
+            assert_batches_equal(got, reference_batches(reader, loader.plan, epoch))
             assert loader.epoch == epoch + 1
-            indices = np.concatenate([b.sample_indices for b in got])
-            assert np.array_equal(np.sort(indices), np.arange(N))  # every index exactly once
-            assert [b.num_graphs for b in got] == [16] * 18 + [12]  # the partial last batch is kept
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_batches_held_across_many_windows_keep_their_values(reader: AtomicDataZarrReader, workers: int) -> None:
     """Batches are views of DALI's outputs; DALI must not reuse that memory while they are alive."""
     with DALIDataLoader(
-        reader, batch_size=10, prefetch_factor=2, seed=8, num_workers=workers, start_method="fork", device="cpu"
+        reader, batch_size=10, batches_per_window=2, seed=8, num_workers=workers, start_method="fork", device="cpu"
     ) as loader:
         held = [batch for _ in range(2) for batch in loader]  # 2 epochs of 15 windows, all kept
-        reference = _reference(reader, loader.plan, 0) + _reference(reader, loader.plan, 1)
-    _assert_batches_equal(held, reference)
+        reference = reference_batches(reader, loader.plan, 0) + reference_batches(reader, loader.plan, 1)
+    assert_batches_equal(held, reference)
 
 
 def test_same_seed_same_order_new_epoch_new_order(reader: AtomicDataZarrReader) -> None:
@@ -135,7 +123,7 @@ def test_every_sample_exactly_once_per_epoch_across_shards_and_resumes(
     seen: dict[int, list[np.ndarray]] = {epoch: [] for epoch in range(3)}
     lengths = set()
     for shard_id in range(shards):
-        options = dict(batch_size=25, prefetch_factor=3, shard_id=shard_id, num_shards=shards, seed=4,
+        options = dict(batch_size=25, batches_per_window=3, shard_id=shard_id, num_shards=shards, seed=4,
                        num_workers=workers, start_method="fork", device="cpu")  # fmt: skip
         loader = DALIDataLoader(reader, **options)
         lengths.add(len(loader))
@@ -169,7 +157,7 @@ def test_every_sample_exactly_once_per_epoch_across_shards_and_resumes(
 
 @pytest.mark.parametrize("stop_after", [1, 5, 9])
 def test_resume_yields_exactly_the_remaining_batches(reader: AtomicDataZarrReader, stop_after: int) -> None:
-    with DALIDataLoader(reader, batch_size=20, prefetch_factor=4, seed=5, device="cpu") as loader:
+    with DALIDataLoader(reader, batch_size=20, batches_per_window=4, seed=5, device="cpu") as loader:
         loader.set_epoch(3)
         full = list(loader)
         loader.set_epoch(3)
@@ -178,19 +166,19 @@ def test_resume_yields_exactly_the_remaining_batches(reader: AtomicDataZarrReade
                 break
         state = loader.state_dict()
     assert state["epoch"] == 3 and state["batch"] == stop_after
-    with DALIDataLoader(reader, batch_size=20, prefetch_factor=3, seed=5, device="cpu") as resumed:
+    with DALIDataLoader(reader, batch_size=20, batches_per_window=3, seed=5, device="cpu") as resumed:
         resumed.load_state_dict(state)
         rest = list(resumed)
         assert resumed.epoch == 4
         after = next(iter(resumed))
-    _assert_batches_equal(rest, full[stop_after:])
+    assert_batches_equal(rest, full[stop_after:])
     assert after.sample_indices.tolist() != full[0].sample_indices.tolist()
-    with DALIDataLoader(reader, batch_size=21, device="cpu") as other, pytest.raises(ValueError, match="batch_size=20"):
+    with DALIDataLoader(reader, batch_size=21, device="cpu") as other, pytest.raises(PlanError, match="batch_size=20"):
         other.load_state_dict(state)
 
 
 def test_breaking_out_and_iterating_again_continues_the_epoch(reader: AtomicDataZarrReader) -> None:
-    with DALIDataLoader(reader, batch_size=50, prefetch_factor=2, device="cpu") as loader:
+    with DALIDataLoader(reader, batch_size=50, batches_per_window=2, device="cpu") as loader:
         first = []
         for batch in loader:
             first.append(batch.sample_indices)
@@ -206,19 +194,20 @@ def test_one_packed_read_per_window_and_no_index_twice(small_store: Path, tmp_pa
     counting = CountingReader(small_store)
     counting.log = tmp_path / "reads.txt"
     loader = DALIDataLoader(
-        counting, batch_size=16, prefetch_factor=4, num_workers=workers, start_method="fork", device="cpu"
+        counting, batch_size=16, batches_per_window=4, num_workers=workers, start_method="fork", device="cpu"
     )
     delivered = [np.concatenate([b.sample_indices for b in loader]) for _ in range(2)]
     loader.close()  # workers may have started on epoch 2 already; stop them before reading the log
     windows = {}
     for epoch in range(3):
-        for w in range(loader.plan.num_windows()):
-            windows[tuple(loader.plan.window(epoch, w)[0].tolist())] = epoch
+        epoch_plan = loader.plan.epoch(epoch)
+        for w in range(epoch_plan.num_windows(4)):
+            windows[tuple(epoch_plan.window(w, 4).indices.tolist())] = epoch
     reads = [tuple(call.tolist()) for call in counting.calls()]
     assert all(read in windows for read in reads)  # every read is exactly one planned window
     assert len(set(reads)) == len(reads)  # and no window (so no index) is read twice
     for epoch in (0, 1):
-        assert sum(windows[read] == epoch for read in reads) == loader.plan.num_windows() == 5
+        assert sum(windows[read] == epoch for read in reads) == loader.plan.epoch(epoch).num_windows(4) == 5
         assert np.array_equal(np.sort(delivered[epoch]), np.arange(N))
 
 
@@ -240,7 +229,7 @@ def test_fields_limit_what_is_read_and_returned(small_store: Path, workers: int)
 def test_reader_error_surfaces_with_its_type_and_message(small_store: Path, workers: int) -> None:
     failing = FailingReader(small_store)
     with DALIDataLoader(
-        failing, batch_size=10, prefetch_factor=2, num_workers=workers, start_method="fork", device="cpu"
+        failing, batch_size=10, batches_per_window=2, num_workers=workers, start_method="fork", device="cpu"
     ) as loader:
         started = time.monotonic()
         with pytest.raises(LoaderError, match="ValueError: disk on fire at window 3") as info:
@@ -263,7 +252,7 @@ def test_close_releases_workers_and_shared_memory(small_store: Path) -> None:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in children)
     assert set(glob.glob("/dev/shm/*")) <= before
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(LoaderClosedError, match="closed"):
         iter(loader)
 
 
@@ -273,7 +262,7 @@ def test_device_resolution() -> None:
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     if not torch.cuda.is_available():
-        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        with pytest.raises(DeviceError, match="needs a CUDA GPU"):
             resolve_device("cuda")
     with pytest.raises(ValueError, match="device must be"):
         resolve_device("meta")
@@ -318,7 +307,7 @@ def test_cuda_batches_equal_the_cpu_path(reader: AtomicDataZarrReader, layout: s
 @pytest.mark.timeout(60)
 def test_a_killed_worker_is_an_error_within_seconds_not_a_hang(small_store: Path) -> None:
     loader = DALIDataLoader(
-        small_store, batch_size=10, prefetch_factor=2, num_workers=2, start_method="fork", device="cpu"
+        small_store, batch_size=10, batches_per_window=2, num_workers=2, start_method="fork", device="cpu"
     )
     batches = iter(loader)
     next(batches)
@@ -346,10 +335,10 @@ def test_a_killed_worker_is_an_error_within_seconds_not_a_hang(small_store: Path
 INTERRUPTED_LOOP = """
 import os, signal, sys
 from dali_alchemi import DALIDataLoader
-from dali_alchemi.pipeline.iterator import worker_processes
+from dali_alchemi.pipeline.dali_private import worker_processes
 
 if __name__ == "__main__":
-    loader = DALIDataLoader(sys.argv[1], batch_size=10, prefetch_factor=2, num_workers=2, start_method=sys.argv[3], device="cpu")
+    loader = DALIDataLoader(sys.argv[1], batch_size=10, batches_per_window=2, num_workers=2, start_method=sys.argv[3], device="cpu")
     for k, batch in enumerate(loader):
         if k == 0:
             with open(sys.argv[2], "w") as fh:

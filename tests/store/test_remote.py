@@ -46,7 +46,7 @@ def test_a_shuffled_epoch_fetches_each_chunk_once_and_overlaps_requests(served: 
     local = AtomicDataZarrReader(served / "s.zarr")
     chunks = sum(h.codec.n_blocks for h in local._handles.values())  # one chunk per block here
     with StoreServer(served, latency_s=LATENCY) as server:
-        loader = DALIDataLoader(server.url + "s.zarr", batch_size=32, prefetch_factor=4, num_workers=workers,
+        loader = DALIDataLoader(server.url + "s.zarr", batch_size=32, batches_per_window=4, num_workers=workers,
                                 start_method="fork", device="cpu")  # fmt: skip
         server.reset_counts()
         started = time.perf_counter()
@@ -55,7 +55,7 @@ def test_a_shuffled_epoch_fetches_each_chunk_once_and_overlaps_requests(served: 
         loader.close()
         gets = _chunk_gets(server)
     assert np.array_equal(np.sort(np.concatenate(delivered)), np.arange(N))
-    windows = loader.plan.num_windows()
+    windows = loader.plan.epoch(0).num_windows(4)
     # the decoded-chunk cache of each reading process fetches every chunk once per epoch at most
     assert max(gets.values()) <= max(1, workers) <= windows
     assert len(gets) <= chunks and sum(gets.values()) <= chunks * max(1, workers)
@@ -70,7 +70,7 @@ def test_transient_failures_are_retried_without_losing_or_duplicating(served: Pa
     local = AtomicDataZarrReader(served / "s.zarr")
     with StoreServer(served, latency_s=0.002, failure_rate=0.2, seed=3) as server:
         reader = AtomicDataZarrReader(server.url + "s.zarr", fetch=FetchConfig(retries=8, backoff_s=0.001))
-        with DALIDataLoader(reader, batch_size=50, prefetch_factor=3, num_workers=0, device="cpu") as loader:
+        with DALIDataLoader(reader, batch_size=50, batches_per_window=3, num_workers=0, device="cpu") as loader:
             batches = list(loader)
         failures = server.failures
     assert failures > 10  # the server did fail, and often

@@ -1,0 +1,157 @@
+"""The plan seam: what a plan is, and the epoch plan every loader consumes.
+
+A *plan* decides, for one shard, which structures an epoch visits in which order and where each
+batch ends. It returns that decision as an :class:`EpochPlan`, plain arrays and nothing else, and
+everything downstream (the DALI source, the iterator, the plain DataLoader) uses exactly those arrays:
+nobody re-derives batches from a batch size. Windows (several consecutive batches read with one call
+to the reader) are cut from the epoch plan by :meth:`EpochPlan.window`; they decide how structures are
+*read* together, never which structures form a batch.
+
+The shape of an epoch plan admits, with no special case downstream: batches of varying size (the
+``batch_ptr`` offsets), orders built from spans of contiguous structures (any ``order``), indices over
+several stores (``order`` indexes whatever reader the plan was made for), and an exact resume (the
+loader's position is ``(epoch, batch)``, and :meth:`Plan.to_dict` is the plan's identity as plain data).
+Pure numpy; no I/O, no torch, no DALI.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from dali_alchemi.errors import PlanError
+
+if TYPE_CHECKING:
+    from dali_alchemi.types import IndexArray, PtrArray
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The structures one reader call reads, and where each batch of them ends.
+
+    Attributes
+    ----------
+    indices
+        ``[n]`` int64 reader indices, the window's batches concatenated in order.
+    batch_bounds
+        ``[b + 1]`` int64 offsets into ``indices``: batch ``k`` of the window is
+        ``indices[batch_bounds[k]:batch_bounds[k + 1]]``.
+    first_batch
+        The epoch-wide number of the window's first batch.
+    """
+
+    indices: IndexArray
+    batch_bounds: PtrArray
+    first_batch: int
+
+    @property
+    def num_batches(self) -> int:
+        return int(self.batch_bounds.size - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class EpochPlan:
+    """One shard's epoch: the structures in order and the offsets where each batch ends.
+
+    Attributes
+    ----------
+    epoch
+        The epoch this plan is for.
+    order
+        ``[n]`` int64 reader indices in the order the epoch visits them (padding included).
+    batch_ptr
+        ``[num_batches + 1]`` int64, starting at 0 and strictly increasing: batch ``i`` is
+        ``order[batch_ptr[i]:batch_ptr[i + 1]]``. Structures of ``order`` past ``batch_ptr[-1]`` are
+        not visited (a dropped last batch).
+
+    Raises
+    ------
+    PlanError
+        At construction, when ``batch_ptr`` does not start at 0, does not increase strictly or runs
+        past ``order``.
+    """
+
+    epoch: int
+    order: IndexArray
+    batch_ptr: PtrArray
+
+    def __post_init__(self) -> None:
+        ptr = self.batch_ptr
+        if ptr.ndim != 1 or ptr.size < 1 or ptr[0] != 0:
+            raise PlanError(f"batch_ptr must be a 1-D array starting at 0, got {ptr[:5].tolist()}...")
+        if ptr.size > 1 and (bool(np.any(np.diff(ptr) < 1)) or int(ptr[-1]) > self.order.size):
+            raise PlanError(
+                f"batch_ptr must rise strictly and end within the epoch's {self.order.size} structures, "
+                f"ends at {int(ptr[-1])}"
+            )
+
+    @property
+    def num_batches(self) -> int:
+        """Batches in this epoch (the same on every shard of a plan)."""
+        return int(self.batch_ptr.size - 1)
+
+    def batch(self, index: int) -> IndexArray:
+        """The reader indices of batch ``index``."""
+        if not 0 <= index < self.num_batches:
+            raise IndexError(f"batch {index} out of range: epoch {self.epoch} has {self.num_batches} batches")
+        return self.order[int(self.batch_ptr[index]) : int(self.batch_ptr[index + 1])]
+
+    def batches(self, first_batch: int = 0) -> list[IndexArray]:
+        """Every batch from ``first_batch`` on, as index arrays (the reference view of the plan)."""
+        self._check_batch(first_batch)
+        ptr = self.batch_ptr.tolist()
+        return [self.order[ptr[i] : ptr[i + 1]] for i in range(first_batch, self.num_batches)]
+
+    def num_windows(self, batches_per_window: int, first_batch: int = 0) -> int:
+        """Windows of ``batches_per_window`` batches needed from ``first_batch`` to the end of the epoch."""
+        self._check_batch(first_batch)
+        return math.ceil((self.num_batches - first_batch) / batches_per_window)
+
+    def window(self, index: int, batches_per_window: int, first_batch: int = 0) -> Window:
+        """Window ``index`` when the epoch is read ``batches_per_window`` batches at a time from ``first_batch``.
+
+        Raises
+        ------
+        IndexError
+            If ``index`` is past the end of the epoch.
+        """
+        n_windows = self.num_windows(batches_per_window, first_batch)
+        if not 0 <= index < n_windows:
+            raise IndexError(
+                f"window {index} out of range: epoch {self.epoch} has {n_windows} windows from batch {first_batch}"
+            )
+        b0 = first_batch + index * batches_per_window
+        b1 = min(b0 + batches_per_window, self.num_batches)
+        lo, hi = int(self.batch_ptr[b0]), int(self.batch_ptr[b1])
+        return Window(indices=self.order[lo:hi], batch_bounds=self.batch_ptr[b0 : b1 + 1] - lo, first_batch=b0)
+
+    def _check_batch(self, first_batch: int) -> None:
+        if not 0 <= first_batch <= self.num_batches:
+            raise PlanError(f"first_batch must be in [0, {self.num_batches}], got {first_batch}")
+
+
+@runtime_checkable
+class Plan(Protocol):
+    """Decides each epoch of one shard: implement :meth:`epoch`, :attr:`num_samples` and :meth:`to_dict`.
+
+    ``epoch(e)`` must be a pure function of the plan's settings and ``e`` (no hidden state), so every
+    process (a DALI worker, another rank, a resumed job) rebuilds the same epoch. Every shard of one
+    plan must have the same number of batches in an epoch, or collective operations deadlock at its
+    end. Plans are pickled into DALI's worker processes: keep them small (settings, not orders).
+    """
+
+    @property
+    def num_samples(self) -> int:
+        """The length of the reader this plan was made for."""
+        ...
+
+    def epoch(self, epoch: int) -> EpochPlan:
+        """This shard's epoch ``epoch``."""
+        ...
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan's identity as JSON-ready plain data (kind and settings), stored in loader state."""
+        ...

@@ -1,0 +1,131 @@
+"""FixedBatchPlan: today's plan, batches of ``batch_size`` structures over a shuffled or sequential order."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from dali_alchemi.errors import PlanError
+from dali_alchemi.plan.base import EpochPlan, Plan
+from dali_alchemi.plan.order import epoch_order, resolve_shard, shard
+
+DEFAULT_BATCH_SIZE = 64
+"""Structures per batch when neither ``batch_size`` nor a plan is given."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FixedBatchPlan:
+    """Batches of ``batch_size`` structures; the last one of an epoch may be smaller (or dropped).
+
+    Parameters
+    ----------
+    num_samples
+        Structures in the dataset (the reader's length).
+    batch_size
+        Structures per batch.
+    shuffle, seed
+        Shuffle with a permutation seeded by ``(seed, epoch)``; ``False`` visits structures in order.
+    drop_last
+        Drop a shard's last batch when it is smaller than ``batch_size``.
+    shard_id, num_shards
+        This shard and the shard count; every shard has the same number of batches (the order is
+        padded by wrapping, like ``DistributedSampler``).
+
+    Raises
+    ------
+    PlanError
+        At construction, naming the setting that is out of range.
+    """
+
+    num_samples: int
+    batch_size: int
+    shuffle: bool = True
+    seed: int = 0
+    drop_last: bool = False
+    shard_id: int = 0
+    num_shards: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "num_shards"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PlanError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or self.num_samples < 0:
+            raise PlanError(f"num_samples must be a non-negative integer, got {self.num_samples!r}")
+        if not isinstance(self.shard_id, int) or not 0 <= self.shard_id < self.num_shards:
+            raise PlanError(f"shard_id must be in [0, {self.num_shards}), got {self.shard_id}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise PlanError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+    @property
+    def samples_per_shard(self) -> int:
+        """Structures this shard sees per epoch, padding included."""
+        return math.ceil(self.num_samples / self.num_shards) if self.num_samples else 0
+
+    @property
+    def num_batches(self) -> int:
+        """Batches per epoch in every shard (the same for every epoch)."""
+        if self.drop_last:
+            return self.samples_per_shard // self.batch_size
+        return math.ceil(self.samples_per_shard / self.batch_size)
+
+    def epoch(self, epoch: int) -> EpochPlan:
+        """This shard's epoch: its share of the seeded order, cut every ``batch_size`` structures."""
+        order = epoch_order(self.num_samples, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
+        mine = shard(order, shard_id=self.shard_id, num_shards=self.num_shards)
+        ptr = np.minimum(np.arange(self.num_batches + 1, dtype=np.int64) * self.batch_size, mine.size)
+        return EpochPlan(epoch=epoch, order=mine, batch_ptr=ptr)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: the plan's kind and settings (benchmark records, loader state)."""
+        return {"kind": "fixed", **asdict(self)}
+
+
+def plan_from_arguments(
+    plan: Plan | None,
+    num_samples: int,
+    *,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    drop_last: bool,
+    shard_id: int | None,
+    num_shards: int | None,
+) -> Plan:
+    """``plan`` checked against the reader, or the :class:`FixedBatchPlan` the plan arguments describe.
+
+    Both loaders build their plan here. As with torch's ``batch_sampler``, a plan excludes the
+    arguments that would build one (``batch_size``, ``shuffle``, ``drop_last``, the shard).
+
+    Raises
+    ------
+    PlanError
+        If ``plan`` is given together with those arguments, or was made for another number of samples.
+    """
+    if plan is None:
+        shard, shards = resolve_shard(shard_id, num_shards)
+        return FixedBatchPlan(
+            num_samples=num_samples, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+            shard_id=shard, num_shards=shards,
+        )  # fmt: skip
+    given = [
+        name
+        for name, value, default in (
+            ("batch_size", batch_size, DEFAULT_BATCH_SIZE),
+            ("shuffle", shuffle, True),
+            ("drop_last", drop_last, False),
+            ("shard_id", shard_id, None),
+            ("num_shards", num_shards, None),
+        )
+        if value != default
+    ]
+    if given:
+        raise PlanError(f"plan= is mutually exclusive with {', '.join(given)}: the plan decides the batches")
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan must implement dali_alchemi.plan.Plan (epoch, num_samples, to_dict), got {plan!r}")
+    if plan.num_samples != num_samples:
+        raise PlanError(f"the plan was made for {plan.num_samples} samples, but the reader has {num_samples}")
+    return plan

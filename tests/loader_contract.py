@@ -1,0 +1,148 @@
+"""The contract every loader of this project meets, written once (in the spirit of zarr's ``StoreTests``).
+
+:class:`LoaderContract` holds the assertions; ``tests/pipeline/test_loader.py`` (the DALI loader) and
+``tests/baseline/test_torch_loader.py`` (the plain DataLoader) subclass it and say only how to build
+their loader. The reference is the simplest correct thing: the reader's per-sample reads collated by
+:meth:`Batch.from_samples`, batch by batch as the plan says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from dali_alchemi import AtomicDataZarrReader, Batch, PlanError, UnknownFieldError
+from dali_alchemi.plan import EpochPlan, Plan
+
+N = 300
+"""Structures in the shared ``small_store``."""
+
+
+def reference_batches(reader: AtomicDataZarrReader, plan: Plan, epoch: int, first_batch: int = 0) -> list[Batch]:
+    """The plan's batches of ``epoch``, read one sample at a time and collated by ``Batch.from_samples``."""
+    return [
+        Batch.from_samples(
+            [sample for sample, _ in reader.read_many(indices)], levels=reader.field_levels, sample_indices=indices
+        )
+        for indices in plan.epoch(epoch).batches(first_batch)
+    ]
+
+
+def assert_batches_equal(got: list[Batch], want: list[Batch]) -> None:
+    """Same batches: fields (values and dtypes), batch vectors and pointers, counts and store indices."""
+    assert len(got) == len(want)
+    for k, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert set(a.fields) == set(b.fields), k
+        for name in b.fields:
+            assert a[name].dtype == b[name].dtype, (k, name)
+            assert torch.equal(a[name].cpu(), b[name]), (k, name)
+        assert torch.equal(a.batch_idx.cpu(), b.batch_idx) and torch.equal(a.batch_ptr.cpu(), b.batch_ptr)
+        assert a.num_nodes_list == b.num_nodes_list and a.num_edges_list == b.num_edges_list
+        assert np.array_equal(a.sample_indices, b.sample_indices), k
+
+
+@dataclass(frozen=True, slots=True)
+class CyclingSizesPlan:
+    """A plan whose batch sizes cycle through ``sizes``: proves nobody downstream assumes one batch size."""
+
+    num_samples: int
+    sizes: tuple[int, ...] = (7, 13, 1, 20)
+    seed: int = 0
+
+    def epoch(self, epoch: int) -> EpochPlan:
+        order = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples).astype(np.int64)
+        sizes = np.resize(np.array(self.sizes, dtype=np.int64), self.num_samples)
+        ptr = np.concatenate([[0], np.cumsum(sizes)])
+        ptr = np.append(ptr[ptr < self.num_samples], self.num_samples).astype(np.int64)
+        return EpochPlan(epoch=epoch, order=order, batch_ptr=ptr)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "cycling", **asdict(self)}
+
+
+class LoaderContract:
+    """Assertions shared by every loader; subclasses implement :meth:`make_loader` (and maybe :meth:`close`)."""
+
+    def make_loader(self, source: Any, **options: Any) -> Any:
+        """A loader over ``source`` (a reader or a store) with ``options`` (plan and field arguments)."""
+        raise NotImplementedError
+
+    def close(self, loader: Any) -> None:
+        loader.close()
+
+    def epochs(self, loader: Any, epochs: range) -> list[list[Batch]]:
+        out = []
+        for epoch in epochs:
+            loader.set_epoch(epoch)
+            out.append(list(loader))
+        return out
+
+    def test_batches_equal_the_reference_over_epochs(self, reader: AtomicDataZarrReader) -> None:
+        loader = self.make_loader(reader, batch_size=16, seed=11)
+        try:
+            assert len(loader) == 19
+            for epoch, got in zip(range(2), self.epochs(loader, range(2)), strict=True):
+                assert_batches_equal(got, reference_batches(reader, loader.plan, epoch))
+                indices = np.concatenate([b.sample_indices for b in got])
+                assert np.array_equal(np.sort(indices), np.arange(N))  # every index exactly once
+                assert [b.num_graphs for b in got] == [16] * 18 + [12]  # the partial last batch is kept
+        finally:
+            self.close(loader)
+
+    def test_batches_of_varying_size_follow_the_plan(self, reader: AtomicDataZarrReader) -> None:
+        plan = CyclingSizesPlan(num_samples=N, seed=3)
+        loader = self.make_loader(reader, plan=plan)
+        try:
+            assert len(loader) == plan.epoch(0).num_batches == 30
+            for epoch, got in zip(range(2), self.epochs(loader, range(2)), strict=True):
+                assert [b.num_graphs for b in got] == [7, 13, 1, 20] * 7 + [7, 6]
+                assert_batches_equal(got, reference_batches(reader, plan, epoch))
+        finally:
+            self.close(loader)
+
+    @pytest.mark.parametrize("shards", [2, 3])
+    def test_shards_are_disjoint_cover_the_store_and_have_equal_counts(
+        self, reader: AtomicDataZarrReader, shards: int
+    ) -> None:
+        parts, lengths = [], set()
+        for shard_id in range(shards):
+            loader = self.make_loader(reader, batch_size=25, shard_id=shard_id, num_shards=shards, seed=4)
+            try:
+                lengths.add(len(loader))
+                parts.append(np.concatenate([b.sample_indices for b in loader]))
+            finally:
+                self.close(loader)
+        padding = int(np.ceil(N / shards)) * shards - N
+        assert len(lengths) == 1
+        assert set(np.concatenate(parts).tolist()) == set(range(N))
+        assert sum(p.size for p in parts) == N + padding
+
+    def test_fields_narrow_what_is_read_from_a_reader_or_a_store(
+        self, reader: AtomicDataZarrReader, small_store: Any
+    ) -> None:
+        for source in (reader, small_store):
+            loader = self.make_loader(source, batch_size=40, fields=["positions", "energy", "neighbor_list"])
+            try:
+                for batch in loader:
+                    assert set(batch.fields) == {"positions", "energy", "neighbor_list"}
+            finally:
+                self.close(loader)
+        loader = self.make_loader(reader, batch_size=100, fields="energy")  # one name is one field
+        try:
+            assert [set(b.fields) for b in loader] == [{"energy"}] * 3
+        finally:
+            self.close(loader)
+        with pytest.raises(UnknownFieldError, match=r"Unknown fields \['nope'\]"):
+            self.make_loader(reader, fields=["nope"])
+
+    def test_a_plan_excludes_the_arguments_that_build_one(self, reader: AtomicDataZarrReader) -> None:
+        with pytest.raises(PlanError, match="mutually exclusive with batch_size, shard_id"):
+            self.make_loader(reader, plan=CyclingSizesPlan(num_samples=N), batch_size=8, shard_id=0, num_shards=1)
+        with pytest.raises(PlanError, match="made for 299 samples, but the reader has 300"):
+            self.make_loader(reader, plan=CyclingSizesPlan(num_samples=N - 1))
+        with pytest.raises(TypeError, match=r"must implement dali_alchemi\.plan\.Plan"):
+            self.make_loader(reader, plan=[1, 2, 3])

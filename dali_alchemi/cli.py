@@ -2,6 +2,9 @@
 
 This module owns everything a person sees in a terminal (progress bars, tables); the library
 functions it calls return records and print nothing.
+
+Parsing the arguments imports nothing heavy (torch, zarr, DALI, the readers): each command imports
+what it needs when it runs, so ``--help`` answers at once.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
+
+from dali_alchemi.bench.names import DEFAULT_LOADERS, LOADER_HELP
 
 if TYPE_CHECKING:
     from dali_alchemi.config import WriteConfig
@@ -290,8 +295,6 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="print a store's counts, arrays, chunks and codecs")
     inspect.add_argument("store", help="path or URL of the store")
     inspect.set_defaults(func=cmd_inspect)
-
-    from dali_alchemi.bench.loaders import DEFAULT_LOADERS, LOADER_HELP
 
     bench = sub.add_parser("bench", help="compare loaders side by side on a store (a synthetic one by default)")
     bench.add_argument(

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,3 +29,31 @@ def test_errors_are_reported_not_raised(tmp_path: Path, capsys: pytest.CaptureFi
     main(["synth", str(store), "--n", "2"])
     assert main(["synth", str(store), "--n", "2"]) == 2
     assert "already exists" in capsys.readouterr().out
+
+
+HEAVY = ("torch", "zarr", "numpy", "nvidia.dali", "dali_alchemi.store.reader", "dali_alchemi.bench.loaders")
+CHECK_HELP = f"""
+import contextlib, io, sys
+from dali_alchemi.cli import build_parser
+parser = build_parser()
+for command in ("synth", "inspect", "bench", "h2d", "convert", "augment-cost"):
+    with contextlib.redirect_stdout(io.StringIO()) as text, contextlib.suppress(SystemExit):
+        parser.parse_args([command, "--help"])
+    assert text.getvalue().startswith("usage: dali-alchemi " + command), text.getvalue()
+print(sorted(name for name in {HEAVY!r} if name in sys.modules))
+"""
+
+
+def test_help_imports_nothing_heavy() -> None:
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", CHECK_HELP], cwd=root, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", f"argument parsing imported {result.stdout.strip()}"
+    result = subprocess.run(
+        [sys.executable, "-m", "dali_alchemi.cli", "synth", "--help"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0 and result.stdout.startswith("usage: dali-alchemi synth"), result.stderr

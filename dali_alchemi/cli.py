@@ -1,7 +1,9 @@
 """The ``dali-alchemi`` command: parse arguments, call the library, print tables.
 
 This module owns everything a person sees in a terminal (progress bars, tables); the library
-functions it calls return records and print nothing.
+functions it calls return records and print nothing. Off a terminal (a pipe, a file, a CI log) the
+output is plain text at full width: no table is cut to 80 columns, no cell ends in an ellipsis, and
+there are no progress bars.
 
 Parsing the arguments imports nothing heavy (torch, zarr, DALI, the readers): each command imports
 what it needs when it runs, so ``--help`` answers at once.
@@ -22,6 +24,25 @@ from dali_alchemi.bench.names import DEFAULT_LOADERS, LOADER_HELP
 
 if TYPE_CHECKING:
     from dali_alchemi.config import WriteConfig
+
+LOG_WIDTH = 10_000
+"""The console width off a terminal: wider than any table, so rich never shrinks or ellipsizes a cell."""
+
+
+def make_console() -> Console:
+    """rich's console on a terminal; anywhere else one that never cuts a table to the width of a terminal."""
+    console = Console()
+    if console.is_terminal:
+        return console
+    return Console(width=LOG_WIDTH, soft_wrap=True)
+
+
+def make_table(*columns: str, title: str | None = None) -> Table:
+    """A table whose cells wrap onto more lines in a narrow terminal rather than end in an ellipsis."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    return table
 
 
 def _human_bytes(n: float) -> str:
@@ -60,7 +81,7 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
         + (f" ({deleted} soft-deleted)" if deleted else "")
         + f"   atoms: {summary.atoms}   edges: {summary.edges}   on disk: {_human_bytes(summary.bytes_on_disk)}"
     )
-    table = Table("array", "level", "dtype", "shape", "chunks", "shards", "codecs")
+    table = make_table("array", "level", "dtype", "shape", "chunks", "shards", "codecs")
     for a in summary.arrays:
         table.add_row(
             f"{a.group}/{a.name}",
@@ -133,7 +154,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
                 "write_config": write_config.to_dict(),
             }
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      TimeElapsedColumn(), console=console) as bar:  # fmt: skip
+                      TimeElapsedColumn(), console=console, disable=not console.is_terminal) as bar:  # fmt: skip
             task = bar.add_task("starting", total=None)
 
             def progress(what: str, done: int, total: int) -> None:
@@ -152,7 +173,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
                     console.print(f"serving {local} at {url} with {args.http_latency_ms} ms per request")
                     records = run_bench(url, config, store_info=store_info, progress=progress)
     steps = ["wait s", "epoch / steps"] if args.step_ms else []
-    table = Table(
+    table = make_table(
         "loader", "order", "samples/s", "warm samples/s", "atoms/s", "x plain", "first batch s", "total s", "peak mem MB", *steps,
         title=f"batch {args.batch_size}, {device}, {args.epochs} epochs, median of {args.rounds} rounds",
     )  # fmt: skip
@@ -195,7 +216,9 @@ def cmd_h2d(args: argparse.Namespace, console: Console) -> int:
             measure_h2d(store, batch_size=args.batch_size, epochs=args.epochs, device=args.device, layout=layout)
             for layout in args.layouts.split(",")
         ]
-    table = Table("GPU", "layout", "structures/s", "atoms/s", "loader H2D GB/s", "pinned copy GB/s", "first batch s")
+    table = make_table(
+        "GPU", "layout", "structures/s", "atoms/s", "loader H2D GB/s", "pinned copy GB/s", "first batch s"
+    )
     for r in results:
         table.add_row(
             r.device, r.layout, f"{r.samples_per_s:,.0f}", f"{r.atoms_per_s:,.0f}", f"{r.loader_gb_per_s:.2f}",
@@ -217,7 +240,8 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
     from dali_alchemi.interop.ase_io import convert
 
     started = time.perf_counter()
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as bar:
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                  disable=not console.is_terminal) as bar:  # fmt: skip
         task = bar.add_task("converting", total=None)
         report = convert(
             args.inputs, args.out, cutoff=args.cutoff, float_dtype=np.float64 if args.float64 else np.float32,
@@ -256,7 +280,9 @@ def cmd_augment_cost(args: argparse.Namespace, console: Console) -> int:
         with AtomicDataZarrReader(store) as reader:
             batches = [Batch.from_packed(reader.read_packed(range(k, k + args.batch_size)), device=device)
                        for k in range(0, args.batch_size * 8, args.batch_size)]  # fmt: skip
-    table = Table("augmentation", "ms per batch", title=f"batch {args.batch_size}, {device}, median of {args.repeats}")
+    table = make_table(
+        "augmentation", "ms per batch", title=f"batch {args.batch_size}, {device}, median of {args.repeats}"
+    )
     pipelines: dict[str, list[Augmentation]] = {
         "rotation": [RandomRotation()], "position noise": [PositionNoise(0.01)], "translation": [RandomTranslation()],
         "all three": [RandomRotation(), PositionNoise(0.01), RandomTranslation()],
@@ -357,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dali-alchemi`` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    console = Console()
+    console = make_console()
     from dali_alchemi.errors import DaliAlchemiError
 
     try:

@@ -31,6 +31,46 @@ def test_errors_are_reported_not_raised(tmp_path: Path, capsys: pytest.CaptureFi
     assert "already exists" in capsys.readouterr().out
 
 
+def _no_line_cut(out: str, *names: str) -> None:
+    """Each name appears whole, and no cell was shortened to an ellipsis."""
+    assert "…" not in out, out
+    for name in names:
+        assert name in out, f"{name!r} missing from:\n{out}"
+
+
+def test_inspect_piped_keeps_whole_names(
+    small_store: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "40")  # a narrow COLUMNS must not narrow output that goes to a file
+    assert main(["inspect", str(small_store)]) == 0
+    out = capsys.readouterr().out
+    _no_line_cut(out, "meta/atoms_ptr", "meta/samples_mask", "core/atomic_numbers", "core/neighbor_list")
+    row = next(line for line in out.splitlines() if "meta/atoms_ptr" in line)
+    assert "int64" in row and "blosc(clevel=5,cname=lz4,shuffle=shuffle)" in row, "a row spans one line"
+
+
+def test_bench_piped_keeps_whole_loader_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "40")
+    loaders = ["torch-batched-w0", "packed", "decode"]
+    assert main(["bench", "--n", "120", "--rounds", "1", "--epochs", "1", "--batch-size", "16",
+                 "--loaders", ",".join(loaders), "--step-ms", "0.1"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    _no_line_cut(out, *loaders, "warm samples/s", "first batch s", "peak mem MB", "epoch / steps")
+    header = next(line for line in out.splitlines() if "loader" in line and "samples/s" in line)
+    assert "epoch / steps" in header, "the header spans one line"
+    rows = [line for line in out.splitlines() if "torch-batched-w0" in line]
+    assert len(rows) == 1 and "shuffle" in rows[0] and "1.00" in rows[0]
+    assert "starting" not in out, "no progress bar off a terminal"
+
+
+def test_augment_cost_piped(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "20")
+    assert main(["augment-cost", "--batch-size", "4", "--repeats", "1", "--device", "cpu"]) == 0
+    _no_line_cut(capsys.readouterr().out, "augmentation", "ms per batch", "position noise", "all three")
+
+
 HEAVY = ("torch", "zarr", "numpy", "nvidia.dali", "dali_alchemi.store.reader", "dali_alchemi.bench.loaders")
 CHECK_HELP = f"""
 import contextlib, io, sys

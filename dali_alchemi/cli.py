@@ -15,18 +15,27 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from dali_alchemi.bench.names import DEFAULT_LOADERS, LOADER_HELP
+from dali_alchemi.errors import DaliAlchemiError
 
 if TYPE_CHECKING:
+    import torch
+
     from dali_alchemi.config import WriteConfig
 
 LOG_WIDTH = 10_000
 """The console width off a terminal: wider than any table, so rich never shrinks or ellipsizes a cell."""
+
+
+class CommandError(Exception):
+    """Bad input or a missing GPU, told as ``error: ...`` with exit code 2 rather than a traceback."""
 
 
 def make_console() -> Console:
@@ -43,6 +52,32 @@ def make_table(*columns: str, title: str | None = None) -> Table:
     for column in columns:
         table.add_column(column, overflow="fold")
     return table
+
+
+def parse_device(spec: str) -> torch.device:
+    """The device of ``--device``; a CUDA device on a machine without a GPU is a :class:`CommandError`."""
+    from dali_alchemi.pipeline.loader import resolve_device as resolve
+
+    try:
+        return resolve(spec)
+    except RuntimeError as err:  # no GPU, or a malformed device string
+        raise CommandError(f"--device {spec}: {err}") from err
+
+
+def cuda_device(spec: str) -> torch.device:
+    """The device of ``h2d --device``, which must be a visible CUDA GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU build"
+        raise CommandError(
+            f"h2d measures host-to-device copies and needs a CUDA GPU, and none is visible "
+            f"(torch {torch.__version__}, {build})"
+        )
+    device = parse_device(spec)
+    if device.type != "cuda":
+        raise CommandError(f"h2d measures host-to-device copies: --device must be a CUDA device, got {spec!r}")
+    return device
 
 
 def _human_bytes(n: float) -> str:
@@ -128,11 +163,10 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from dali_alchemi.bench.loaders import validate_names
     from dali_alchemi.bench.runner import BenchConfig, run_bench
     from dali_alchemi.bench.synth import write_synthetic_store
-    from dali_alchemi.pipeline.loader import resolve_device
 
     loaders = [name.strip() for name in args.loaders.split(",") if name.strip()]
     validate_names(loaders)
-    device = resolve_device(args.device)
+    device = parse_device(args.device)
     config = BenchConfig(
         loaders=tuple(loaders), orders=tuple(o.strip() for o in args.order.split(",")), batch_size=args.batch_size,
         epochs=args.epochs, rounds=args.rounds, step_ms=args.step_ms, device=str(device),
@@ -208,6 +242,7 @@ def cmd_h2d(args: argparse.Namespace, console: Console) -> int:
     from dali_alchemi.bench.h2d import measure_h2d
     from dali_alchemi.bench.synth import write_synthetic_store
 
+    cuda_device(args.device)  # before the synthetic store is written, which takes a while
     with tempfile.TemporaryDirectory(prefix="dali-alchemi-h2d-") as scratch:
         store = args.store or str(Path(scratch) / "synthetic.zarr")
         if not args.store:
@@ -239,14 +274,23 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
 
     from dali_alchemi.interop.ase_io import convert
 
+    for name in args.inputs:
+        if Path(name).is_file() and Path(name).stat().st_size == 0:
+            raise CommandError(f"{name} is empty: there are no structures to convert")
     started = time.perf_counter()
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                   disable=not console.is_terminal) as bar:  # fmt: skip
         task = bar.add_task("converting", total=None)
-        report = convert(
-            args.inputs, args.out, cutoff=args.cutoff, float_dtype=np.float64 if args.float64 else np.float32,
-            chunk=args.chunk, progress=lambda done: bar.update(task, description=f"{done:,} structures"),
-        )  # fmt: skip
+        try:
+            report = convert(
+                args.inputs, args.out, cutoff=args.cutoff, float_dtype=np.float64 if args.float64 else np.float32,
+                chunk=args.chunk, progress=lambda done: bar.update(task, description=f"{done:,} structures"),
+            )  # fmt: skip
+        except Exception as err:
+            if not _raised_in_ase(err.__traceback__):
+                raise
+            what = args.inputs[0] if len(args.inputs) == 1 else "the inputs (" + ", ".join(args.inputs) + ")"
+            raise CommandError(f"ASE could not read {what}: {type(err).__name__}: {err}") from err
     seconds = time.perf_counter() - started
     console.print(
         f"wrote {report.structures:,} structures ({report.atoms:,} atoms, {report.edges:,} edges) to {args.out} "
@@ -262,6 +306,14 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _raised_in_ase(tb: TracebackType | None) -> bool:
+    """Whether the innermost Python frame of a traceback is ASE's: the input could not be read or parsed."""
+    module = None
+    while tb is not None:
+        module, tb = tb.tb_frame.f_globals.get("__name__", ""), tb.tb_next
+    return isinstance(module, str) and (module == "ase" or module.startswith("ase."))
+
+
 def cmd_augment_cost(args: argparse.Namespace, console: Console) -> int:
     import tempfile
     import time
@@ -271,10 +323,9 @@ def cmd_augment_cost(args: argparse.Namespace, console: Console) -> int:
     from dali_alchemi.augment import Augmentation, PositionNoise, RandomRotation, RandomTranslation, apply_augmentations
     from dali_alchemi.batch import Batch
     from dali_alchemi.bench.synth import write_synthetic_store
-    from dali_alchemi.pipeline.loader import resolve_device
     from dali_alchemi.store.reader import AtomicDataZarrReader
 
-    device = resolve_device(args.device)
+    device = parse_device(args.device)
     with tempfile.TemporaryDirectory(prefix="dali-alchemi-augment-") as scratch:
         store = write_synthetic_store(Path(scratch) / "s.zarr", args.batch_size * 8, seed=1)
         with AtomicDataZarrReader(store) as reader:
@@ -384,12 +435,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     console = make_console()
-    from dali_alchemi.errors import DaliAlchemiError
-
     try:
         return int(args.func(args, console))
+    except CommandError as err:
+        console.print(f"[red]error:[/red] {escape(str(err))}")
+        return 2
     except (DaliAlchemiError, FileExistsError, FileNotFoundError, ValueError) as err:
-        console.print(f"[red]error:[/red] {type(err).__name__}: {err}")
+        console.print(f"[red]error:[/red] {type(err).__name__}: {escape(str(err))}")
         return 2
 
 

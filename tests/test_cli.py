@@ -71,6 +71,42 @@ def test_augment_cost_piped(capsys: pytest.CaptureFixture[str], monkeypatch: pyt
     _no_line_cut(capsys.readouterr().out, "augmentation", "ms per batch", "position noise", "all three")
 
 
+def test_h2d_without_a_gpu_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert main(["h2d", "--n", "10"]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("error: h2d") and "needs a CUDA GPU" in out
+
+
+def test_bench_on_a_missing_gpu_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert main(["bench", "--n", "10", "--device", "cuda"]) == 2
+    assert capsys.readouterr().out.startswith("error: --device cuda")
+
+
+def test_convert_unreadable_inputs_are_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ase")
+    junk, empty = tmp_path / "junk.extxyz", tmp_path / "empty.extxyz"
+    junk.write_text("garbage here\nnot an xyz file\n")
+    empty.write_text("")
+    assert main(["convert", str(junk), str(tmp_path / "a.zarr")]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("error: ASE could not read") and str(junk) in out and "XYZError" in out
+    assert main(["convert", str(empty), str(tmp_path / "b.zarr")]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("error:") and str(empty) in out and "is empty" in out
+    assert not (tmp_path / "a.zarr").exists() and not (tmp_path / "b.zarr").exists()
+
+
+def test_markup_in_an_error_message_is_printed_as_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(tmp_path / "[bold]x.zarr")]) == 2
+    assert "[bold]x.zarr" in capsys.readouterr().out
+
+
 HEAVY = ("torch", "zarr", "numpy", "nvidia.dali", "dali_alchemi.store.reader", "dali_alchemi.bench.loaders")
 CHECK_HELP = f"""
 import contextlib, io, sys

@@ -195,7 +195,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
                 bar.update(task, description=what, completed=done, total=total)
 
             if args.http_latency_ms is None:
-                records = run_bench(store, config, store_info=store_info, progress=progress)
+                run = run_bench(store, config, store_info=store_info, progress=progress)
             else:
                 from dali_alchemi.bench.http_server import StoreServer
 
@@ -205,13 +205,13 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
                     url = server.url + local.name
                     store_info = {**store_info, "served_over": "http on loopback", "latency_ms": args.http_latency_ms}
                     console.print(f"serving {local} at {url} with {args.http_latency_ms} ms per request")
-                    records = run_bench(url, config, store_info=store_info, progress=progress)
+                    run = run_bench(url, config, store_info=store_info, progress=progress)
     steps = ["wait s", "epoch / steps"] if args.step_ms else []
     table = make_table(
         "loader", "order", "samples/s", "warm samples/s", "atoms/s", "x plain", "first batch s", "total s", "peak mem MB", *steps,
         title=f"batch {args.batch_size}, {device}, {args.epochs} epochs, median of {args.rounds} rounds",
     )  # fmt: skip
-    for r in records:
+    for r in run.records:
         if r.note:
             table.add_row(r.loader, r.order, r.note, *[""] * (6 + len(steps)))
             continue
@@ -221,17 +221,16 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
             _fmt(r.total_s, ".2f"), _fmt(r.peak_rss_mb, ".0f"), *([_fmt(r.wait_s, ".2f"), _fmt(r.epoch_vs_steps, ".3f")] if steps else []),
         )  # fmt: skip
     console.print(table)
-    if records:
-        console.print(f"opening the store (with its open-time checks) took {records[0].store['open_s'] * 1000:.1f} ms")
+    console.print(f"opening the store (with its open-time checks) took {run.meta.store['open_s'] * 1000:.1f} ms")
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps([r.to_dict() for r in records], indent=2))
+        out.write_text(json.dumps(run.to_dict(), indent=2))
         console.print(f"wrote {out}")
     if args.plot:
         from dali_alchemi.bench.plot import plot_records
 
-        console.print(f"wrote {plot_records(records, args.plot, title=str(table.title or ''))}")
+        console.print(f"wrote {plot_records(run.records, args.plot, title=str(table.title or ''))}")
     return 0
 
 

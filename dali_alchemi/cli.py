@@ -1,7 +1,12 @@
 """The ``dali-alchemi`` command: parse arguments, call the library, print tables.
 
 This module owns everything a person sees in a terminal (progress bars, tables); the library
-functions it calls return records and print nothing.
+functions it calls return records and print nothing. Off a terminal (a pipe, a file, a CI log) the
+output is plain text at full width: no table is cut to 80 columns, no cell ends in an ellipsis, and
+there are no progress bars.
+
+Parsing the arguments imports nothing heavy (torch, zarr, DALI, the readers): each command imports
+what it needs when it runs, so ``--help`` answers at once.
 """
 
 from __future__ import annotations
@@ -10,13 +15,69 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from dali_alchemi.bench.names import DEFAULT_LOADERS, LOADER_HELP
+from dali_alchemi.errors import DaliAlchemiError
+
 if TYPE_CHECKING:
+    import torch
+
     from dali_alchemi.config import WriteConfig
+
+LOG_WIDTH = 10_000
+"""The console width off a terminal: wider than any table, so rich never shrinks or ellipsizes a cell."""
+
+
+class CommandError(Exception):
+    """Bad input or a missing GPU, told as ``error: ...`` with exit code 2 rather than a traceback."""
+
+
+def make_console() -> Console:
+    """rich's console on a terminal; anywhere else one that never cuts a table to the width of a terminal."""
+    console = Console()
+    if console.is_terminal:
+        return console
+    return Console(width=LOG_WIDTH, soft_wrap=True)
+
+
+def make_table(*columns: str, title: str | None = None) -> Table:
+    """A table whose cells wrap onto more lines in a narrow terminal rather than end in an ellipsis."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    return table
+
+
+def parse_device(spec: str) -> torch.device:
+    """The device of ``--device``; a CUDA device on a machine without a GPU is a :class:`CommandError`."""
+    from dali_alchemi.pipeline.loader import resolve_device as resolve
+
+    try:
+        return resolve(spec)
+    except RuntimeError as err:  # no GPU, or a malformed device string
+        raise CommandError(f"--device {spec}: {err}") from err
+
+
+def cuda_device(spec: str) -> torch.device:
+    """The device of ``h2d --device``, which must be a visible CUDA GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU build"
+        raise CommandError(
+            f"h2d measures host-to-device copies and needs a CUDA GPU, and none is visible "
+            f"(torch {torch.__version__}, {build})"
+        )
+    device = parse_device(spec)
+    if device.type != "cuda":
+        raise CommandError(f"h2d measures host-to-device copies: --device must be a CUDA device, got {spec!r}")
+    return device
 
 
 def _human_bytes(n: float) -> str:
@@ -55,7 +116,7 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
         + (f" ({deleted} soft-deleted)" if deleted else "")
         + f"   atoms: {summary.atoms}   edges: {summary.edges}   on disk: {_human_bytes(summary.bytes_on_disk)}"
     )
-    table = Table("array", "level", "dtype", "shape", "chunks", "shards", "codecs")
+    table = make_table("array", "level", "dtype", "shape", "chunks", "shards", "codecs")
     for a in summary.arrays:
         table.add_row(
             f"{a.group}/{a.name}",
@@ -102,11 +163,10 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from dali_alchemi.bench.loaders import validate_names
     from dali_alchemi.bench.runner import BenchConfig, run_bench
     from dali_alchemi.bench.synth import write_synthetic_store
-    from dali_alchemi.pipeline.loader import resolve_device
 
     loaders = [name.strip() for name in args.loaders.split(",") if name.strip()]
     validate_names(loaders)
-    device = resolve_device(args.device)
+    device = parse_device(args.device)
     config = BenchConfig(
         loaders=tuple(loaders), orders=tuple(o.strip() for o in args.order.split(",")), batch_size=args.batch_size,
         epochs=args.epochs, rounds=args.rounds, step_ms=args.step_ms, device=str(device),
@@ -128,14 +188,14 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
                 "write_config": write_config.to_dict(),
             }
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      TimeElapsedColumn(), console=console) as bar:  # fmt: skip
+                      TimeElapsedColumn(), console=console, disable=not console.is_terminal) as bar:  # fmt: skip
             task = bar.add_task("starting", total=None)
 
             def progress(what: str, done: int, total: int) -> None:
                 bar.update(task, description=what, completed=done, total=total)
 
             if args.http_latency_ms is None:
-                records = run_bench(store, config, store_info=store_info, progress=progress)
+                run = run_bench(store, config, store_info=store_info, progress=progress)
             else:
                 from dali_alchemi.bench.http_server import StoreServer
 
@@ -145,13 +205,13 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
                     url = server.url + local.name
                     store_info = {**store_info, "served_over": "http on loopback", "latency_ms": args.http_latency_ms}
                     console.print(f"serving {local} at {url} with {args.http_latency_ms} ms per request")
-                    records = run_bench(url, config, store_info=store_info, progress=progress)
+                    run = run_bench(url, config, store_info=store_info, progress=progress)
     steps = ["wait s", "epoch / steps"] if args.step_ms else []
-    table = Table(
+    table = make_table(
         "loader", "order", "samples/s", "warm samples/s", "atoms/s", "x plain", "first batch s", "total s", "peak mem MB", *steps,
         title=f"batch {args.batch_size}, {device}, {args.epochs} epochs, median of {args.rounds} rounds",
     )  # fmt: skip
-    for r in records:
+    for r in run.records:
         if r.note:
             table.add_row(r.loader, r.order, r.note, *[""] * (6 + len(steps)))
             continue
@@ -161,17 +221,16 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
             _fmt(r.total_s, ".2f"), _fmt(r.peak_rss_mb, ".0f"), *([_fmt(r.wait_s, ".2f"), _fmt(r.epoch_vs_steps, ".3f")] if steps else []),
         )  # fmt: skip
     console.print(table)
-    if records:
-        console.print(f"opening the store (with its open-time checks) took {records[0].store['open_s'] * 1000:.1f} ms")
+    console.print(f"opening the store (with its open-time checks) took {run.meta.store['open_s'] * 1000:.1f} ms")
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps([r.to_dict() for r in records], indent=2))
+        out.write_text(json.dumps(run.to_dict(), indent=2))
         console.print(f"wrote {out}")
     if args.plot:
         from dali_alchemi.bench.plot import plot_records
 
-        console.print(f"wrote {plot_records(records, args.plot, title=str(table.title or ''))}")
+        console.print(f"wrote {plot_records(run.records, args.plot, title=str(table.title or ''))}")
     return 0
 
 
@@ -182,6 +241,7 @@ def cmd_h2d(args: argparse.Namespace, console: Console) -> int:
     from dali_alchemi.bench.h2d import measure_h2d
     from dali_alchemi.bench.synth import write_synthetic_store
 
+    cuda_device(args.device)  # before the synthetic store is written, which takes a while
     with tempfile.TemporaryDirectory(prefix="dali-alchemi-h2d-") as scratch:
         store = args.store or str(Path(scratch) / "synthetic.zarr")
         if not args.store:
@@ -190,7 +250,9 @@ def cmd_h2d(args: argparse.Namespace, console: Console) -> int:
             measure_h2d(store, batch_size=args.batch_size, epochs=args.epochs, device=args.device, layout=layout)
             for layout in args.layouts.split(",")
         ]
-    table = Table("GPU", "layout", "structures/s", "atoms/s", "loader H2D GB/s", "pinned copy GB/s", "first batch s")
+    table = make_table(
+        "GPU", "layout", "structures/s", "atoms/s", "loader H2D GB/s", "pinned copy GB/s", "first batch s"
+    )
     for r in results:
         table.add_row(
             r.device, r.layout, f"{r.samples_per_s:,.0f}", f"{r.atoms_per_s:,.0f}", f"{r.loader_gb_per_s:.2f}",
@@ -211,13 +273,23 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
 
     from dali_alchemi.interop.ase_io import convert
 
+    for name in args.inputs:
+        if Path(name).is_file() and Path(name).stat().st_size == 0:
+            raise CommandError(f"{name} is empty: there are no structures to convert")
     started = time.perf_counter()
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as bar:
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                  disable=not console.is_terminal) as bar:  # fmt: skip
         task = bar.add_task("converting", total=None)
-        report = convert(
-            args.inputs, args.out, cutoff=args.cutoff, float_dtype=np.float64 if args.float64 else np.float32,
-            chunk=args.chunk, progress=lambda done: bar.update(task, description=f"{done:,} structures"),
-        )  # fmt: skip
+        try:
+            report = convert(
+                args.inputs, args.out, cutoff=args.cutoff, float_dtype=np.float64 if args.float64 else np.float32,
+                chunk=args.chunk, progress=lambda done: bar.update(task, description=f"{done:,} structures"),
+            )  # fmt: skip
+        except Exception as err:
+            if not _raised_in_ase(err.__traceback__):
+                raise
+            what = args.inputs[0] if len(args.inputs) == 1 else "the inputs (" + ", ".join(args.inputs) + ")"
+            raise CommandError(f"ASE could not read {what}: {type(err).__name__}: {err}") from err
     seconds = time.perf_counter() - started
     console.print(
         f"wrote {report.structures:,} structures ({report.atoms:,} atoms, {report.edges:,} edges) to {args.out} "
@@ -233,6 +305,14 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _raised_in_ase(tb: TracebackType | None) -> bool:
+    """Whether the innermost Python frame of a traceback is ASE's: the input could not be read or parsed."""
+    module = None
+    while tb is not None:
+        module, tb = tb.tb_frame.f_globals.get("__name__", ""), tb.tb_next
+    return isinstance(module, str) and (module == "ase" or module.startswith("ase."))
+
+
 def cmd_augment_cost(args: argparse.Namespace, console: Console) -> int:
     import tempfile
     import time
@@ -242,16 +322,17 @@ def cmd_augment_cost(args: argparse.Namespace, console: Console) -> int:
     from dali_alchemi.augment import Augmentation, PositionNoise, RandomRotation, RandomTranslation, apply_augmentations
     from dali_alchemi.batch import Batch
     from dali_alchemi.bench.synth import write_synthetic_store
-    from dali_alchemi.pipeline.loader import resolve_device
     from dali_alchemi.store.reader import AtomicDataZarrReader
 
-    device = resolve_device(args.device)
+    device = parse_device(args.device)
     with tempfile.TemporaryDirectory(prefix="dali-alchemi-augment-") as scratch:
         store = write_synthetic_store(Path(scratch) / "s.zarr", args.batch_size * 8, seed=1)
         with AtomicDataZarrReader(store) as reader:
             batches = [Batch.from_packed(reader.read_packed(range(k, k + args.batch_size)), device=device)
                        for k in range(0, args.batch_size * 8, args.batch_size)]  # fmt: skip
-    table = Table("augmentation", "ms per batch", title=f"batch {args.batch_size}, {device}, median of {args.repeats}")
+    table = make_table(
+        "augmentation", "ms per batch", title=f"batch {args.batch_size}, {device}, median of {args.repeats}"
+    )
     pipelines: dict[str, list[Augmentation]] = {
         "rotation": [RandomRotation()], "position noise": [PositionNoise(0.01)], "translation": [RandomTranslation()],
         "all three": [RandomRotation(), PositionNoise(0.01), RandomTranslation()],
@@ -290,8 +371,6 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="print a store's counts, arrays, chunks and codecs")
     inspect.add_argument("store", help="path or URL of the store")
     inspect.set_defaults(func=cmd_inspect)
-
-    from dali_alchemi.bench.loaders import DEFAULT_LOADERS, LOADER_HELP
 
     bench = sub.add_parser("bench", help="compare loaders side by side on a store (a synthetic one by default)")
     bench.add_argument(
@@ -356,13 +435,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dali-alchemi`` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    console = Console()
-    from dali_alchemi.errors import DaliAlchemiError
-
+    console = make_console()
     try:
         return int(args.func(args, console))
+    except CommandError as err:
+        console.print(f"[red]error:[/red] {escape(str(err))}")
+        return 2
     except (DaliAlchemiError, FileExistsError, FileNotFoundError, ValueError) as err:
-        console.print(f"[red]error:[/red] {type(err).__name__}: {err}")
+        console.print(f"[red]error:[/red] {type(err).__name__}: {escape(str(err))}")
         return 2
 
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,3 +29,107 @@ def test_errors_are_reported_not_raised(tmp_path: Path, capsys: pytest.CaptureFi
     main(["synth", str(store), "--n", "2"])
     assert main(["synth", str(store), "--n", "2"]) == 2
     assert "already exists" in capsys.readouterr().out
+
+
+def _no_line_cut(out: str, *names: str) -> None:
+    """Each name appears whole, and no cell was shortened to an ellipsis."""
+    assert "…" not in out, out
+    for name in names:
+        assert name in out, f"{name!r} missing from:\n{out}"
+
+
+def test_inspect_piped_keeps_whole_names(
+    small_store: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "40")  # a narrow COLUMNS must not narrow output that goes to a file
+    assert main(["inspect", str(small_store)]) == 0
+    out = capsys.readouterr().out
+    _no_line_cut(out, "meta/atoms_ptr", "meta/samples_mask", "core/atomic_numbers", "core/neighbor_list")
+    row = next(line for line in out.splitlines() if "meta/atoms_ptr" in line)
+    assert "int64" in row and "blosc(clevel=5,cname=lz4,shuffle=shuffle)" in row, "a row spans one line"
+
+
+def test_bench_piped_keeps_whole_loader_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "40")
+    loaders = ["torch-batched-w0", "packed", "decode"]
+    assert main(["bench", "--n", "120", "--rounds", "1", "--epochs", "1", "--batch-size", "16",
+                 "--loaders", ",".join(loaders), "--step-ms", "0.1"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    _no_line_cut(out, *loaders, "warm samples/s", "first batch s", "peak mem MB", "epoch / steps")
+    header = next(line for line in out.splitlines() if "loader" in line and "samples/s" in line)
+    assert "epoch / steps" in header, "the header spans one line"
+    rows = [line for line in out.splitlines() if "torch-batched-w0" in line]
+    assert len(rows) == 1 and "shuffle" in rows[0] and "1.00" in rows[0]
+    assert "starting" not in out, "no progress bar off a terminal"
+
+
+def test_augment_cost_piped(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "20")
+    assert main(["augment-cost", "--batch-size", "4", "--repeats", "1", "--device", "cpu"]) == 0
+    _no_line_cut(capsys.readouterr().out, "augmentation", "ms per batch", "position noise", "all three")
+
+
+def test_h2d_without_a_gpu_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert main(["h2d", "--n", "10"]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("error: h2d") and "needs a CUDA GPU" in out
+
+
+def test_bench_on_a_missing_gpu_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert main(["bench", "--n", "10", "--device", "cuda"]) == 2
+    assert capsys.readouterr().out.startswith("error: --device cuda")
+
+
+def test_convert_unreadable_inputs_are_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ase")
+    junk, empty = tmp_path / "junk.extxyz", tmp_path / "empty.extxyz"
+    junk.write_text("garbage here\nnot an xyz file\n")
+    empty.write_text("")
+    assert main(["convert", str(junk), str(tmp_path / "a.zarr")]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("error: ASE could not read") and str(junk) in out and "XYZError" in out
+    assert main(["convert", str(empty), str(tmp_path / "b.zarr")]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("error:") and str(empty) in out and "is empty" in out
+    assert not (tmp_path / "a.zarr").exists() and not (tmp_path / "b.zarr").exists()
+
+
+def test_markup_in_an_error_message_is_printed_as_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(tmp_path / "[bold]x.zarr")]) == 2
+    assert "[bold]x.zarr" in capsys.readouterr().out
+
+
+HEAVY = ("torch", "zarr", "numpy", "nvidia.dali", "dali_alchemi.store.reader", "dali_alchemi.bench.loaders")
+CHECK_HELP = f"""
+import contextlib, io, sys
+from dali_alchemi.cli import build_parser
+parser = build_parser()
+for command in ("synth", "inspect", "bench", "h2d", "convert", "augment-cost"):
+    with contextlib.redirect_stdout(io.StringIO()) as text, contextlib.suppress(SystemExit):
+        parser.parse_args([command, "--help"])
+    assert text.getvalue().startswith("usage: dali-alchemi " + command), text.getvalue()
+print(sorted(name for name in {HEAVY!r} if name in sys.modules))
+"""
+
+
+def test_help_imports_nothing_heavy() -> None:
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", CHECK_HELP], cwd=root, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", f"argument parsing imported {result.stdout.strip()}"
+    result = subprocess.run(
+        [sys.executable, "-m", "dali_alchemi.cli", "synth", "--help"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0 and result.stdout.startswith("usage: dali-alchemi synth"), result.stderr

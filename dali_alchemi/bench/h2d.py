@@ -71,11 +71,12 @@ def measure_h2d(
     layout: str = "window",
 ) -> H2DResult:
     """Run the DALI loader on ``device`` for ``epochs`` epochs and compare with pinned copies."""
+    from dali_alchemi.errors import DeviceError
     from dali_alchemi.pipeline.loader import DALIDataLoader
 
     target = torch.device(device)
     if target.type != "cuda" or not torch.cuda.is_available():
-        raise RuntimeError("the host-to-device benchmark needs a CUDA GPU")
+        raise DeviceError("the host-to-device benchmark needs a CUDA GPU")
     opened = time.perf_counter()
     loader = DALIDataLoader(store, batch_size=batch_size, batches_per_window=batches_per_window, device=target, layout=layout)
     with loader:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from dali_alchemi.bench.names import LOADER_HELP
 from dali_alchemi.plan import FixedBatchPlan
 from dali_alchemi.store.reader import AtomicDataZarrReader
 
@@ -185,23 +186,6 @@ _PATTERN = re.compile(
     r"^(?P<kind>dali|torch|torch-batched)(?:-w(?P<workers>\d+))?(?:-(?P<layout>blob|window))?$"
 )
 
-LOADER_HELP = (
-    "dali-wN (the DALI loader with N worker processes; dali-w0 reads on a background thread; dali: the "
-    "default), optionally with a DALI layout suffix -window or -blob; torch-wN (plain "
-    "DataLoader, per-sample reads), torch-batched-wN (one read_many per batch), nvalchemi (nvalchemi-toolkit's "
-    "DataLoader), nvalchemi-reader (its read_many per window), packed (this reader's windowed reads), decode "
-    "(sequential decode of the whole store)"
-)
-DEFAULT_LOADERS = (
-    "dali",
-    "dali-w0",
-    "torch-w2",
-    "torch-batched-w0",
-    "torch-batched-w2",
-    "nvalchemi",
-    "packed",
-    "decode",
-)
 LIMITS = ("packed", "decode", "nvalchemi-reader")
 
 

@@ -96,6 +96,15 @@ class Record:
     note: str | None = None
     epoch_vs_steps: float | None = None
     total_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class BenchMeta:
+    """What every record of a run shares: the config, the store, the machine and the package versions."""
+
     config: dict[str, Any] = field(default_factory=dict)
     store: dict[str, Any] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
@@ -103,6 +112,21 @@ class Record:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(slots=True)
+class BenchRun:
+    """A run: its metadata once, and a record per loader and order.
+
+    :meth:`to_dict` is the shape of ``dali-alchemi bench --json``: ``{"meta": {"config", "store", "machine",
+    "versions"}, "records": [...]}``.
+    """
+
+    meta: BenchMeta
+    records: list[Record]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"meta": self.meta.to_dict(), "records": [r.to_dict() for r in self.records]}
 
 
 SAMPLE_INTERVAL_S = 0.1
@@ -329,8 +353,8 @@ def run_bench(
     *,
     store_info: dict[str, Any] | None = None,
     progress: ProgressCallback | None = None,
-) -> list[Record]:
-    """Measure every loader in every order for ``config.rounds`` interleaved rounds; return the records."""
+) -> BenchRun:
+    """Measure every loader in every order for ``config.rounds`` interleaved rounds; return the run."""
     device = torch.device(config.device)
     # The decode limit does not depend on the order: it is measured once per round, in store order.
     plan = [
@@ -347,11 +371,10 @@ def run_bench(
     if progress:
         progress("done", len(plan), len(plan))
     store_info = {**(store_info or {"path": store}), "open_s": open_time(store)}
-    records = summarize(measurements, config)
-    machine, versions = machine_info(device), package_versions()
-    for record in records:
-        record.config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}
-        record.store = dict(store_info)
-        record.machine = machine
-        record.versions = versions
-    return records
+    meta = BenchMeta(
+        config={k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
+        store=store_info,
+        machine=machine_info(device),
+        versions=package_versions(),
+    )
+    return BenchRun(meta=meta, records=summarize(measurements, config))

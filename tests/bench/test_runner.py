@@ -22,6 +22,7 @@ KEYS = {
     "peak_rss_mb",
     "wait_s",
 }
+META = {"config", "store", "machine", "versions"}
 
 
 def test_run_bench_records(small_store: Path) -> None:
@@ -32,15 +33,19 @@ def test_run_bench_records(small_store: Path) -> None:
         epochs=2,
         batch_size=32,
     )
-    records = run_bench(str(small_store), config)
-    by_name = {r.loader: r for r in records}
+    run = run_bench(str(small_store), config)
+    by_name = {r.loader: r for r in run.records}
     assert set(by_name) == {"dali-w0", "torch-batched-w0", "packed", "decode"}
     assert by_name["torch-batched-w0"].ratio_vs_plain == pytest.approx(1.0)
     assert by_name["decode"].order == "sequential"
-    for record in records:
+    for record in run.records:
         data = record.to_dict()
         assert KEYS <= set(data) and data["samples_per_s"] > 0 and data["warm_samples_per_s"] > 0
-        assert data["machine"]["cpus"] >= 1 and "torch" in data["versions"] and data["store"]["open_s"] > 0
+        assert not META & set(data), "the run's metadata is not repeated in each record"
+    meta = run.meta.to_dict()
+    assert set(meta) == META
+    assert meta["machine"]["cpus"] >= 1 and "torch" in meta["versions"] and meta["store"]["open_s"] > 0
+    assert meta["config"]["loaders"] == list(config.loaders) and meta["store"]["path"] == str(small_store)
 
 
 def test_cli_bench_writes_json_and_plot(
@@ -50,9 +55,22 @@ def test_cli_bench_writes_json_and_plot(
     out, png = tmp_path / "b.json", tmp_path / "b.png"
     assert main(["bench", "--n", "300", "--rounds", "1", "--epochs", "1", "--loaders", "dali-w0,torch-w0,nvalchemi,decode",
                  "--step-ms", "1", "--json", str(out), "--plot", str(png)]) == 0  # fmt: skip
-    records = json.loads(out.read_text())
+    data = json.loads(out.read_text())
+    assert set(data) == {"meta", "records"} and set(data["meta"]) == META
+    records = data["records"]
     assert {r["loader"] for r in records} == {"dali-w0", "torch-w0", "nvalchemi", "decode"}
-    assert all(KEYS <= set(r) for r in records)
+    assert all(KEYS <= set(r) and not META & set(r) for r in records)
+    text = out.read_text()
+    assert text.count('"machine"') == 1 and text.count('"versions"') == 1 and text.count('"write_config"') == 1
+    assert data["meta"]["store"]["synthetic"] and data["meta"]["store"]["structures"] == 300
+    assert data["meta"]["config"]["step_ms"] == 1 and data["meta"]["machine"]["cpus"] >= 1
+    by_name = {r["loader"]: r for r in records}
+    for name in ("dali-w0", "torch-w0"):
+        record = by_name[name]
+        assert record["samples_per_s"] > 0 and record["atoms_per_s"] > 0 and record["first_batch_s"] > 0
+        assert record["rounds"] == 1 and record["batch_size"] == 64 and record["epoch_vs_steps"] >= 1
+    assert by_name["torch-w0"]["ratio_vs_plain"] == pytest.approx(1.0)
+    assert by_name["nvalchemi"]["note"] == "not installed" or by_name["nvalchemi"]["samples_per_s"] > 0
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
     text = capsys.readouterr().out
     assert "samples/s" in text and "epoch / steps" in text

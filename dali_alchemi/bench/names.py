@@ -1,0 +1,26 @@
+"""The names of the loaders the benchmark compares, importable without torch.
+
+The command line lists them in ``dali-alchemi bench --help``; keeping them here, away from the loaders
+themselves (which import torch, zarr and DALI), keeps every ``--help`` fast. The pattern that parses a
+name lives with the loaders, in :mod:`dali_alchemi.bench.loaders`.
+"""
+
+from __future__ import annotations
+
+LOADER_HELP = (
+    "dali-wN (the DALI loader with N worker processes; dali-w0 reads on a background thread; dali: the "
+    "default), optionally with a DALI layout suffix -window or -blob; torch-wN (plain "
+    "DataLoader, per-sample reads), torch-batched-wN (one packed read per batch), nvalchemi (nvalchemi-toolkit's "
+    "DataLoader), nvalchemi-reader (its read_many per window), packed (this reader's windowed reads), decode "
+    "(sequential decode of the whole store)"
+)
+DEFAULT_LOADERS = (
+    "dali",
+    "dali-w0",
+    "torch-w2",
+    "torch-batched-w0",
+    "torch-batched-w2",
+    "nvalchemi",
+    "packed",
+    "decode",
+)

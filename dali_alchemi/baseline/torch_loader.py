@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dali_alchemi.batch import Batch
-from dali_alchemi.plan import DEFAULT_BATCH_SIZE, plan_from_arguments
+from dali_alchemi.plan import PlanArguments, build_plan
 from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.protocol import open_reader, select_fields
 
@@ -124,12 +124,15 @@ class PlanDataLoader(DataLoader[Any]):
 def plain_dataloader(
     store_or_reader: StoreLike | PackedReader,
     *,
-    batch_size: int = DEFAULT_BATCH_SIZE,
+    batch_size: int | None = None,
     shuffle: bool = True,
     seed: int = 0,
     drop_last: bool = False,
     shard_id: int | None = None,
     num_shards: int | None = None,
+    max_atoms: int | None = None,
+    max_edges: int | None = None,
+    oversized: str = "error",
     plan: Plan | None = None,
     num_workers: int = 2,
     pin_memory: bool = False,
@@ -141,7 +144,8 @@ def plain_dataloader(
     """A torch DataLoader yielding :class:`Batch` objects from a store or any packed reader.
 
     The plan arguments (``batch_size``, ``shuffle``, ``seed``, ``drop_last``, ``shard_id``,
-    ``num_shards``, or ``plan``), ``fields`` and ``cache_bytes`` mean exactly what they mean for
+    ``num_shards``, the budgets ``max_atoms``/``max_edges``/``oversized``, or ``plan``), ``fields`` and
+    ``cache_bytes`` mean exactly what they mean for
     :class:`~dali_alchemi.pipeline.loader.DALIDataLoader`, sharding by torch.distributed rank by default.
     ``batched=False`` reads sample by sample (a map-style dataset, the common setup); ``batched=True``
     reads each batch with one packed read. ``num_workers``, ``pin_memory`` and ``prefetch_factor`` are
@@ -151,10 +155,11 @@ def plain_dataloader(
     names = None if fields is None else ((fields,) if isinstance(fields, str) else tuple(fields))
     reader, _ = open_reader(store_or_reader, fields=names, cache_bytes=cache_bytes)
     selected = select_fields(reader, names)
-    plan = plan_from_arguments(
-        plan, len(reader), batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-        shard_id=shard_id, num_shards=num_shards,
+    arguments = PlanArguments(
+        batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, shard_id=shard_id,
+        num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized,
     )  # fmt: skip
+    plan = build_plan(plan, arguments, len(reader), lambda: reader.sample_sizes(np.arange(len(reader))))
     specs = reader.field_specs
     extra: dict[str, Any] = {}
     if num_workers > 0:

@@ -24,7 +24,7 @@ from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline
 from dali_alchemi.pipeline.dali_private import close_pipeline, worker_processes
 from dali_alchemi.pipeline.iterator import WindowIterator
 from dali_alchemi.pipeline.source import BLOB_OUTPUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
-from dali_alchemi.plan import DEFAULT_BATCH_SIZE, plan_from_arguments
+from dali_alchemi.plan import PlanArguments, build_plan
 from dali_alchemi.store.protocol import open_reader, select_fields
 
 if TYPE_CHECKING:
@@ -94,6 +94,11 @@ class DALIDataLoader:
         short if ``drop_last``, this loader's shard (``None``: rank and world size of an initialised
         torch.distributed group, else ``(0, 1)``; shards are padded like ``DistributedSampler``).
         ``seed`` also seeds the augmentations.
+    max_atoms, max_edges, oversized
+        Bound every batch by atoms and/or edges instead (a :class:`~dali_alchemi.plan.BudgetPlan`):
+        structures are packed greedily in epoch order, ``batch_size`` (if given) caps the structures
+        per batch, and every shard gets the same number of batches. A structure larger than a budget is
+        an error at construction naming it, unless ``oversized="alone"`` gives it a batch of its own.
     plan
         A :class:`~dali_alchemi.plan.Plan` deciding every epoch's order and batches instead; it
         excludes the plan arguments above (except ``seed``) and must be made for the reader's length.
@@ -144,12 +149,15 @@ class DALIDataLoader:
         self,
         store_or_reader: StoreLike | PackedReader,
         *,
-        batch_size: int = DEFAULT_BATCH_SIZE,
+        batch_size: int | None = None,
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
         shard_id: int | None = None,
         num_shards: int | None = None,
+        max_atoms: int | None = None,
+        max_edges: int | None = None,
+        oversized: str = "error",
         plan: Plan | None = None,
         batches_per_window: int = DEFAULT_BATCHES_PER_WINDOW,
         num_workers: int = DEFAULT_NUM_WORKERS,
@@ -175,10 +183,11 @@ class DALIDataLoader:
         self.reader, self._owns_reader = open_reader(store_or_reader, fields=self.config.fields, cache_bytes=cache_bytes)
         try:
             self.fields = select_fields(self.reader, self.config.fields)
-            self.plan = plan_from_arguments(
-                plan, len(self.reader), batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-                shard_id=shard_id, num_shards=num_shards,
+            arguments = PlanArguments(
+                batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, shard_id=shard_id,
+                num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized,
             )  # fmt: skip
+            self.plan = build_plan(plan, arguments, len(self.reader), self._all_sizes)
         except BaseException:
             if self._owns_reader:
                 self.reader.close()
@@ -201,6 +210,10 @@ class DALIDataLoader:
         self._closed = False
 
     # -- sizes and position ---------------------------------------------------------------------------
+    def _all_sizes(self) -> tuple[Any, Any]:
+        """Atom and edge counts of every structure, from the reader's pointers (no data read)."""
+        return self.reader.sample_sizes(np.arange(len(self.reader), dtype=np.int64))
+
     def epoch_plan(self, epoch: int | None = None) -> EpochPlan:
         """The plan of ``epoch`` (default: the current one), computed once per epoch."""
         epoch = self._epoch if epoch is None else epoch
@@ -326,7 +339,7 @@ class DALIDataLoader:
         n = len(self.reader)
         if n == 0:
             return SHM_SLACK_BYTES
-        n_atoms, n_edges = self.reader.sample_sizes(np.arange(n, dtype=np.int64))
+        n_atoms, n_edges = self._all_sizes()
         rows = {"atom": float(n_atoms.mean()), "edge": float(n_edges.mean()), "system": 1.0}
         per_structure = sum(
             rows[spec.level] * int(np.prod(spec.trailing, dtype=np.int64)) * spec.dtype.itemsize

@@ -1,25 +1,30 @@
 """Index planning: which structures form which batch, per epoch and shard (pure numpy, no I/O).
 
-:class:`Plan` is the seam every loader plans through and :class:`EpochPlan` what a plan returns;
-:class:`FixedBatchPlan` is the plan the loaders build from ``batch_size``/``shuffle``/``seed``/
-``drop_last`` and the shard. One module per policy: ``base`` (the seam), ``order`` (permutations,
-sharding), ``fixed`` (fixed-size batches).
+:class:`Plan` is the seam every loader plans through and :class:`EpochPlan` what a plan returns. One
+module per policy: ``base`` (the seam), ``order`` (permutations, sharding), ``fixed``
+(:class:`FixedBatchPlan`, ``batch_size`` structures per batch), ``budget`` (:class:`BudgetPlan`,
+batches bounded by atoms and edges), and ``arguments`` (the loaders' plan arguments -> a plan).
 """
 
 from __future__ import annotations
 
+from dali_alchemi.plan.arguments import DEFAULT_BATCH_SIZE, PlanArguments, build_plan
 from dali_alchemi.plan.base import EpochPlan, Plan, Window
-from dali_alchemi.plan.fixed import DEFAULT_BATCH_SIZE, FixedBatchPlan, plan_from_arguments
+from dali_alchemi.plan.budget import BudgetPlan, pack_greedy
+from dali_alchemi.plan.fixed import FixedBatchPlan
 from dali_alchemi.plan.order import epoch_order, resolve_shard, shard
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
+    "BudgetPlan",
     "EpochPlan",
     "FixedBatchPlan",
     "Plan",
+    "PlanArguments",
     "Window",
+    "build_plan",
     "epoch_order",
-    "plan_from_arguments",
+    "pack_greedy",
     "resolve_shard",
     "shard",
 ]

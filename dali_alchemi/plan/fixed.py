@@ -9,11 +9,8 @@ from typing import Any
 import numpy as np
 
 from dali_alchemi.errors import PlanError
-from dali_alchemi.plan.base import EpochPlan, Plan
-from dali_alchemi.plan.order import epoch_order, resolve_shard, shard
-
-DEFAULT_BATCH_SIZE = 64
-"""Structures per batch when neither ``batch_size`` nor a plan is given."""
+from dali_alchemi.plan.base import EpochPlan
+from dali_alchemi.plan.order import epoch_order, shard
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,50 +79,3 @@ class FixedBatchPlan:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form: the plan's kind and settings (benchmark records, loader state)."""
         return {"kind": "fixed", **asdict(self)}
-
-
-def plan_from_arguments(
-    plan: Plan | None,
-    num_samples: int,
-    *,
-    batch_size: int,
-    shuffle: bool,
-    seed: int,
-    drop_last: bool,
-    shard_id: int | None,
-    num_shards: int | None,
-) -> Plan:
-    """``plan`` checked against the reader, or the :class:`FixedBatchPlan` the plan arguments describe.
-
-    Both loaders build their plan here. As with torch's ``batch_sampler``, a plan excludes the
-    arguments that would build one (``batch_size``, ``shuffle``, ``drop_last``, the shard).
-
-    Raises
-    ------
-    PlanError
-        If ``plan`` is given together with those arguments, or was made for another number of samples.
-    """
-    if plan is None:
-        shard, shards = resolve_shard(shard_id, num_shards)
-        return FixedBatchPlan(
-            num_samples=num_samples, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-            shard_id=shard, num_shards=shards,
-        )  # fmt: skip
-    given = [
-        name
-        for name, value, default in (
-            ("batch_size", batch_size, DEFAULT_BATCH_SIZE),
-            ("shuffle", shuffle, True),
-            ("drop_last", drop_last, False),
-            ("shard_id", shard_id, None),
-            ("num_shards", num_shards, None),
-        )
-        if value != default
-    ]
-    if given:
-        raise PlanError(f"plan= is mutually exclusive with {', '.join(given)}: the plan decides the batches")
-    if not isinstance(plan, Plan):
-        raise TypeError(f"plan must implement dali_alchemi.plan.Plan (epoch, num_samples, to_dict), got {plan!r}")
-    if plan.num_samples != num_samples:
-        raise PlanError(f"the plan was made for {plan.num_samples} samples, but the reader has {num_samples}")
-    return plan

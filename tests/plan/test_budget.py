@@ -1,0 +1,122 @@
+"""BudgetPlan: greedy batches under atom and edge budgets, equal counts per shard, exactly once per epoch."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dali_alchemi.errors import PlanError
+from dali_alchemi.plan import BudgetPlan, Plan, pack_greedy
+
+
+def _sizes(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    n_atoms = rng.integers(1, 60, size=n)
+    return n_atoms, n_atoms * rng.integers(0, 12, size=n)
+
+
+@settings(deadline=None, max_examples=80)
+@given(
+    atoms=st.lists(st.integers(0, 30), max_size=60),
+    max_atoms=st.integers(30, 120),
+    max_edges=st.one_of(st.none(), st.integers(60, 300)),
+    cap=st.one_of(st.none(), st.integers(1, 9)),
+)
+def test_greedy_batches_respect_every_budget_and_are_maximal(
+    atoms: list[int], max_atoms: int, max_edges: int | None, cap: int | None
+) -> None:
+    n_atoms = np.array(atoms, dtype=np.int64)
+    n_edges = 2 * n_atoms
+    ptr = pack_greedy(n_atoms, n_edges, max_atoms=max_atoms, max_edges=max_edges, max_structures=cap)
+    assert ptr[0] == 0 and ptr[-1] == len(atoms) and (np.diff(ptr) >= 1).all()
+    for lo, hi in zip(ptr[:-1].tolist(), ptr[1:].tolist(), strict=True):
+        assert n_atoms[lo:hi].sum() <= max_atoms
+        assert max_edges is None or n_edges[lo:hi].sum() <= max_edges
+        assert cap is None or hi - lo <= cap
+        if hi < len(atoms):  # greedy: the next structure would have broken a budget
+            grown = slice(lo, hi + 1)
+            assert (
+                n_atoms[grown].sum() > max_atoms
+                or (max_edges is not None and n_edges[grown].sum() > max_edges)
+                or (cap is not None and hi + 1 - lo > cap)
+            )
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 4])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_shards_get_equal_counts_and_every_structure_once_apart_from_whole_repeated_batches(
+    shards: int, drop_last: bool
+) -> None:
+    n_atoms, n_edges = _sizes(1000)
+    plans = [
+        BudgetPlan(n_atoms=n_atoms, n_edges=n_edges, max_atoms=512, seed=5, shard_id=r, num_shards=shards,
+                   drop_last=drop_last)  # fmt: skip
+        for r in range(shards)
+    ]
+    epochs = [p.epoch(3) for p in plans]
+    assert len({e.num_batches for e in epochs}) == 1
+    order, ptr = plans[0].global_batches(3)
+    batches = {tuple(order[a:b].tolist()) for a, b in zip(ptr[:-1], ptr[1:], strict=True)}
+    seen = np.concatenate([e.order[: e.batch_ptr[-1]] for e in epochs])
+    for e in epochs:
+        for batch in e.batches():
+            assert tuple(batch.tolist()) in batches  # whole global batches, dealt as they are
+            assert n_atoms[batch].sum() <= 512
+    counts = np.bincount(seen, minlength=1000)
+    total = int(ptr.size - 1)
+    if drop_last:
+        assert counts.max() == 1 and epochs[0].num_batches == total // shards
+    else:
+        assert counts.min() == 1  # nobody is skipped
+        repeated = epochs[0].num_batches * shards - total
+        assert 0 <= repeated < shards  # at most shards-1 batches repeat, whole
+
+
+def test_deterministic_by_seed_and_epoch() -> None:
+    n_atoms, n_edges = _sizes(500)
+    plan = BudgetPlan(n_atoms=n_atoms, n_edges=n_edges, max_atoms=300, max_edges=900, seed=1)
+    again = BudgetPlan(n_atoms=n_atoms, n_edges=n_edges, max_atoms=300, max_edges=900, seed=1)
+    assert np.array_equal(plan.epoch(2).order, again.epoch(2).order)
+    assert np.array_equal(plan.epoch(2).batch_ptr, again.epoch(2).batch_ptr)
+    assert not np.array_equal(plan.epoch(2).order, plan.epoch(3).order)
+    ordered = BudgetPlan(n_atoms=n_atoms, n_edges=n_edges, max_atoms=300, shuffle=False)
+    assert ordered.epoch(0).order.tolist() == list(range(500))
+    assert isinstance(plan, Plan)
+
+
+def test_a_structure_over_budget_is_named_unless_it_may_stand_alone() -> None:
+    n_atoms = np.array([10, 700, 20, 30, 650])
+    with pytest.raises(PlanError, match=r"structure 1 has 700 atoms, more than max_atoms=512 \(2 structure"):
+        BudgetPlan(n_atoms=n_atoms, n_edges=np.zeros(5, np.int64), max_atoms=512)
+    with pytest.raises(PlanError, match="structure 2 has 90 edges, more than max_edges=80"):
+        BudgetPlan(n_atoms=n_atoms, n_edges=np.array([1, 2, 90, 3, 4]), max_edges=80, oversized="error")
+    alone = BudgetPlan(n_atoms=n_atoms, n_edges=np.zeros(5, np.int64), max_atoms=512, shuffle=False, oversized="alone")
+    assert [b.tolist() for b in alone.epoch(0).batches()] == [[0], [1], [2, 3], [4]]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_atoms": 0}, "max_atoms must be a positive integer"),
+        ({"max_atoms": 2.5}, "max_atoms must be a positive integer"),
+        ({"max_edges": True}, "max_edges must be a positive integer"),
+        ({}, "needs max_atoms, max_edges or both"),
+        ({"max_atoms": 10, "oversized": "skip"}, "oversized must be one of"),
+        ({"max_atoms": 10, "max_structures": -1}, "max_structures must be a positive integer"),
+    ],
+)
+def test_bad_budgets_are_refused(options: dict[str, object], message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        BudgetPlan(n_atoms=np.ones(3, np.int64), n_edges=np.ones(3, np.int64), **options)  # type: ignore[arg-type]
+
+
+def test_to_dict_is_plain_data_that_tells_stores_apart() -> None:
+    n_atoms, n_edges = _sizes(50)
+    plan = BudgetPlan(n_atoms=n_atoms, n_edges=n_edges, max_atoms=100)
+    other = BudgetPlan(n_atoms=n_atoms[::-1].copy(), n_edges=n_edges[::-1].copy(), max_atoms=100)
+    assert json.loads(json.dumps(plan.to_dict())) == plan.to_dict()
+    assert plan.to_dict()["kind"] == "budget" and plan.to_dict() != other.to_dict()

@@ -9,7 +9,7 @@ import pytest
 
 from dali_alchemi import AtomicDataZarrReader
 from dali_alchemi.baseline import plain_dataloader
-from tests.pipeline.test_loader import _assert_batches_equal, _reference
+from tests.pipeline.reference import _assert_batches_equal, _reference
 
 
 @pytest.fixture(scope="module")

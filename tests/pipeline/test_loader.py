@@ -15,9 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from dali_alchemi import AtomicDataZarrReader, Batch, DALIDataLoader, LoaderError
+pytest.importorskip("nvidia.dali", reason="NVIDIA DALI cannot be imported")
+
+from dali_alchemi import AtomicDataZarrReader, DALIDataLoader, LoaderError
 from dali_alchemi.pipeline.iterator import worker_processes
-from dali_alchemi.planning import SamplePlan
+from tests.pipeline.reference import _assert_batches_equal, _reference
+
+pytestmark = pytest.mark.dali
 
 N = 300
 
@@ -49,27 +53,6 @@ class FailingReader(AtomicDataZarrReader):
         if self.n_calls == 3:
             raise ValueError("disk on fire at window 3")
         return super().read_packed(indices, fields=fields)
-
-
-def _reference(reader: AtomicDataZarrReader, plan: SamplePlan, epoch: int, first_batch: int = 0) -> list[Batch]:
-    return [
-        Batch.from_samples(
-            [sample for sample, _ in reader.read_many(indices)], levels=reader.field_levels, sample_indices=indices
-        )
-        for indices in plan.batches(epoch, first_batch)
-    ]
-
-
-def _assert_batches_equal(got: list[Batch], want: list[Batch]) -> None:
-    assert len(got) == len(want)
-    for k, (a, b) in enumerate(zip(got, want, strict=True)):
-        assert set(a.fields) == set(b.fields), k
-        for name in b.fields:
-            assert a[name].dtype == b[name].dtype, (k, name)
-            assert torch.equal(a[name].cpu(), b[name]), (k, name)
-        assert torch.equal(a.batch_idx.cpu(), b.batch_idx) and torch.equal(a.batch_ptr.cpu(), b.batch_ptr)
-        assert a.num_nodes_list == b.num_nodes_list and a.num_edges_list == b.num_edges_list
-        assert np.array_equal(a.sample_indices, b.sample_indices), k
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -27,3 +28,12 @@ def test_errors_are_reported_not_raised(tmp_path: Path, capsys: pytest.CaptureFi
     main(["synth", str(store), "--n", "2"])
     assert main(["synth", str(store), "--n", "2"]) == 2
     assert "already exists" in capsys.readouterr().out
+
+
+def test_augment_cost_writes_its_medians(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "augment.json"
+    assert main(["augment-cost", "--device", "cpu", "--batch-size", "4", "--repeats", "1", "--json", str(out)]) == 0
+    records = json.loads(out.read_text())
+    assert [r["augmentation"] for r in records] == ["rotation", "position noise", "translation", "all three"]
+    assert all(r["device"] == "cpu" and r["batch_size"] == 4 and r["ms_per_batch"] > 0 for r in records)
+    assert "ms per batch" in capsys.readouterr().out

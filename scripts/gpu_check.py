@@ -384,7 +384,8 @@ def report(summary: dict[str, Any]) -> dict[str, Any]:
     groups: dict[str, list[str]] = {"torch": [], "dali": []}
     for name, step in summary["steps"].items():
         groups[step["needs"]].append(describe(name, step))
-    lines = [f"== gpu-check summary: {head}", "pure torch on CUDA:", *groups["torch"], "through DALI:", *groups["dali"]]
+    torch_label = "pure torch on CUDA:" if summary["mode"] == "cuda" else "pure torch (--cpu: no CUDA):"
+    lines = [f"== gpu-check summary: {head}", torch_label, *groups["torch"], "through DALI:", *groups["dali"]]
     return {"lines": lines, "torch": groups["torch"], "dali": groups["dali"]}
 
 

@@ -125,6 +125,7 @@ def test_no_cuda_is_a_clear_error_and_cpu_mode_rehearses_without_it(machine) -> 
     assert summary["steps"]["tests-cpu"]["status"] == "passed"
     assert all(summary["steps"][n]["reason"] == "--cpu: needs CUDA" for n in ("store", "loader-window", "loader-blob"))
     assert json.loads((results / "augment.json").read_text())[0]["device"] == "cpu"
+    assert "pure torch (--cpu: no CUDA):" in summary["report"]["lines"]
 
 
 def test_junit_counts_reads_pytest_output(tmp_path: Path) -> None:

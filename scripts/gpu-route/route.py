@@ -274,9 +274,9 @@ def split_wheels(wheels: list[Path], parts_dir: Path, max_part_bytes: int = MAX_
                     if current is None or part_size == max_part_bytes:
                         close_part()
                         index = len(parts) + 1
-                        name = f"part-{index:0{width}d}-of-{n_parts:0{width}d}.bin"
-                        parts.append({"file": name, "index": index, "offset": (index - 1) * max_part_bytes})
-                        current = open(parts_dir / name, "wb")
+                        part_name = f"part-{index:0{width}d}-of-{n_parts:0{width}d}.bin"
+                        parts.append({"file": part_name, "index": index, "offset": (index - 1) * max_part_bytes})
+                        current = open(parts_dir / part_name, "wb")
                         part_digest, part_size = hashlib.sha256(), 0
                     take = min(len(view), max_part_bytes - part_size)
                     current.write(view[:take])
@@ -626,13 +626,15 @@ def make_plan(
     calls = []
     for k, part in enumerate(parts, start=1):
         path = f"{parts_dir}/{part['file']}"
-        command = f"{python} {route} receive {path}"
-        if k == 1:
-            command += f" && {python} {route} probe"
-        timeout = 60
-        if k == len(parts):
-            command = f"export PYTHONUNBUFFERED=1; {command} && {python} {route} finish --budget-s {budget_s}"
-            timeout = min(600, int(budget_s + install_s + 90))
+        receive, probe = f"{python} {route} receive {path}", f"{python} {route} probe"
+        finish = f"{python} {route} finish --budget-s {budget_s}"
+        last = k == len(parts)
+        if last:  # a part that fails its check stops here: resending it costs less than a check without it
+            after = f"{{ {probe}; {finish}; }}" if k == 1 else finish
+            command = f"export PYTHONUNBUFFERED=1; {receive} && {after}"
+        else:
+            command = f"{receive} && {probe}" if k == 1 else receive
+        timeout = min(600, int(budget_s + install_s + 90)) if last else 60
         end = part["offset"] + part["size"]
         completes = [
             f"{w['name']} {w['version']}" for w in manifest["wheels"] if part["offset"] < w["offset"] + w["size"] <= end

@@ -10,6 +10,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -202,6 +203,11 @@ def test_the_plan_fits_one_call_each_and_the_command_limit(tmp_path: Path) -> No
     assert plan["estimate_s"] == 90 + 25 * 5 + 45 + 240
     with pytest.raises(route.RouteError, match="over 64 MiB: split with a smaller --max-part-mib"):
         route.make_plan(manifest, tree=64 * route.MIB)
+    single = route.split_wheels(fake_wheels(tmp_path / "one", {"a": 100}), tmp_path / "p1", max_part_bytes=2_048)
+    (call,) = route.make_plan(single)["calls"]
+    assert call["command"].endswith("receive .gpu-route/parts/part-01-of-01.bin && "
+                                    "{ python3 scripts/gpu-route/route.py probe; "
+                                    "python3 scripts/gpu-route/route.py finish --budget-s 240; }")  # fmt: skip
 
 
 def test_the_real_plan_command_prints_every_call(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -303,3 +309,34 @@ def test_the_final_command_runs_the_cpu_part_of_the_suite(tmp_path: Path) -> Non
     assert summary["steps"]["augment"]["status"] == "passed"
     assert json.loads((out / "route.json").read_text())["visible"]["gpuroute-probe"]["version"] == "1.0"
     assert "pure torch (--cpu: no CUDA):\n  tests-cpu      passed" in proc.stdout
+
+
+def test_the_printed_calls_run_as_printed_on_a_copy_of_the_tree(tmp_path: Path) -> None:
+    """What the device tool does: each call copies the tree and the carried paths, then runs the command."""
+    here, machine, out = tmp_path / "here", tmp_path / "machine", tmp_path / "out"
+    shutil.copytree(ROOT / "scripts", machine / "scripts")
+    route.split_wheels([make_wheel(tmp_path / "w", payload=20_000)], here / route.PARTS, max_part_bytes=7_000)
+    python = write_stand_in(tmp_path / "python3")  # the GPU machine's python3, with a GPU and DALI
+    plan = route.make_plan(json.loads((here / route.PARTS / "manifest.json").read_text()), python=str(python))
+    env = {**os.environ, "OUT": str(out), "FAKE_RESULTS": str(out), "FAKE_GPU": "{}"}
+
+    def call(command: str, carry: list[str]) -> subprocess.CompletedProcess[str]:
+        for path in carry:
+            (machine / path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(here / path, machine / path)
+        # here the stand-in must also run the check; there, finish's own Python is the machine's
+        command = command.replace(" finish ", f" finish --python {python} ")
+        return subprocess.run(["bash", "-c", command], cwd=machine, env=env, capture_output=True, text=True)
+
+    for c in plan["calls"]:
+        done = call(c["command"], c["carry"])
+        assert "sha256 ok" in done.stdout, done.stdout + done.stderr
+        assert done.returncode == 0 or (c["call"] == 1 and "MISSING" in done.stdout), done.stdout + done.stderr
+    n = len(plan["calls"])
+    assert n >= 3 and f"have parts 1-{n} of {n}, missing none" in done.stdout
+    assert done.returncode == 0 and "== gpu-check summary: Stand-in GPU" in done.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["budget_s"] == 240 and all(s["status"] == "passed" for s in summary["steps"].values())
+    again = call(plan["rerun"]["command"], plan["rerun"]["carry"])
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads((out / "route.json").read_text())["install"]["skipped"] == "already installed"

@@ -25,12 +25,13 @@ demo: install
 	$(BIN)/dali-alchemi bench --rounds 1 --json bench-results/demo.json --plot bench-results/demo.png $(BENCH_ARGS)
 
 lint: install
-	$(BIN)/ruff check dali_alchemi tests examples
+	$(BIN)/ruff check dali_alchemi tests examples scripts
 	$(BIN)/mypy
 
 bench: install
 	$(BIN)/dali-alchemi bench --n 20000 --rounds 3 --json bench-results/bench.json --plot bench-results/bench.png $(BENCH_ARGS)
 
+# Needs a CUDA build of torch (PyPI's Linux wheels are): make gpu-check VENV=.venv-cuda TORCH_SPEC=torch
 gpu-check: install
 	bash scripts/gpu-check.sh $(BIN)/python
 

@@ -337,6 +337,7 @@ def cmd_augment_cost(args: argparse.Namespace, console: Console) -> int:
         "rotation": [RandomRotation()], "position noise": [PositionNoise(0.01)], "translation": [RandomTranslation()],
         "all three": [RandomRotation(), PositionNoise(0.01), RandomTranslation()],
     }  # fmt: skip
+    records = []
     for name, pipeline in pipelines.items():
         times = []
         for repeat in range(args.repeats):
@@ -348,8 +349,16 @@ def cmd_augment_cost(args: argparse.Namespace, console: Console) -> int:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 times.append(time.perf_counter() - started)
-        table.add_row(name, f"{sorted(times)[len(times) // 2] * 1000:.3f}")
+        median_ms = sorted(times)[len(times) // 2] * 1000
+        table.add_row(name, f"{median_ms:.3f}")
+        records.append({"augmentation": name, "ms_per_batch": median_ms, "device": str(device),
+                        "batch_size": args.batch_size, "repeats": args.repeats})  # fmt: skip
     console.print(table)
+    if args.json:
+        import json
+
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(records, indent=2))
     return 0
 
 
@@ -427,6 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     aug.add_argument("--batch-size", type=int, default=64)
     aug.add_argument("--device", default="auto")
     aug.add_argument("--repeats", type=int, default=20)
+    aug.add_argument("--json", help="write the medians to this JSON file")
     aug.set_defaults(func=cmd_augment_cost)
     return parser
 

@@ -1,15 +1,10 @@
 #!/usr/bin/env bash
-# The GPU check: CUDA tests, then a short GPU benchmark (DALI loader on the GPU against a plain pinned
-# copy). Takes a few minutes on one GPU. Usage: scripts/gpu-check.sh [PYTHON]
+# The GPU check (make gpu-check): the CUDA tests, then the loader on the GPU (structures/s, atoms/s, H2D
+# GB/s beside a pinned torch copy), then the augmentations on CUDA, each result written as it exists to
+# $OUT when set, else bench-results/gpu-check/. A few minutes on one GPU; the steps are in scripts/gpu_check.py.
+# Usage: scripts/gpu-check.sh [PYTHON] [gpu_check.py options, e.g. --budget-s 300]
 set -euo pipefail
 PY=${1:-python3}
+shift || true
 cd "$(dirname "$0")/.."
-"$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "gpu-check needs a CUDA GPU and a CUDA build of torch")'
-"$PY" -c 'import torch; print("GPU:", torch.cuda.get_device_name(0), "| torch", torch.__version__)'
-echo "== CUDA tests"
-"$PY" -m pytest -q -m gpu tests
-echo "== GPU benchmark"
-mkdir -p bench-results
-"$PY" -m dali_alchemi.cli h2d --n 20000 --layouts window,blob --json bench-results/gpu-check.json
-echo "== GPU augmentation cost"
-"$PY" -m dali_alchemi.cli augment-cost --device cuda --repeats 20
+exec "$PY" scripts/gpu_check.py --python "$PY" "$@"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,13 +21,27 @@ NV_FIXTURE_DIR = Path(__file__).parent / "fixtures" / "nvalchemi-0.2.0"
 SMALL_CHUNKS = WriteConfig(core=ArrayConfig(chunk_size=97), custom=ArrayConfig(chunk_size=13))
 
 
+@functools.cache
+def dali_missing() -> str | None:
+    """Why NVIDIA DALI cannot be imported here, or ``None`` when it can."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError as err:
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip ``gpu``-marked tests cleanly when there is no CUDA device."""
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run `make gpu-check` on a GPU machine)")
-    for item in items:
-        if "gpu" in item.keywords:
+    """Skip ``gpu``-marked tests cleanly without a CUDA device, and ``dali``-marked ones without DALI."""
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (run `make gpu-check` on a GPU machine)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+    dali_items = [item for item in items if "dali" in item.keywords]
+    if dali_items and dali_missing():
+        skip = pytest.mark.skip(reason=f"needs NVIDIA DALI, which cannot be imported ({dali_missing()})")
+        for item in dali_items:
             item.add_marker(skip)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dali_alchemi import AtomicDataZarrReader, Batch, DALIDataLoader
+from dali_alchemi import AtomicDataZarrReader, Batch
 from dali_alchemi.augment import (
     PositionNoise,
     RandomRotation,
@@ -115,7 +115,10 @@ def test_noise_and_determinism() -> None:
         PositionNoise(-1.0)
 
 
+@pytest.mark.dali
 def test_the_loader_augments_reproducibly(small_store: Path) -> None:
+    from dali_alchemi import DALIDataLoader
+
     reader = AtomicDataZarrReader(small_store)
     options = dict(batch_size=32, seed=3, num_workers=0, device="cpu", augmentations=[RandomRotation()])
     with DALIDataLoader(reader, **options) as first, DALIDataLoader(reader, **options) as second:

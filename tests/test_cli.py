@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,12 @@ def test_help_imports_nothing_heavy() -> None:
         timeout=60,
     )
     assert result.returncode == 0 and result.stdout.startswith("usage: dali-alchemi synth"), result.stderr
+
+
+def test_augment_cost_writes_its_medians(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "augment.json"
+    assert main(["augment-cost", "--device", "cpu", "--batch-size", "4", "--repeats", "1", "--json", str(out)]) == 0
+    records = json.loads(out.read_text())
+    assert [r["augmentation"] for r in records] == ["rotation", "position noise", "translation", "all three"]
+    assert all(r["device"] == "cpu" and r["batch_size"] == 4 and r["ms_per_batch"] > 0 for r in records)
+    assert "ms per batch" in capsys.readouterr().out

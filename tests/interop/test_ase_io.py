@@ -12,7 +12,7 @@ from ase.build import bulk, molecule  # noqa: E402
 from ase.calculators.emt import EMT  # noqa: E402
 from ase.io import read, write  # noqa: E402
 
-from dali_alchemi import AtomicDataZarrReader, DALIDataLoader, SampleDataError  # noqa: E402
+from dali_alchemi import AtomicDataZarrReader, SampleDataError  # noqa: E402
 from dali_alchemi.cli import main  # noqa: E402
 from dali_alchemi.interop import to_ase  # noqa: E402
 from dali_alchemi.interop.ase_io import convert, write_atoms  # noqa: E402
@@ -40,7 +40,10 @@ def extxyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.dali
 def test_extxyz_through_convert_loader_and_back_to_atoms(extxyz: Path, tmp_path: Path) -> None:
+    from dali_alchemi import DALIDataLoader
+
     store = tmp_path / "cu.zarr"
     report = convert([extxyz], store, cutoff=3.0, float_dtype=np.float64, chunk=5)
     assert report.structures == 23 and report.custom == ["spin", "step", "temperature"]

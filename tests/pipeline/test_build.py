@@ -6,12 +6,16 @@ import numpy as np
 import pytest
 import torch
 
+pytest.importorskip("nvidia.dali", reason="NVIDIA DALI cannot be imported")
+
 from dali_alchemi import AtomicDataZarrReader, FixedBatchPlan
 from dali_alchemi.pipeline.build import build_pipeline
 from dali_alchemi.pipeline.dali_private import close_pipeline
 from dali_alchemi.pipeline.iterator import WindowIterator
 from dali_alchemi.pipeline.source import INDICES, WindowSource, output_specs
 from tests.loader_contract import assert_batches_equal, reference_batches
+
+pytestmark = pytest.mark.dali
 
 
 @pytest.mark.parametrize("workers", [0, 1])

@@ -5,10 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+pytest.importorskip("nvidia.dali", reason="NVIDIA DALI cannot be imported")
+
 from nvidia.dali import fn
 from nvidia.dali.pipeline import Pipeline
 
 from dali_alchemi.pipeline import dali_private
+
+pytestmark = pytest.mark.dali
 
 
 def _window(info: object) -> list[np.ndarray]:

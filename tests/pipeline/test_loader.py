@@ -15,9 +15,13 @@ import numpy as np
 import pytest
 import torch
 
+pytest.importorskip("nvidia.dali", reason="NVIDIA DALI cannot be imported")
+
 from dali_alchemi import AtomicDataZarrReader, DALIDataLoader, DeviceError, LoaderClosedError, LoaderError, PlanError
 from dali_alchemi.pipeline.dali_private import worker_processes
 from tests.loader_contract import LoaderContract, assert_batches_equal, reference_batches
+
+pytestmark = pytest.mark.dali
 
 N = 300  # structures in small_store
 

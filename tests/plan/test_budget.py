@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -53,14 +54,15 @@ def test_shards_get_equal_counts_and_every_structure_once_apart_from_whole_repea
 ) -> None:
     n_atoms, n_edges = _sizes(1000)
     plans = [
-        BudgetPlan(n_atoms=n_atoms, n_edges=n_edges, max_atoms=512, seed=5, shard_id=r, num_shards=shards,
-                   drop_last=drop_last)  # fmt: skip
+        BudgetPlan(
+            n_atoms=n_atoms, n_edges=n_edges, max_atoms=512, seed=5, shard_id=r, num_shards=shards, drop_last=drop_last
+        )
         for r in range(shards)
     ]
     epochs = [p.epoch(3) for p in plans]
     assert len({e.num_batches for e in epochs}) == 1
     order, ptr = plans[0].global_batches(3)
-    batches = {tuple(order[a:b].tolist()) for a, b in zip(ptr[:-1], ptr[1:], strict=True)}
+    batches = {tuple(order[a:b].tolist()) for a, b in itertools.pairwise(ptr.tolist())}
     seen = np.concatenate([e.order[: e.batch_ptr[-1]] for e in epochs])
     for e in epochs:
         for batch in e.batches():

@@ -12,7 +12,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import MemoryStore
 
-from dali_alchemi import AtomicDataZarrReader, DALIDataLoader
+from dali_alchemi import AtomicDataZarrReader
 from dali_alchemi.bench.http_server import StoreServer
 from dali_alchemi.bench.synth import write_synthetic_store
 from dali_alchemi.config import ArrayConfig, FetchConfig, WriteConfig
@@ -40,9 +40,12 @@ def _chunk_gets(server: StoreServer) -> dict[str, int]:
     }  # fmt: skip
 
 
+@pytest.mark.dali
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_shuffled_epoch_fetches_each_chunk_once_and_overlaps_requests(served: Path, workers: int) -> None:
+    from dali_alchemi import DALIDataLoader
+
     local = AtomicDataZarrReader(served / "s.zarr")
     chunks = sum(h.codec.n_blocks for h in local._handles.values())  # one chunk per block here
     with StoreServer(served, latency_s=LATENCY) as server:
@@ -65,8 +68,11 @@ def test_a_shuffled_epoch_fetches_each_chunk_once_and_overlaps_requests(served: 
           f"{windows} windows) in {elapsed:.2f}s; serial would be {requests * LATENCY:.2f}s")  # fmt: skip
 
 
+@pytest.mark.dali
 @pytest.mark.timeout(120)
 def test_transient_failures_are_retried_without_losing_or_duplicating(served: Path) -> None:
+    from dali_alchemi import DALIDataLoader
+
     local = AtomicDataZarrReader(served / "s.zarr")
     with StoreServer(served, latency_s=0.002, failure_rate=0.2, seed=3) as server:
         reader = AtomicDataZarrReader(server.url + "s.zarr", fetch=FetchConfig(retries=8, backoff_s=0.001))

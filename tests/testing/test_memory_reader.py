@@ -70,7 +70,9 @@ class TestMemoryReader(PackedReaderTests):
         return _structures()
 
 
-@pytest.mark.parametrize("make", ["dali", "dali-w2", "plain"])
+@pytest.mark.parametrize(
+    "make", [pytest.param("dali", marks=pytest.mark.dali), pytest.param("dali-w2", marks=pytest.mark.dali), "plain"]
+)
 def test_both_loaders_read_any_packed_reader(make: str) -> None:
     reader = MemoryReader(_structures())
     options: dict[str, Any] = {"batch_size": 10, "seed": 2}

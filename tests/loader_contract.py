@@ -139,6 +139,31 @@ class LoaderContract:
         with pytest.raises(UnknownFieldError, match=r"Unknown fields \['nope'\]"):
             self.make_loader(reader, fields=["nope"])
 
+    @pytest.mark.parametrize("shards", [1, 2])
+    def test_budget_batches_respect_the_budget_once_per_epoch_with_equal_counts(
+        self, reader: AtomicDataZarrReader, shards: int
+    ) -> None:
+        seen, lengths = [], set()
+        for shard_id in range(shards):
+            loader = self.make_loader(reader, max_atoms=400, max_edges=2000, shard_id=shard_id, num_shards=shards)
+            try:
+                lengths.add(len(loader))
+                batches = list(loader)
+                assert len(batches) == len(loader)
+                assert all(b.num_nodes <= 400 and b.num_edges <= 2000 for b in batches)
+                assert len({b.num_graphs for b in batches}) > 1  # sized by atoms, not a fixed count
+                assert_batches_equal(batches, reference_batches(reader, loader.plan, 0))
+                seen.append(np.concatenate([b.sample_indices for b in batches]))
+            finally:
+                self.close(loader)
+        assert len(lengths) == 1
+        counts = np.bincount(np.concatenate(seen), minlength=N)
+        assert counts.min() == 1  # every structure; repeats only from whole padding batches
+        with pytest.raises(PlanError, match="more than max_atoms=30"):
+            self.make_loader(reader, max_atoms=30)
+        with pytest.raises(PlanError, match="max_atoms must be a positive integer"):
+            self.make_loader(reader, max_atoms=-5)
+
     def test_a_plan_excludes_the_arguments_that_build_one(self, reader: AtomicDataZarrReader) -> None:
         with pytest.raises(PlanError, match="mutually exclusive with batch_size, shard_id"):
             self.make_loader(reader, plan=CyclingSizesPlan(num_samples=N), batch_size=8, shard_id=0, num_shards=1)

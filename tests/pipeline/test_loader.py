@@ -374,3 +374,37 @@ def test_keyboard_interrupt_leaves_no_orphan_processes(small_store: Path, tmp_pa
 def _running(pid: int) -> bool:
     """Whether ``pid`` still exists as a live (non-zombie) process, whoever its parent is now."""
     return _alive(pid)
+
+
+class SizesOnlyReader(AtomicDataZarrReader):
+    """Counts packed reads, so a test can tell that planning read no data."""
+
+    reads = 0
+
+    def read_packed(self, indices: Any, *, fields: Any = None) -> Any:
+        type(self).reads += 1
+        return super().read_packed(indices, fields=fields)
+
+
+def test_a_budget_plan_reads_no_data_and_resumes_exactly(small_store: Path) -> None:
+    counting = SizesOnlyReader(small_store)
+    options = dict(max_atoms=500, batch_size=20, seed=6, num_workers=0, device="cpu")
+    with DALIDataLoader(counting, **options) as loader:
+        batches = len(loader), loader.plan.epoch(0).num_batches, loader.plan.epoch(1).num_batches
+        assert SizesOnlyReader.reads == 0, "planning an epoch read data"
+        assert all(n > 0 for n in batches)
+        loader.set_epoch(1)
+        full = list(loader)
+        assert max(b.num_graphs for b in full) <= 20 and max(b.num_nodes for b in full) <= 500
+        loader.set_epoch(1)
+        for k, _ in enumerate(loader, start=1):
+            if k == 4:
+                break
+        state = loader.state_dict()
+    assert state["plan"]["kind"] == "budget" and state["batch"] == 4
+    with DALIDataLoader(counting, **options) as resumed:
+        resumed.load_state_dict(state)
+        assert_batches_equal(list(resumed), full[4:])
+    with DALIDataLoader(counting, **{**options, "max_atoms": 499}) as other, pytest.raises(PlanError, match="max_atoms"):
+        other.load_state_dict(state)
+    counting.close()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -172,6 +172,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         epochs=args.epochs, rounds=args.rounds, step_ms=args.step_ms, device=str(device),
         batches_per_window=args.batches_per_window, torch_workers=args.torch_workers,
         cache_bytes=None if args.cache_mb is None else int(args.cache_mb * 2**20),
+        max_atoms=args.max_atoms, max_edges=args.max_edges,
     )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="dali-alchemi-bench-") as scratch:
         if args.store:
@@ -207,18 +208,24 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
                     console.print(f"serving {local} at {url} with {args.http_latency_ms} ms per request")
                     run = run_bench(url, config, store_info=store_info, progress=progress)
     steps = ["wait s", "epoch / steps"] if args.step_ms else []
+    budget = args.max_atoms is not None or args.max_edges is not None
+    shape = ["batches", "atoms/batch", *(["fill"] if args.max_atoms else [])] if budget else []
+    sizing = f"max_atoms {args.max_atoms}, max_edges {args.max_edges}" if budget else f"batch {args.batch_size}"
     table = make_table(
-        "loader", "order", "samples/s", "warm samples/s", "atoms/s", "x plain", "first batch s", "total s", "peak mem MB", *steps,
-        title=f"batch {args.batch_size}, {device}, {args.epochs} epochs, median of {args.rounds} rounds",
+        "loader", "order", "samples/s", "warm samples/s", "atoms/s", "x plain", "first batch s", "total s", "peak mem MB",
+        *steps, *shape, title=f"{sizing}, {device}, {args.epochs} epochs, median of {args.rounds} rounds",
     )  # fmt: skip
     for r in run.records:
         if r.note:
-            table.add_row(r.loader, r.order, r.note, *[""] * (6 + len(steps)))
+            table.add_row(r.loader, r.order, r.note, *[""] * (6 + len(steps) + len(shape)))
             continue
+        shape_cells = [_fmt(r.batches_per_epoch, ",.0f"), _fmt(r.atoms_per_batch, ",.0f")]
+        shape_cells += [_fmt(r.fill_ratio, ".3f")] if args.max_atoms else []
         table.add_row(
             r.loader, r.order, _fmt(r.samples_per_s, ",.0f"), _fmt(r.warm_samples_per_s, ",.0f"),
             _fmt(r.atoms_per_s, ",.0f"), _fmt(r.ratio_vs_plain, ".2f"), _fmt(r.first_batch_s, ".2f"),
             _fmt(r.total_s, ".2f"), _fmt(r.peak_rss_mb, ".0f"), *([_fmt(r.wait_s, ".2f"), _fmt(r.epoch_vs_steps, ".3f")] if steps else []),
+            *(shape_cells if shape else []),
         )  # fmt: skip
     console.print(table)
     console.print(f"opening the store (with its open-time checks) took {run.meta.store['open_s'] * 1000:.1f} ms")
@@ -313,6 +320,45 @@ def _raised_in_ase(tb: TracebackType | None) -> bool:
     return isinstance(module, str) and (module == "ase" or module.startswith("ase."))
 
 
+def cmd_plan_cost(args: argparse.Namespace, console: Console) -> int:
+    import time
+
+    import numpy as np
+
+    from dali_alchemi.plan import BudgetPlan, FixedBatchPlan, Plan
+
+    rng = np.random.default_rng(args.seed)  # the synthetic recipe's sizes: 10-100 atoms, 1-4x as many edges
+    n_atoms = rng.integers(10, 101, size=args.n)
+    n_edges = rng.integers(1, 4 * n_atoms + 1)
+    plans: dict[str, Callable[[], Plan]] = {
+        f"budget max_atoms={args.max_atoms}": lambda: BudgetPlan(
+            n_atoms=n_atoms, n_edges=n_edges, max_atoms=args.max_atoms, num_shards=args.shards
+        ),
+        f"fixed batch_size={args.batch_size}": lambda: FixedBatchPlan(
+            num_samples=args.n, batch_size=args.batch_size, num_shards=args.shards
+        ),
+    }
+    table = make_table(
+        "plan", "build s", "epoch s", "batches", "fill",
+        title=f"{args.n:,} structures, {args.shards} shard(s), median of {args.repeats}",
+    )  # fmt: skip
+    for name, make in plans.items():
+        builds, epochs = [], []
+        for repeat in range(args.repeats):
+            started = time.perf_counter()
+            plan = make()
+            built = time.perf_counter()
+            epoch = plan.epoch(repeat)
+            epochs.append(time.perf_counter() - built)
+            builds.append(built - started)
+        fill = int(n_atoms[epoch.order].sum()) / (epoch.num_batches * args.max_atoms) if "budget" in name else None
+        table.add_row(
+            name, f"{np.median(builds):.3f}", f"{np.median(epochs):.3f}", f"{epoch.num_batches:,}", _fmt(fill, ".3f")
+        )
+    console.print(table)
+    return 0
+
+
 def cmd_augment_cost(args: argparse.Namespace, console: Console) -> int:
     import tempfile
     import time
@@ -400,6 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--torch-workers", type=int, default=2, help="workers of a torch loader named without -wN")
     bench.add_argument("--cache-mb", type=float, help="decoded-chunk cache per reader in MiB (default 1024)")
     bench.add_argument(
+        "--max-atoms", type=int, help="batch by atoms: at most this many per batch (--batch-size is then ignored)"
+    )
+    bench.add_argument("--max-edges", type=int, help="batch by edges: at most this many per batch")
+    bench.add_argument(
         "--codec", choices=CODECS, default="lz4", help="codec of the synthetic store (default lz4: blosc-lz4, shuffle)"
     )
     bench.add_argument("--chunk-size", type=int, help="rows per chunk of the synthetic store (default: 4 MiB chunks)")
@@ -431,6 +481,15 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--float64", action="store_true", help="keep float64 (default: float32)")
     conv.add_argument("--chunk", type=int, default=1000, help="structures converted per step (default 1000)")
     conv.set_defaults(func=cmd_convert)
+
+    cost = sub.add_parser("plan-cost", help="time planning an epoch (fixed and atom-budget batches)")
+    cost.add_argument("--n", type=int, default=1_000_000, help="structures (default 1,000,000)")
+    cost.add_argument("--max-atoms", type=int, default=4096)
+    cost.add_argument("--batch-size", type=int, default=64)
+    cost.add_argument("--shards", type=int, default=1)
+    cost.add_argument("--repeats", type=int, default=3)
+    cost.add_argument("--seed", type=int, default=0)
+    cost.set_defaults(func=cmd_plan_cost)
 
     aug = sub.add_parser("augment-cost", help="time the augmentations per batch")
     aug.add_argument("--batch-size", type=int, default=64)

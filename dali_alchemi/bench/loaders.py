@@ -34,10 +34,18 @@ class LoaderSettings:
 
     batch_size: int = 64
     batches_per_window: int = 16
+    max_atoms: int | None = None
+    max_edges: int | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     torch_workers: int = 2
     seed: int = 0
     cache_bytes: int | None = None
+
+
+    @property
+    def plan_batch_size(self) -> int | None:
+        """The batch size the loaders' plans get: none (no cap) when a budget sizes the batches."""
+        return None if self.max_atoms or self.max_edges else self.batch_size
 
 
 class Runnable(Protocol):
@@ -72,8 +80,9 @@ def _dali(store: str, shuffle: bool, s: LoaderSettings, workers: int, layout: st
     from dali_alchemi.pipeline.loader import DALIDataLoader
 
     loader = DALIDataLoader(
-        store, batch_size=s.batch_size, shuffle=shuffle, seed=s.seed, batches_per_window=s.batches_per_window,
-        num_workers=workers, device=s.device, layout=layout, cache_bytes=s.cache_bytes,
+        store, batch_size=s.plan_batch_size, shuffle=shuffle, seed=s.seed, batches_per_window=s.batches_per_window,
+        num_workers=workers, device=s.device, layout=layout, cache_bytes=s.cache_bytes, max_atoms=s.max_atoms,
+        max_edges=s.max_edges,
     )  # fmt: skip
     return _BatchLoader(loader, loader.set_epoch, s.device, loader.close)
 
@@ -82,8 +91,9 @@ def _torch(store: str, shuffle: bool, s: LoaderSettings, batched: bool, workers:
     from dali_alchemi.baseline import plain_dataloader
 
     loader = plain_dataloader(
-        store, batch_size=s.batch_size, shuffle=shuffle, seed=s.seed, num_workers=workers,
-        pin_memory=s.device.type == "cuda", batched=batched, cache_bytes=s.cache_bytes,
+        store, batch_size=s.plan_batch_size, shuffle=shuffle, seed=s.seed, num_workers=workers,
+        pin_memory=s.device.type == "cuda", batched=batched, cache_bytes=s.cache_bytes, max_atoms=s.max_atoms,
+        max_edges=s.max_edges,
     )  # fmt: skip
 
     def close() -> None:
@@ -91,6 +101,48 @@ def _torch(store: str, shuffle: bool, s: LoaderSettings, batched: bool, workers:
         loader.dataset.reader.close()  # type: ignore[attr-defined]
 
     return _BatchLoader(loader, loader.set_epoch, s.device, close)
+
+
+class _PygDataset:
+    """Each structure as a ``torch_geometric.data.Data``, read one at a time, as a PyG user's dataset would."""
+
+    def __init__(self, reader: AtomicDataZarrReader) -> None:
+        self.reader = reader
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitem__(self, index: int) -> Any:
+        from torch_geometric.data import Data
+
+        sample = self.reader.read_packed([index]).split()[0]
+        tensors = {name: torch.from_numpy(value) for name, value in sample.items()}
+        edge_index = tensors.pop("neighbor_list").t().long() if "neighbor_list" in tensors else None
+        return Data(
+            pos=tensors.pop("positions"), z=tensors.pop("atomic_numbers"), edge_index=edge_index, **tensors
+        )
+
+
+def _pyg_dynamic(store: str, shuffle: bool, s: LoaderSettings, workers: int) -> Runnable:
+    """PyG's ``DataLoader`` with its ``DynamicBatchSampler``, as people batch by atoms today.
+
+    The sampler reads every structure in the main process to learn its size, then the loader reads it
+    again to batch it: that double read is part of how it works.
+    """
+    from torch_geometric.loader import DataLoader as PygDataLoader
+    from torch_geometric.loader import DynamicBatchSampler
+
+    if not s.max_atoms:
+        raise ValueError("pyg-dynamic batches by atoms: give --max-atoms")
+    reader = AtomicDataZarrReader(store) if s.cache_bytes is None else AtomicDataZarrReader(store, cache_bytes=s.cache_bytes)
+    dataset = _PygDataset(reader)
+    sampler = DynamicBatchSampler(dataset, max_num=s.max_atoms, mode="node", shuffle=shuffle)  # type: ignore[arg-type]
+    loader = PygDataLoader(dataset, batch_sampler=sampler, num_workers=workers)  # type: ignore[arg-type]
+
+    def set_epoch(epoch: int) -> None:
+        torch.manual_seed(s.seed + epoch)  # its sampler draws from torch's global generator
+
+    return _BatchLoader(loader, set_epoch, s.device, reader.close)
 
 
 def nvalchemi_available() -> bool:
@@ -183,7 +235,7 @@ class _SequentialDecode(_PackedReads):
 
 
 _PATTERN = re.compile(
-    r"^(?P<kind>dali|torch|torch-batched)(?:-w(?P<workers>\d+))?(?:-(?P<layout>blob|window))?$"
+    r"^(?P<kind>dali|torch|torch-batched|pyg-dynamic)(?:-w(?P<workers>\d+))?(?:-(?P<layout>blob|window))?$"
 )
 
 LIMITS = ("packed", "decode", "nvalchemi-reader")
@@ -191,7 +243,7 @@ LIMITS = ("packed", "decode", "nvalchemi-reader")
 
 def is_plain(name: str) -> bool:
     """Whether ``name`` is a plain torch DataLoader configuration (the ratio's reference)."""
-    return name.startswith("torch")
+    return name.startswith(("torch", "pyg"))
 
 
 def open_loader(name: str, store: str, shuffle: bool, settings: LoaderSettings) -> Runnable:
@@ -221,6 +273,8 @@ def open_loader(name: str, store: str, shuffle: bool, settings: LoaderSettings) 
     if match.group("layout"):
         raise ValueError(f"Loader {name!r}: a layout suffix only applies to dali loaders")
     count = settings.torch_workers if workers is None else int(workers)
+    if kind == "pyg-dynamic":
+        return _pyg_dynamic(store, shuffle, settings, count)
     return _torch(store, shuffle, settings, kind == "torch-batched", count)
 
 

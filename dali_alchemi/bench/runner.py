@@ -46,6 +46,8 @@ class BenchConfig:
     torch_workers: int = 2
     seed: int = 0
     cache_bytes: int | None = None
+    max_atoms: int | None = None
+    max_edges: int | None = None
 
     def __post_init__(self) -> None:
         bad = [o for o in self.orders if o not in ("shuffle", "sequential")]
@@ -56,6 +58,10 @@ class BenchConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.step_ms < 0:
             raise ValueError(f"step_ms must be >= 0, got {self.step_ms}")
+        for name in ("max_atoms", "max_edges"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 @dataclass(slots=True)
@@ -75,6 +81,8 @@ class Measurement:
     warm_samples: int = 0
     warm_seconds: float = 0.0
     total_s: float = 0.0
+    units: int = 0
+    unit_atoms: int = 0
     note: str | None = None
 
 
@@ -96,6 +104,9 @@ class Record:
     note: str | None = None
     epoch_vs_steps: float | None = None
     total_s: float | None = None
+    batches_per_epoch: float | None = None
+    atoms_per_batch: float | None = None
+    fill_ratio: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -214,9 +225,14 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
     if name.startswith("nvalchemi") and not nvalchemi_available():
         result.note = "not installed"
         return result
+    budget = config.max_atoms is not None or config.max_edges is not None
+    if name == "nvalchemi" and budget:
+        result.note = "no atom budget"
+        return result
     settings = LoaderSettings(
         batch_size=config.batch_size, batches_per_window=config.batches_per_window, device=device,
         torch_workers=config.torch_workers, seed=config.seed, cache_bytes=config.cache_bytes,
+        max_atoms=config.max_atoms, max_edges=config.max_edges,
     )  # fmt: skip
     step = config.step_ms / 1000.0
     with _MemorySampler() as memory:
@@ -234,6 +250,8 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
                     except StopIteration:
                         break
                     got = time.perf_counter()
+                    result.units += 1
+                    result.unit_atoms += atoms
                     if started is None:
                         started = got
                         result.first_batch_s = got - opened
@@ -310,6 +328,20 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+def _batch_shape(done: list[Measurement], config: BenchConfig, loader: str) -> dict[str, float | None]:
+    """Batches per epoch, mean atoms per batch and (under ``max_atoms``) the fill ratio.
+
+    The fill ratio is real atoms / (batches x ``max_atoms``): 1.0 when every batch is full. The limits
+    deliver windows, not batches, so they have none of these.
+    """
+    if not done or loader in LIMITS:
+        return {"batches_per_epoch": None, "atoms_per_batch": None, "fill_ratio": None}
+    batches = median([m.units / config.epochs for m in done])
+    per_batch = median([m.unit_atoms / m.units for m in done if m.units])
+    fill = per_batch / config.max_atoms if config.max_atoms else None
+    return {"batches_per_epoch": batches, "atoms_per_batch": per_batch, "fill_ratio": fill}
+
+
 def summarize(measurements: list[Measurement], config: BenchConfig) -> list[Record]:
     """Medians per loader and order, with the ratio to the best plain DataLoader of the same order."""
     records = []
@@ -332,6 +364,7 @@ def summarize(measurements: list[Measurement], config: BenchConfig) -> list[Reco
                 peak_rss_mb=median([m.peak_rss_mb for m in done]) if done else None,
                 wait_s=median([m.wait_s for m in done]) if done else None, rounds=len(done), note=note,
                 total_s=median([m.total_s for m in done]) if done else None,
+                **_batch_shape(done, config, loader),
                 epoch_vs_steps=(
                     median([m.seconds / m.step_s for m in done if m.step_s > 0])
                     if done and config.step_ms and loader not in LIMITS else None

@@ -81,3 +81,24 @@ def test_unknown_loaders_and_orders_are_rejected() -> None:
         validate_names(["dali", "dali-fast"])
     with pytest.raises(ValueError, match="Unknown order 'random'"):
         BenchConfig(loaders=("dali",), orders=("random",))
+
+
+def test_budget_runs_report_batches_and_fill(small_store: Path) -> None:
+    config = BenchConfig(
+        loaders=("dali-w0", "torch-batched-w0", "pyg-dynamic-w0", "packed", "nvalchemi"),
+        rounds=1, epochs=1, max_atoms=600,
+    )  # fmt: skip
+    by_name = {r.loader: r for r in run_bench(str(small_store), config).records}
+    dali, plain, pyg = by_name["dali-w0"], by_name["torch-batched-w0"], by_name["pyg-dynamic-w0"]
+    assert dali.batches_per_epoch == plain.batches_per_epoch  # the same plan, so the same batches
+    assert dali.atoms_per_batch is not None and dali.atoms_per_batch <= 600
+    assert dali.fill_ratio == pytest.approx(dali.atoms_per_batch / 600) and 0.8 < dali.fill_ratio <= 1.0
+    assert pyg.fill_ratio is not None and pyg.batches_per_epoch is not None
+    assert by_name["packed"].fill_ratio is None  # windows, not batches
+    assert by_name["nvalchemi"].note in ("no atom budget", "not installed")
+
+
+def test_plan_cost_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan-cost", "--n", "20000", "--max-atoms", "4096", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "budget max_atoms=4096" in out and "fixed batch_size=64" in out

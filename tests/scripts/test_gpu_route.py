@@ -299,7 +299,7 @@ def test_the_final_command_runs_the_cpu_part_of_the_suite(tmp_path: Path) -> Non
     paths = _ship(tmp_path)
     out = tmp_path / "out"
     args = _finish_args(
-        paths, out, sys.executable, "--cpu", "--pytest-args", "tests/test_batch.py tests/test_planning.py"
+        paths, out, sys.executable, "--cpu", "--pytest-args", "tests/test_batch.py tests/plan/test_fixed.py"
     )
     proc = subprocess.run([sys.executable, str(ROUTE_PY), *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

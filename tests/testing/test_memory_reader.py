@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dali_alchemi import Batch, DALIDataLoader, FieldSpec, PackedSamples, plain_dataloader
+from dali_alchemi import Batch, FieldSpec, PackedSamples, plain_dataloader
 from dali_alchemi.testing.reader import PackedReaderTests
 
 
@@ -79,6 +79,8 @@ def test_both_loaders_read_any_packed_reader(make: str) -> None:
     if make == "plain":
         loader: Any = plain_dataloader(reader, num_workers=0, batched=True, **options)
     else:
+        from dali_alchemi import DALIDataLoader  # imports DALI: only in the dali-marked cases
+
         workers = 2 if make == "dali-w2" else 0
         loader = DALIDataLoader(reader, device="cpu", num_workers=workers, batches_per_window=2, **options)
     try:

@@ -27,6 +27,7 @@ from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
+    from dali_alchemi.padding import Padding
     from dali_alchemi.types import Level, PtrArray
 
 _KEY_OF_LEVEL: dict[Level, str] = {"atom": "node", "edge": "edge", "system": "system"}
@@ -173,7 +174,16 @@ class Batch:
     batch_idx
         ``[V]`` int32: the structure of each atom.
     sample_indices
-        ``[B]`` int64 numpy array (host): the logical store index of each structure, when known.
+        ``[B]`` int64 numpy array (host): the logical store index of each structure, when known; -1 for a
+        padding structure.
+    padding
+        ``None``, or for a batch made by :func:`~dali_alchemi.padding.pad_batch` its
+        :class:`~dali_alchemi.padding.Padding`: the masks (``atom_mask``, ``edge_mask``,
+        ``structure_mask``) and the real counts as device tensors. A padded batch's rows, counts and
+        structures include the padding: ``num_graphs``, ``num_nodes`` and ``num_edges`` are the padded
+        sizes (``max_structures``, ``max_atoms``, ``max_edges``), the same for every batch, and
+        ``batch[i]``/``to_data_list()`` give the padding structures too (with their filler values);
+        :func:`~dali_alchemi.padding.unpad_batch` gives back the real part.
 
     Fields are also reachable as attributes (``batch.positions``) and by name (``batch["positions"]``).
     ``batch[i]`` gives structure ``i`` back as a dict with local ``neighbor_list`` indices. Build
@@ -189,6 +199,7 @@ class Batch:
         "edge_batch_ptr",
         "fields",
         "levels",
+        "padding",
         "sample_indices",
     )
 
@@ -203,6 +214,7 @@ class Batch:
         host_n_atoms: NDArray[np.int64],
         host_n_edges: NDArray[np.int64],
         sample_indices: NDArray[np.int64] | None = None,
+        padding: Padding | None = None,
     ) -> None:
         self.fields: dict[str, torch.Tensor] = dict(fields)
         self.levels: dict[str, Level] = dict(levels)
@@ -210,6 +222,7 @@ class Batch:
         self.edge_batch_ptr = edge_batch_ptr
         self.batch_idx = batch_idx
         self.sample_indices = sample_indices
+        self.padding = padding
         self._n_atoms = np.asarray(host_n_atoms, dtype=np.int64)
         self._n_edges = np.asarray(host_n_edges, dtype=np.int64)
 
@@ -339,19 +352,19 @@ class Batch:
 
     @property
     def num_graphs(self) -> int:
-        """Number of structures (B)."""
+        """Number of structures (B), padding structures included."""
         return int(self._n_atoms.size)
 
     batch_size = num_graphs
 
     @property
     def num_nodes(self) -> int:
-        """Total atoms (V)."""
+        """Total atoms (V), padding atoms included."""
         return int(self._n_atoms.sum())
 
     @property
     def num_edges(self) -> int:
-        """Total edges (E)."""
+        """Total edges (E), padding edges included."""
         return int(self._n_edges.sum())
 
     @property
@@ -383,6 +396,7 @@ class Batch:
         new.edge_batch_ptr = fn(self.edge_batch_ptr)
         new.batch_idx = fn(self.batch_idx)
         new.sample_indices = self.sample_indices
+        new.padding = None if self.padding is None else self.padding.map(fn)
         new._n_atoms = self._n_atoms
         new._n_edges = self._n_edges
         return new
@@ -401,4 +415,8 @@ class Batch:
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{k}={tuple(v.shape)}" for k, v in self.fields.items())
-        return f"Batch(num_graphs={self.num_graphs}, num_nodes={self.num_nodes}, num_edges={self.num_edges}, {shapes})"
+        padded = "" if self.padding is None else f", real_graphs={self.padding.host_counts.system}"
+        return (
+            f"Batch(num_graphs={self.num_graphs}, num_nodes={self.num_nodes}, num_edges={self.num_edges}{padded}, "
+            f"{shapes})"
+        )

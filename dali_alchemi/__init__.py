@@ -31,10 +31,13 @@ _EXPORTS = {
     "Plan": "dali_alchemi.plan",
     "EpochPlan": "dali_alchemi.plan",
     "FixedBatchPlan": "dali_alchemi.plan",
+    "BudgetPlan": "dali_alchemi.plan",
     # loading
     "DALIDataLoader": "dali_alchemi.pipeline.loader",
     "plain_dataloader": "dali_alchemi.baseline",
     "Batch": "dali_alchemi.batch",
+    "pad_batch": "dali_alchemi.padding",
+    "unpad_batch": "dali_alchemi.padding",
     # errors
     "DaliAlchemiError": "dali_alchemi.errors",
     "StoreFormatError": "dali_alchemi.errors",
@@ -76,8 +79,9 @@ if TYPE_CHECKING:
         StoreNotFoundError,
         UnknownFieldError,
     )
+    from dali_alchemi.padding import pad_batch, unpad_batch
     from dali_alchemi.pipeline.loader import DALIDataLoader
-    from dali_alchemi.plan import EpochPlan, FixedBatchPlan, Plan
+    from dali_alchemi.plan import BudgetPlan, EpochPlan, FixedBatchPlan, Plan
     from dali_alchemi.store.packed import PackedSamples
     from dali_alchemi.store.protocol import FieldSpec, PackedReader
     from dali_alchemi.store.reader import AtomicDataZarrReader

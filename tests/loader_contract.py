@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from dali_alchemi import AtomicDataZarrReader, Batch, PlanError, UnknownFieldError
+from dali_alchemi import AtomicDataZarrReader, Batch, PlanError, UnknownFieldError, unpad_batch
 from dali_alchemi.plan import EpochPlan, Plan
 
 N = 300
@@ -163,6 +163,27 @@ class LoaderContract:
             self.make_loader(reader, max_atoms=30)
         with pytest.raises(PlanError, match="max_atoms must be a positive integer"):
             self.make_loader(reader, max_atoms=-5)
+
+    def test_padded_batches_have_one_shape_and_hold_the_plans_batches(self, reader: AtomicDataZarrReader) -> None:
+        loader = self.make_loader(reader, max_atoms=401, max_edges=2001, pad=True, seed=2)
+        try:
+            batches = list(loader)
+            shapes = {(b.num_nodes, b.num_edges, b.num_graphs) for b in batches}
+            assert len(shapes) == 1 and next(iter(shapes))[:2] == (401, 2001)
+            assert {tuple(b.positions.shape) for b in batches} == {(401, 3)}
+            real = [unpad_batch(b) for b in batches]
+            assert_batches_equal(real, reference_batches(reader, loader.plan, 0))
+            for padded, part in zip(batches, real, strict=True):
+                assert padded.padding is not None
+                assert int(padded.padding.structure_mask.sum()) == part.num_graphs
+                assert int(padded.padding.num_real_graphs) == part.num_graphs
+                assert (padded.sample_indices[part.num_graphs :] == -1).all()
+            seen = np.concatenate([b.sample_indices for b in real])
+            assert np.array_equal(np.sort(seen), np.arange(N))
+        finally:
+            self.close(loader)
+        with pytest.raises(PlanError, match="pad=True needs max_edges"):
+            self.make_loader(reader, max_atoms=400, pad=True)
 
     def test_a_plan_excludes_the_arguments_that_build_one(self, reader: AtomicDataZarrReader) -> None:
         with pytest.raises(PlanError, match="mutually exclusive with batch_size, shard_id"):

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -346,3 +348,25 @@ def test_padding_moves_to_the_gpu() -> None:
     moved = pinned.to("cuda", non_blocking=True)
     assert moved.padding is not None and moved.padding.atom_mask.is_cuda and moved.padding.num_real_graphs.is_cuda
     assert moved.padding.structure_mask.tolist() == [True, True, False, False]
+
+
+@pytest.mark.dali
+def test_a_whole_epoch_of_the_loaders_padded_batches_compiles_once(small_store: Path) -> None:
+    from dali_alchemi import DALIDataLoader
+
+    options = {"max_atoms": 601, "max_edges": 3001, "num_workers": 0, "device": "cpu", "seed": 4}
+    with DALIDataLoader(small_store, pad=True, **options) as loader:
+        padded = list(loader)
+    with DALIDataLoader(small_store, **options) as loader:
+        ragged = list(loader)
+    assert len(padded) == len(ragged) >= 10
+    torch.manual_seed(0)
+    model = EnergyModel()
+    with torch._dynamo.config.patch(recompile_limit=64):
+        try:
+            assert _count_compiles(padded, model) == 1
+            unpadded = _count_compiles(ragged, model)
+        finally:
+            torch._dynamo.reset()
+    assert unpadded > 1
+    print(f"graphs compiled over an epoch of {len(padded)} loader batches: padded 1, unpadded {unpadded}")

@@ -19,7 +19,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dali_alchemi.batch import Batch
-from dali_alchemi.plan import PlanArguments, build_plan
+from dali_alchemi.padding import pad_batch
+from dali_alchemi.plan import PadShape, PlanArguments, build_plan, pad_shape
 from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.protocol import open_reader, select_fields
 
@@ -62,17 +63,21 @@ class SampleDataset(Dataset[Item]):
 
 
 class Collater:
-    """Picklable collate function: a packed batch, or ``(sample, index)`` pairs, -> :class:`Batch`."""
+    """Picklable collate function: a packed batch, or ``(sample, index)`` pairs, -> :class:`Batch` (padded
+    to ``shape`` when given)."""
 
-    def __init__(self, levels: Mapping[str, Level]) -> None:
+    def __init__(self, levels: Mapping[str, Level], shape: PadShape | None = None) -> None:
         self.levels = dict(levels)
+        self.shape = shape
 
     def __call__(self, items: PackedSamples | list[Item]) -> Batch:
         if isinstance(items, PackedSamples):
-            return Batch.from_packed(items)
-        return Batch.from_samples(
-            [sample for sample, _ in items], levels=self.levels, sample_indices=[index for _, index in items]
-        )
+            batch = Batch.from_packed(items)
+        else:
+            batch = Batch.from_samples(
+                [sample for sample, _ in items], levels=self.levels, sample_indices=[index for _, index in items]
+            )
+        return batch if self.shape is None else pad_batch(batch, **self.shape.to_kwargs())
 
 
 class PlanBatchSampler(Sampler[list[int]]):
@@ -133,6 +138,7 @@ def plain_dataloader(
     max_atoms: int | None = None,
     max_edges: int | None = None,
     oversized: str = "error",
+    pad: bool = False,
     plan: Plan | None = None,
     num_workers: int = 2,
     pin_memory: bool = False,
@@ -144,7 +150,7 @@ def plain_dataloader(
     """A torch DataLoader yielding :class:`Batch` objects from a store or any packed reader.
 
     The plan arguments (``batch_size``, ``shuffle``, ``seed``, ``drop_last``, ``shard_id``,
-    ``num_shards``, the budgets ``max_atoms``/``max_edges``/``oversized``, or ``plan``), ``fields`` and
+    ``num_shards``, the budgets ``max_atoms``/``max_edges``/``oversized``, ``pad``, or ``plan``), ``fields`` and
     ``cache_bytes`` mean exactly what they mean for
     :class:`~dali_alchemi.pipeline.loader.DALIDataLoader`, sharding by torch.distributed rank by default.
     ``batched=False`` reads sample by sample (a map-style dataset, the common setup); ``batched=True``
@@ -157,9 +163,10 @@ def plain_dataloader(
     selected = select_fields(reader, names)
     arguments = PlanArguments(
         batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, shard_id=shard_id,
-        num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized,
+        num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized, pad=pad,
     )  # fmt: skip
     plan = build_plan(plan, arguments, len(reader), lambda: reader.sample_sizes(np.arange(len(reader))))
+    shape = pad_shape(arguments, plan)
     specs = reader.field_specs
     extra: dict[str, Any] = {}
     if num_workers > 0:
@@ -169,7 +176,7 @@ def plain_dataloader(
     return PlanDataLoader(
         SampleDataset(reader, selected, batched=batched),
         batch_sampler=PlanBatchSampler(plan),
-        collate_fn=Collater({name: specs[name].level for name in selected}),
+        collate_fn=Collater({name: specs[name].level for name in selected}, shape),
         num_workers=num_workers,
         pin_memory=pin_memory,
         **extra,

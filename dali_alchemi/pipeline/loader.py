@@ -20,11 +20,12 @@ import torch
 from dali_alchemi.augment import apply_augmentations, check_augmentations
 from dali_alchemi.config import LoaderConfig
 from dali_alchemi.errors import DeviceError, LoaderClosedError, LoaderError, PlanError
+from dali_alchemi.padding import pad_batch
 from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline
 from dali_alchemi.pipeline.dali_private import close_pipeline, worker_processes
 from dali_alchemi.pipeline.iterator import WindowIterator
 from dali_alchemi.pipeline.source import BLOB_OUTPUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
-from dali_alchemi.plan import PlanArguments, build_plan
+from dali_alchemi.plan import PlanArguments, build_plan, pad_shape
 from dali_alchemi.store.protocol import open_reader, select_fields
 
 if TYPE_CHECKING:
@@ -99,6 +100,12 @@ class DALIDataLoader:
         structures are packed greedily in epoch order, ``batch_size`` (if given) caps the structures
         per batch, and every shard gets the same number of batches. A structure larger than a budget is
         an error at construction naming it, unless ``oversized="alone"`` gives it a batch of its own.
+    pad
+        Give every batch the same shape, for ``torch.compile`` and CUDA graphs: exactly ``max_atoms``
+        atom rows, ``max_edges`` edge rows (both needed) and a fixed number of structures
+        (``batch_size + 1``, or the most the budgets allow plus one), filled with padding structures
+        (see :mod:`dali_alchemi.padding`; the masks are ``batch.padding``). One atom, edge and structure
+        of each batch are kept for the padding, so real batches hold at most ``max_atoms - 1`` atoms.
     plan
         A :class:`~dali_alchemi.plan.Plan` deciding every epoch's order and batches instead; it
         excludes the plan arguments above (except ``seed``) and must be made for the reader's length.
@@ -158,6 +165,7 @@ class DALIDataLoader:
         max_atoms: int | None = None,
         max_edges: int | None = None,
         oversized: str = "error",
+        pad: bool = False,
         plan: Plan | None = None,
         batches_per_window: int = DEFAULT_BATCHES_PER_WINDOW,
         num_workers: int = DEFAULT_NUM_WORKERS,
@@ -185,9 +193,10 @@ class DALIDataLoader:
             self.fields = select_fields(self.reader, self.config.fields)
             arguments = PlanArguments(
                 batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, shard_id=shard_id,
-                num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized,
+                num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized, pad=pad,
             )  # fmt: skip
             self.plan = build_plan(plan, arguments, len(self.reader), self._all_sizes)
+            self.pad_shape = pad_shape(arguments, self.plan)
         except BaseException:
             if self._owns_reader:
                 self.reader.close()
@@ -291,6 +300,8 @@ class DALIDataLoader:
                         apply_augmentations(
                             batch, self.augmentations, seed=self.seed, epoch=self._epoch, batch_index=self._batch
                         )
+                    if self.pad_shape is not None:
+                        batch = pad_batch(batch, **self.pad_shape.to_kwargs())
                     self._batch += 1
                     yield batch
         except LoaderError:

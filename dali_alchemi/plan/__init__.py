@@ -8,7 +8,7 @@ batches bounded by atoms and edges), and ``arguments`` (the loaders' plan argume
 
 from __future__ import annotations
 
-from dali_alchemi.plan.arguments import DEFAULT_BATCH_SIZE, PlanArguments, build_plan
+from dali_alchemi.plan.arguments import DEFAULT_BATCH_SIZE, PadShape, PlanArguments, build_plan, pad_shape
 from dali_alchemi.plan.base import EpochPlan, Plan, Window
 from dali_alchemi.plan.budget import BudgetPlan, pack_greedy
 from dali_alchemi.plan.fixed import FixedBatchPlan
@@ -19,12 +19,14 @@ __all__ = [
     "BudgetPlan",
     "EpochPlan",
     "FixedBatchPlan",
+    "PadShape",
     "Plan",
     "PlanArguments",
     "Window",
     "build_plan",
     "epoch_order",
     "pack_greedy",
+    "pad_shape",
     "resolve_shard",
     "shard",
 ]

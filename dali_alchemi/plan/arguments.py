@@ -41,6 +41,7 @@ class PlanArguments:
     max_atoms: int | None = None
     max_edges: int | None = None
     oversized: str = "error"
+    pad: bool = False
 
     def given(self) -> list[str]:
         """The arguments set to something other than their default (seed aside: it also seeds augmentations)."""
@@ -80,6 +81,8 @@ def build_plan(
             raise PlanError(f"the plan was made for {plan.num_samples} samples, but the reader has {num_samples}")
         return plan
     shard, shards = resolve_shard(a.shard_id, a.num_shards)
+    if a.pad:
+        return _padded_plan(a, sample_sizes, shard, shards)
     if a.max_atoms is None and a.max_edges is None:
         if a.oversized != "error":
             raise PlanError("oversized= only applies with max_atoms or max_edges")
@@ -93,3 +96,65 @@ def build_plan(
         shuffle=a.shuffle, seed=a.seed, drop_last=a.drop_last, shard_id=shard, num_shards=shards,
         oversized=a.oversized,
     )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class PadShape:
+    """The fixed shape every padded batch gets: atom rows, edge rows and structures."""
+
+    max_atoms: int
+    max_edges: int
+    max_structures: int
+
+    def to_kwargs(self) -> dict[str, int]:
+        """The keyword arguments of :func:`~dali_alchemi.padding.pad_batch`."""
+        return {"max_atoms": self.max_atoms, "max_edges": self.max_edges, "max_structures": self.max_structures}
+
+
+def _padded_plan(
+    a: PlanArguments, sample_sizes: Callable[[], tuple[CountArray, CountArray]], shard: int, shards: int
+) -> BudgetPlan:
+    """The budget plan behind ``pad=True``: one atom, one edge and one structure kept free for padding.
+
+    :func:`~dali_alchemi.padding.pad_batch` puts the padding atoms and edges in a padding structure of
+    their own, and the padding edges on padding atoms, so a padded batch needs room for one of each.
+    """
+    if a.max_atoms is None or a.max_atoms < 2:
+        raise PlanError(f"pad=True needs max_atoms (at least 2: one row is kept for padding), got {a.max_atoms!r}")
+    if a.max_edges is None or a.max_edges < 2:
+        raise PlanError(f"pad=True needs max_edges (at least 2: one row is kept for padding), got {a.max_edges!r}")
+    n_atoms, n_edges = sample_sizes()
+    return BudgetPlan(
+        n_atoms=n_atoms, n_edges=n_edges, max_atoms=a.max_atoms - 1, max_edges=a.max_edges - 1,
+        max_structures=None if a.batch_size is None else a.batch_size, shuffle=a.shuffle, seed=a.seed,
+        drop_last=a.drop_last, shard_id=shard, num_shards=shards, oversized="error",
+    )  # fmt: skip
+
+
+def pad_shape(a: PlanArguments, plan: Plan) -> PadShape | None:
+    """The padded shape for ``pad=True`` (``None`` without it), from the plan :func:`build_plan` made.
+
+    The structure count is ``batch_size + 1`` when ``batch_size`` caps the batches, else one more than
+    the most structures a batch of the store's smallest structures can hold under the budgets.
+
+    Raises
+    ------
+    PlanError
+        If no structure count can be bounded (structures with no atoms and no edges, and no
+        ``batch_size``).
+    """
+    if not a.pad:
+        return None
+    assert isinstance(plan, BudgetPlan) and a.max_atoms is not None and a.max_edges is not None
+    if a.batch_size is not None:
+        most = a.batch_size
+    else:
+        bounds = [
+            budget // int(sizes.min())
+            for budget, sizes in ((plan.max_atoms, plan.n_atoms), (plan.max_edges, plan.n_edges))
+            if budget is not None and sizes.size and int(sizes.min()) > 0
+        ]
+        if not bounds and plan.num_samples:
+            raise PlanError("pad=True cannot bound the structures per batch (some have no atoms): give batch_size")
+        most = min(bounds) if bounds else 1
+    return PadShape(max_atoms=a.max_atoms, max_edges=a.max_edges, max_structures=most + 1)

@@ -8,8 +8,10 @@ passes every other command to the real Python. ``FAKE_GPU`` (JSON) sets what it 
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
 
 STAND_IN = r'''#!{python}
 """Stands in for the GPU machine's python3 in the driver's steps; anything else goes to the real one."""
@@ -85,3 +87,13 @@ def write_stand_in(path: Path) -> Path:
     path.write_text(STAND_IN.format(python=sys.executable))
     path.chmod(0o755)
     return path
+
+
+def load_script(name: str, path: Path) -> ModuleType:
+    """Import the script at ``path`` as module ``name`` (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -7,29 +7,19 @@ steps apart from the DALI ones, failures, time limits and a missing DALI are all
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from tests.scripts.stand_in import write_stand_in
+from tests.scripts.stand_in import load_script, write_stand_in
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
-gpu_check = _load("gpu_check", ROOT / "scripts" / "gpu_check.py")
+gpu_check = load_script("gpu_check", ROOT / "scripts" / "gpu_check.py")
 
 
 @pytest.fixture()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -15,26 +14,18 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from tests.scripts.stand_in import write_stand_in
+from tests.scripts.stand_in import load_script, write_stand_in
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUTE_PY = ROOT / "scripts" / "gpu-route" / "route.py"
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
-route = _load("gpu_route", ROUTE_PY)
+route = load_script("gpu_route", ROUTE_PY)
 
 
 def make_wheel(dest: Path, name: str = "gpuroute_probe", version: str = "1.0", payload: int = 30_000) -> Path:

@@ -5,8 +5,9 @@ the same :class:`~dali_alchemi.plan.Plan` (so, for a seed, epoch and shard, both
 batches), the same :class:`~dali_alchemi.store.protocol.PackedReader` seam and the same
 :class:`~dali_alchemi.batch.Batch`. The plan's batches go to torch as a ``batch_sampler``; the dataset
 reads them sample by sample (the common setup) or, with ``batched=True``, through torch's
-``__getitems__`` hook with one packed read per batch. ``num_workers``, ``pin_memory`` and
-``prefetch_factor`` mean what they mean in torch. This module does not import DALI.
+``__getitems__`` hook with one read per batch, handed on as per-sample dicts and collated by
+``Batch.from_samples``, as code written against nvalchemi's ``read_many`` does. ``num_workers``,
+``pin_memory`` and ``prefetch_factor`` mean what they mean in torch. This module does not import DALI.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from dali_alchemi.batch import Batch
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.plan import PadShape, PlanArguments, build_plan, pad_shape
-from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.protocol import open_reader, select_fields
 
 if TYPE_CHECKING:
@@ -37,8 +37,9 @@ Item = tuple[dict[str, torch.Tensor], int]  # a sample and its reader index
 class SampleDataset(Dataset[Item]):
     """Map-style dataset: ``dataset[i]`` is ``(sample dict, i)``, one read of one structure.
 
-    With ``batched=True``, ``__getitems__`` reads a whole batch with one packed read instead (torch's
-    DataLoader calls it with a batch's indices when it exists).
+    With ``batched=True``, ``__getitems__`` reads a whole batch with one read instead (torch's
+    DataLoader calls it with a batch's indices when it exists) and splits it into per-sample dicts, as
+    nvalchemi's ``read_many`` returns them.
     """
 
     def __init__(self, reader: PackedReader, fields: tuple[str, ...], *, batched: bool = False) -> None:
@@ -50,33 +51,30 @@ class SampleDataset(Dataset[Item]):
         return len(self.reader)
 
     def __getitem__(self, index: int) -> Item:
-        packed = self.reader.read_packed([index], fields=self.fields)
-        sample: dict[str, torch.Tensor] = {
-            name: torch.from_numpy(value) for name, value in packed.split()[0].items()
-        }
-        return sample, int(packed.logical_indices[0])
+        return self._read([index])[0]
 
-    def __getitems__(self, indices: Sequence[int]) -> PackedSamples | list[Item]:
+    def __getitems__(self, indices: Sequence[int]) -> list[Item]:
         if not self.batched:
             return [self[int(i)] for i in indices]
-        return self.reader.read_packed(np.asarray(indices, dtype=np.int64), fields=self.fields)
+        return self._read(indices)
+
+    def _read(self, indices: Sequence[int]) -> list[Item]:
+        packed = self.reader.read_packed(np.asarray(indices, dtype=np.int64), fields=self.fields)
+        samples = [{name: torch.from_numpy(value) for name, value in s.items()} for s in packed.split()]
+        return list(zip(samples, packed.logical_indices.tolist(), strict=True))
 
 
 class Collater:
-    """Picklable collate function: a packed batch, or ``(sample, index)`` pairs, -> :class:`Batch` (padded
-    to ``shape`` when given)."""
+    """Picklable collate function: ``(sample, index)`` pairs -> :class:`Batch` (padded to ``shape`` when given)."""
 
     def __init__(self, levels: Mapping[str, Level], shape: PadShape | None = None) -> None:
         self.levels = dict(levels)
         self.shape = shape
 
-    def __call__(self, items: PackedSamples | list[Item]) -> Batch:
-        if isinstance(items, PackedSamples):
-            batch = Batch.from_packed(items)
-        else:
-            batch = Batch.from_samples(
-                [sample for sample, _ in items], levels=self.levels, sample_indices=[index for _, index in items]
-            )
+    def __call__(self, items: list[Item]) -> Batch:
+        batch = Batch.from_samples(
+            [sample for sample, _ in items], levels=self.levels, sample_indices=[index for _, index in items]
+        )
         return batch if self.shape is None else pad_batch(batch, **self.shape.to_kwargs())
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 LOADER_HELP = (
     "dali-wN (the DALI loader with N worker processes; dali-w0 reads on a background thread; dali: the "
     "default), optionally with a DALI layout suffix -window or -blob; torch-wN (plain "
-    "DataLoader, per-sample reads), torch-batched-wN (one packed read per batch), pyg-dynamic-wN (PyG's DataLoader "
+    "DataLoader, per-sample reads), torch-batched-wN (one read per batch, split into samples), pyg-dynamic-wN (PyG's DataLoader "
     "with its DynamicBatchSampler; needs --max-atoms), nvalchemi (nvalchemi-toolkit's "
     "DataLoader), nvalchemi-reader (its read_many per window), packed (this reader's windowed reads), decode "
     "(sequential decode of the whole store)"

@@ -48,7 +48,7 @@ from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES, BlockCache, CacheStats
 from dali_alchemi.store.codecs import MISSING_CHUNK, ArrayCodec
 from dali_alchemi.store.fetch import ByteFetcher, ByteRequest, LocalFetcher, StoreFetcher
 from dali_alchemi.store.gather import LevelPlan, plan_rows, plan_system_rows
-from dali_alchemi.store.journal import read_journal, sibling
+from dali_alchemi.store.journal import ReadView, interpret, read_journal, sibling
 from dali_alchemi.store.location import StoreLike, StoreLocation, resolve_store
 from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.protocol import FieldSpec
@@ -60,6 +60,7 @@ from dali_alchemi.store.validate import (
     memory_budget,
     open_root,
 )
+from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -235,57 +236,57 @@ class AtomicDataZarrReader:
         state, never a mix of the two.
         """
         for attempt in range(LOAD_ATTEMPTS):
-            journal = read_journal(self._location)
-            loc = _effective_location(self._location, journal)
+            op = read_journal(self._location)
+            view = interpret(op)
+            loc = _effective_location(self._location, view)
             try:
                 with warnings.catch_warnings():
                     # a journal inside a non-local store is a foreign key to zarr's group listing
                     warnings.simplefilter("ignore", ZarrUserWarning)
                     root = open_root(loc)
-                    meta = check_meta(root, store=loc.display, journal=journal)
-                    handles = self._open_arrays(root, meta, loc, journal)
+                    meta = check_meta(root, store=loc.display, view=view)
+                    handles = self._open_arrays(root, meta, loc, view)
             except (StoreFormatError, BaseZarrError, KeyError, TypeError, json.JSONDecodeError) as err:
-                if attempt + 1 < LOAD_ATTEMPTS and read_journal(self._location) != journal:
+                if attempt + 1 < LOAD_ATTEMPTS and read_journal(self._location) != op:
                     continue  # a write started or finished under us: read again
                 if isinstance(err, StoreFormatError):
                     raise
                 raise StoreFormatError(
                     f"Store {loc.display}: unreadable metadata: {type(err).__name__}: {err}"
                 ) from err
-            if read_journal(self._location) == journal:
+            if read_journal(self._location) == op:
                 self._read_location = loc
                 return loc, meta, handles
         raise StoreFormatError(f"Store {self._location.display} kept changing while it was opened; try again")
 
-    def _open_arrays(
-        self, root: Any, meta: MetaInfo, loc: StoreLocation, journal: Mapping[str, Any] | None
-    ) -> dict[str, _ArrayHandle]:
+    def _open_arrays(self, root: Any, meta: MetaInfo, loc: StoreLocation, view: ReadView) -> dict[str, _ArrayHandle]:
         """Check every core and custom array and prepare its decoder.
 
         A custom array that an unfinished ``add_custom`` is writing is not part of the store yet; if it
         replaces an older array, that older one (possibly moved aside) is read instead.
         """
-        expected_rows = {"atom": int(meta.atoms_ptr[-1]), "edge": int(meta.edges_ptr[-1]), "system": meta.n_physical}
-        adding = (
-            journal if journal and journal.get("op") == "add_custom" and journal.get("state") != "committed" else None
-        )
+        expected_rows = PerLevel(atom=int(meta.atoms_ptr[-1]), edge=int(meta.edges_ptr[-1]), system=meta.n_physical)
         arrays: list[tuple[str, str, Any, dict[str, Level]]] = []
         for group_name, recorded in ((layout.CORE_GROUP, meta.schema.core), (layout.CUSTOM_GROUP, meta.schema.custom)):
             if group_name not in meta.groups:
                 continue
             for name, arr in sorted(root[group_name].arrays()):
                 arrays.append((group_name, name, arr, recorded))
-        if adding is not None:
-            key, previous = str(adding["key"]), adding.get("previous")
+        key = view.hidden_custom
+        if key is not None:
             arrays = [a for a in arrays if not (a[0] == layout.CUSTOM_GROUP and a[1] == key)]
-            if previous is not None:
-                moved = sibling(self._location, f"previous-{key}") if self._location.local_root is not None else None
+            if view.replaced_level is not None:
+                moved = (
+                    sibling(self._location, view.moved_aside)
+                    if self._location.local_root is not None and view.moved_aside is not None
+                    else None
+                )
                 old = (
                     zarr.open_array(str(moved), mode="r")
                     if moved is not None and moved.exists()
                     else root[f"{layout.CUSTOM_GROUP}/{key}"]
                 )
-                arrays.append((layout.CUSTOM_GROUP, key, old, {key: layout.check_level(str(previous), what=key)}))
+                arrays.append((layout.CUSTOM_GROUP, key, old, {key: view.replaced_level}))
         handles: dict[str, _ArrayHandle] = {}
         for group_name, name, arr, recorded in arrays:
             level = check_data_array(
@@ -764,13 +765,13 @@ def _balanced_groups(jobs: list[_BlockJob], n_groups: int) -> list[list[_BlockJo
     return [g for g in groups if g]
 
 
-def _effective_location(loc: StoreLocation, journal: Mapping[str, Any] | None) -> StoreLocation:
+def _effective_location(loc: StoreLocation, view: ReadView) -> StoreLocation:
     """Where to read: the store itself, or, in the instant a defragment swaps directories, the new one."""
     if loc.local_root is None or loc.local_root.exists():
         return loc
-    if journal is None or journal.get("op") != "defragment":
+    if not view.fallback_dirs:
         raise StoreNotFoundError(f"Zarr store does not exist at {loc.display}")
-    for candidate in (sibling(loc, "defragment-new"), sibling(loc, "defragment-old")):
+    for candidate in (sibling(loc, suffix) for suffix in view.fallback_dirs):
         if candidate.exists():
             return StoreLocation(
                 store=LocalStore(candidate, read_only=True), prefix="", display=loc.display, local_root=candidate

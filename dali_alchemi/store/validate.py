@@ -8,7 +8,6 @@ reader decodes them.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,8 @@ from zarr.storage import StorePath
 
 from dali_alchemi.errors import StoreFormatError
 from dali_alchemi.store import layout
+from dali_alchemi.store.journal import AS_IS, ReadView
+from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -113,11 +114,12 @@ def memory_budget() -> int:
         return FALLBACK_MEMORY_BUDGET
 
 
-def check_meta(root: Any, *, store: str, journal: Mapping[str, Any] | None = None) -> MetaInfo:
+def check_meta(root: Any, *, store: str, view: ReadView = AS_IS) -> MetaInfo:
     """Check groups, root attributes, pointers and masks; return the pointers and mask as numpy arrays.
 
-    With the journal of an unfinished append, the meta arrays may already be longer than the old
-    state they are read at (``journal["samples"]`` samples); with that of a delete, the journaled
+    ``view`` says how to read a store with an unfinished operation
+    (:func:`~dali_alchemi.store.journal.interpret`): during an append the meta arrays may already be
+    longer than the old state they are read at (``view.rows``); during a delete, ``view.deleted``
     samples are read as deleted.
     """
     groups = frozenset(name for name, _ in root.groups())
@@ -132,8 +134,8 @@ def check_meta(root: Any, *, store: str, journal: Mapping[str, Any] | None = Non
         raise StoreFormatError(f"Store {store}: meta/samples_mask has shape {mask_arr.shape}; expected 1-D")
     if mask_arr.dtype != np.bool_:
         raise StoreFormatError(f"Store {store}: meta/samples_mask has dtype {mask_arr.dtype}; expected bool")
-    appending = journal is not None and journal.get("op") == "append"
-    n = int(journal["samples"]) if appending else int(mask_arr.shape[0])  # type: ignore[index]
+    appending = view.rows is not None
+    n = view.rows.system if view.rows is not None else int(mask_arr.shape[0])
     if appending and mask_arr.shape[0] < n:
         raise StoreFormatError(
             f"Store {store}: meta/samples_mask has {mask_arr.shape[0]} entries; the write journal says {n}"
@@ -159,19 +161,23 @@ def check_meta(root: Any, *, store: str, journal: Mapping[str, Any] | None = Non
             raise StoreFormatError(
                 f"Store {store}: meta/{mask_name} has shape {shape}; expected ({int(ptr[-1])},) for the {what} in the pointers"
             )
-    if appending and (int(atoms_ptr[-1]), int(edges_ptr[-1])) != (int(journal["atoms"]), int(journal["edges"])):  # type: ignore[index]
+    if view.rows is not None and (int(atoms_ptr[-1]), int(edges_ptr[-1])) != (view.rows.atom, view.rows.edge):
         raise StoreFormatError(f"Store {store}: the pointers disagree with the write journal of an unfinished append")
     if not appending and schema.num_samples not in (-1, n):
         raise StoreFormatError(
             f"Store {store}: root attribute num_samples is {schema.num_samples} but meta/samples_mask has {n} entries"
         )
-    if journal is not None and journal.get("op") == "delete":
-        doomed = np.asarray(journal.get("physical", []), dtype=np.int64)
+    if view.deleted:
+        doomed = np.asarray(view.deleted, dtype=np.int64)
         samples_mask[doomed[(doomed >= 0) & (doomed < n)]] = False
     return MetaInfo(
         schema=schema, atoms_ptr=atoms_ptr, edges_ptr=edges_ptr, samples_mask=samples_mask, groups=groups,
         growing=appending,
     )  # fmt: skip
+
+
+ROW_SOURCES = PerLevel(atom="atoms (atoms_ptr[-1])", edge="edges (edges_ptr[-1])", system="samples (samples_mask)")
+"""What fixes the row count of each level, as error messages name it."""
 
 
 def check_data_array(
@@ -180,7 +186,7 @@ def check_data_array(
     name: str,
     group: str,
     recorded: dict[str, Level],
-    expected_rows: dict[str, int],
+    expected_rows: PerLevel[int],
     store: str,
     growing: bool = False,
 ) -> Level:
@@ -194,9 +200,7 @@ def check_data_array(
     if not shape:
         raise StoreFormatError(f"Store {store}: array {group}/{name} is 0-dimensional; expected one row per {level}")
     if shape[0] != expected_rows[level] and not (growing and shape[0] > expected_rows[level]):
-        what = {"atom": "atoms (atoms_ptr[-1])", "edge": "edges (edges_ptr[-1])", "system": "samples (samples_mask)"}[
-            level
-        ]
+        what = ROW_SOURCES[level]
         raise StoreFormatError(
             f"Store {store}: array {group}/{name} has {shape[0]} rows; expected {expected_rows[level]} {what}"
         )

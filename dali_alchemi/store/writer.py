@@ -30,11 +30,27 @@ from zarr.storage import StorePath
 
 from dali_alchemi.config import WriteConfig
 from dali_alchemi.csr import concat_aranges, exclusive_cumsum
-from dali_alchemi.errors import SampleDataError, SampleIndexError, StoreFormatError, StoreNotFoundError
+from dali_alchemi.errors import SampleDataError, SampleIndexError, StoreNotFoundError
 from dali_alchemi.store import layout
 from dali_alchemi.store.arrays import create_array, extend_array, truncate_array, write_array
 from dali_alchemi.store.encode import Samples, check_neighbor_list, disk_arrays, field_names, to_packed
-from dali_alchemi.store.journal import clear_journal, read_journal, sibling, write_journal
+from dali_alchemi.store.journal import (
+    CREATE_PREFIX,
+    DEFRAGMENT_NEW,
+    DEFRAGMENT_OLD,
+    JOURNAL_SUFFIX,
+    AddCustomOp,
+    AddCustomState,
+    AppendOp,
+    DefragmentOp,
+    DeleteOp,
+    clear_journal,
+    previous_suffix,
+    read_journal,
+    sibling,
+    staging_suffix,
+    write_journal,
+)
 from dali_alchemi.store.location import StoreLike, StoreLocation, resolve_store
 from dali_alchemi.store.packed import PackedSamples, SupportsPacked
 from dali_alchemi.store.validate import MetaInfo, check_meta, open_root
@@ -148,7 +164,7 @@ class AtomicDataZarrWriter:
             self._write_new(self._root_for_new(self._location), packed, frozenset(custom))
             self._phase("done")
             return
-        staging = sibling(self._location, f"create-{uuid.uuid4().hex[:8]}")
+        staging = sibling(self._location, f"{CREATE_PREFIX}{uuid.uuid4().hex[:8]}")
         try:
             self._write_new(zarr.open_group(str(staging), mode="w"), packed, frozenset(custom))
             self._phase("staged")
@@ -237,7 +253,7 @@ class AtomicDataZarrWriter:
                 raise SampleDataError(
                     f"Field {name!r}: new rows have dtype {values.dtype}, the store holds {arr.dtype}"
                 )
-        write_journal(self._location, {"op": "append", "samples": n_old, "atoms": atom_base, "edges": edge_base})
+        write_journal(self._location, AppendOp(samples=n_old, atoms=atom_base, edges=edge_base))
         self._phase("journal")
         bases = {"atom": atom_base, "edge": edge_base, "system": n_old}
         for name, values in disk.items():
@@ -258,12 +274,12 @@ class AtomicDataZarrWriter:
         clear_journal(self._location)
         self._phase("done")
 
-    def _roll_back_append(self, journal: Mapping[str, Any]) -> None:
+    def _roll_back_append(self, op: AppendOp) -> None:
         """Truncate every array to the sizes it had before an interrupted append."""
         root = self._root()
-        n, atoms, edges = int(journal["samples"]), int(journal["atoms"]), int(journal["edges"])
+        n, atoms, edges = op.samples, op.atoms, op.edges
         schema = layout.parse_schema(root.attrs.asdict(), store=self._location.display)
-        rows = {"atom": atoms, "edge": edges, "system": n}
+        rows = op.rows
         for name, level in schema.field_levels.items():
             group = schema.group_of(name)
             if group in root and name in root[group]:
@@ -309,7 +325,7 @@ class AtomicDataZarrWriter:
                 f"{key!r} is already a core field of this store; choose another name for the custom array"
             )
         previous = meta.schema.custom.get(key)
-        journal = {"op": "add_custom", "key": key, "level": checked, "previous": previous, "state": "staging"}
+        journal = AddCustomOp(key=key, level=checked, previous=previous, state=AddCustomState.STAGING)
         write_journal(self._location, journal)
         self._phase("journal")
         cfg = self.config.for_array(layout.CUSTOM_GROUP, key)
@@ -322,15 +338,15 @@ class AtomicDataZarrWriter:
             write_array(custom, key, values, cfg)
             self._phase("moved-new")
         else:
-            staging = sibling(self._location, f"staging-{key}")
+            staging = sibling(self._location, staging_suffix(key))
             shutil.rmtree(staging, ignore_errors=True)
             write_array(zarr.open_group(str(staging), mode="w"), key, values, cfg)
             self._phase("staged")
-            write_journal(self._location, {**journal, "state": "swapping"})
+            write_journal(self._location, journal.with_state(AddCustomState.SWAPPING))
             target = local / layout.CUSTOM_GROUP / key
             target.parent.mkdir(exist_ok=True)
             if previous is not None and target.exists():
-                os.rename(target, sibling(self._location, f"previous-{key}"))
+                os.rename(target, sibling(self._location, previous_suffix(key)))
                 self._phase("moved-previous")
             os.rename(staging / key, target)
             shutil.rmtree(staging, ignore_errors=True)
@@ -340,30 +356,30 @@ class AtomicDataZarrWriter:
         )
         root.attrs.update(schema.to_attributes())
         self._phase("fields")
-        write_journal(self._location, {**journal, "state": "committed"})
+        write_journal(self._location, journal.with_state(AddCustomState.COMMITTED))
         self._finish_add_custom(key)
         self._phase("done")
 
     def _finish_add_custom(self, key: str) -> None:
         if self._local is not None:
-            shutil.rmtree(sibling(self._location, f"previous-{key}"), ignore_errors=True)
-            shutil.rmtree(sibling(self._location, f"staging-{key}"), ignore_errors=True)
+            shutil.rmtree(sibling(self._location, previous_suffix(key)), ignore_errors=True)
+            shutil.rmtree(sibling(self._location, staging_suffix(key)), ignore_errors=True)
         clear_journal(self._location)
 
-    def _roll_back_add_custom(self, journal: Mapping[str, Any]) -> None:
+    def _roll_back_add_custom(self, op: AddCustomOp) -> None:
         """Put back the custom array (and its level) that an interrupted add_custom was replacing."""
-        key, previous = str(journal["key"]), journal.get("previous")
+        key, previous = op.key, op.previous
         root = self._root()
         local = self._local
         if local is not None:
             target = local / layout.CUSTOM_GROUP / key
-            old = sibling(self._location, f"previous-{key}")
+            old = sibling(self._location, previous_suffix(key))
             if old.exists():
                 shutil.rmtree(target, ignore_errors=True)
                 os.rename(old, target)
             elif previous is None:
                 shutil.rmtree(target, ignore_errors=True)
-            shutil.rmtree(sibling(self._location, f"staging-{key}"), ignore_errors=True)
+            shutil.rmtree(sibling(self._location, staging_suffix(key)), ignore_errors=True)
         elif previous is None and layout.CUSTOM_GROUP in root and key in root[layout.CUSTOM_GROUP]:
             del root[layout.CUSTOM_GROUP][key]
         schema = layout.parse_schema(root.attrs.asdict(), store=self._location.display)
@@ -371,7 +387,7 @@ class AtomicDataZarrWriter:
         if previous is None:
             custom.pop(key, None)
         else:
-            custom[key] = layout.check_level(str(previous), what=f"custom array {key!r}")
+            custom[key] = previous
         root.attrs.update(
             layout.StoreSchema(num_samples=schema.num_samples, core=schema.core, custom=custom).to_attributes()
         )
@@ -398,7 +414,7 @@ class AtomicDataZarrWriter:
             raise SampleIndexError(
                 f"Physical index {int(physical[np.argmax(bad)])} out of range for a store with {n} samples"
             )
-        write_journal(self._location, {"op": "delete", "physical": physical.tolist()})
+        write_journal(self._location, DeleteOp(physical=tuple(physical.tolist())))
         self._phase("journal")
         self._apply_delete(root, meta, physical)
         clear_journal(self._location)
@@ -448,8 +464,8 @@ class AtomicDataZarrWriter:
             raise NotImplementedError(
                 "defragment() rewrites local directory stores only; copy the store to a local path first"
             )
-        staging = sibling(loc, "defragment-new")
-        retired = sibling(loc, "defragment-old")
+        staging = sibling(loc, DEFRAGMENT_NEW)
+        retired = sibling(loc, DEFRAGMENT_OLD)
         shutil.rmtree(staging, ignore_errors=True)
         reader = AtomicDataZarrReader(str(loc.local_root), cache_bytes=DEFRAGMENT_CACHE_BYTES)
         try:
@@ -460,7 +476,7 @@ class AtomicDataZarrWriter:
         finally:
             reader.close()
         self._phase("staged")
-        write_journal(loc, {"op": "defragment"})
+        write_journal(loc, DefragmentOp())
         self._phase("journal")
         os.rename(loc.local_root, retired)
         self._phase("retired")
@@ -476,7 +492,7 @@ class AtomicDataZarrWriter:
         """Complete an interrupted directory swap (the staged store is complete once journaled)."""
         loc = self._location
         assert loc.local_root is not None
-        staging, retired = sibling(loc, "defragment-new"), sibling(loc, "defragment-old")
+        staging, retired = sibling(loc, DEFRAGMENT_NEW), sibling(loc, DEFRAGMENT_OLD)
         if not loc.local_root.exists():
             os.rename(staging if staging.exists() else retired, loc.local_root)
         # the store in place is current now; whatever remains beside it is removed with the staging
@@ -490,34 +506,32 @@ class AtomicDataZarrWriter:
         completed if its directory swap had begun, and rolled back (its staged copy removed) if not.
         Staging directories that a killed writer left beside a local store are removed.
         """
-        journal = read_journal(self._location)
-        op = None if journal is None else str(journal["op"])
-        if journal is not None:
-            logger.warning("recovering an interrupted %s on %s", op, self._location.display)
-        if op == "defragment":
+        op = read_journal(self._location)
+        if op is None:
+            self._remove_staging()
+            return None
+        logger.warning("recovering an interrupted %s on %s", op.OP, self._location.display)
+        if isinstance(op, DefragmentOp):
             self._finish_defragment()
-        elif op == "append":
-            self._roll_back_append(journal)  # type: ignore[arg-type]
-        elif op == "add_custom":
-            if journal.get("state") != "committed":  # type: ignore[union-attr]
-                self._roll_back_add_custom(journal)  # type: ignore[arg-type]
-        elif op == "delete":
+        elif isinstance(op, AppendOp):
+            self._roll_back_append(op)
+        elif isinstance(op, AddCustomOp):
+            if op.state is not AddCustomState.COMMITTED:
+                self._roll_back_add_custom(op)
+        else:
             root = self._root()
             meta = check_meta(root, store=self._location.display)
-            self._apply_delete(root, meta, np.asarray(journal["physical"], dtype=np.int64))  # type: ignore[index]
-        elif op is not None:
-            raise StoreFormatError(f"Unknown operation {op!r} in the write journal of {self._location.display}")
+            self._apply_delete(root, meta, np.asarray(op.physical, dtype=np.int64))
         self._remove_staging()
-        if journal is not None:
-            clear_journal(self._location)
-        return op
+        clear_journal(self._location)
+        return op.OP
 
     def _remove_staging(self) -> None:
         """Delete what a killed writer left beside a local store (never the journal or the store)."""
         loc = self._location
         if loc.local_root is None:
             return
-        journal = sibling(loc, "journal.json")
+        journal = sibling(loc, JOURNAL_SUFFIX)
         for path in loc.local_root.parent.glob(f".{loc.local_root.name}.dali-alchemi-*"):
             if path == journal:
                 continue

@@ -86,14 +86,14 @@ def test_each_block_is_fetched_once_per_call_and_cached(small_store: Path) -> No
         r.read_packed(np.concatenate([everything, everything[::-1]]))
         first = r.stats()
         # every chunk of every data array exactly once, although each sample was requested twice
-        blocks = sum(h.codec.n_blocks for h in r._handles.values())
+        blocks = sum(h.codec.n_blocks for h in r._snapshot.handles.values())
         assert first.chunks_fetched == blocks
         # every block of every array was touched, so each array is now held whole ("resident")
-        assert r.stats().cache.entries == len(r._handles)
+        assert r.stats().cache.entries == len(r._snapshot.handles)
         order = np.random.default_rng(0).permutation(N_SMALL)
         again = r.read_packed(order)
         assert r.stats().chunks_fetched == blocks  # the second window came from the cache
-        assert r.stats().cache.hits == len(r._handles)
+        assert r.stats().cache.hits == len(r._snapshot.handles)
     with AtomicDataZarrReader(small_store, cache_bytes=0) as cold:
         expected = cold.read_packed(order)
     for name in expected.fields:
@@ -103,8 +103,8 @@ def test_each_block_is_fetched_once_per_call_and_cached(small_store: Path) -> No
 def test_arrays_too_large_for_the_cache_stay_in_blocks(small_store: Path) -> None:
     with AtomicDataZarrReader(small_store, cache_bytes=300_000) as r:
         r.read_packed(np.arange(N_SMALL))
-        big = [name for name, h in r._handles.items() if h.codec.row_nbytes * h.shape[0] > 300_000 // 4]
-        assert big and all(r._cache.peek((name, -1)) is None for name in big)
+        big = [name for name, h in r._snapshot.handles.items() if h.codec.row_nbytes * h.shape[0] > 300_000 // 4]
+        assert big and all(r._engine.cache.peek((name, -1)) is None for name in big)
         order = np.random.default_rng(1).permutation(N_SMALL)
         got = r.read_packed(order)
     with AtomicDataZarrReader(small_store, cache_bytes=0) as cold:
@@ -177,7 +177,7 @@ def test_pickle_reopens_with_the_same_options(small_store: Path) -> None:
     r = AtomicDataZarrReader(small_store, fields=["positions"], cache_bytes=1234)
     again = pickle.loads(pickle.dumps(r))
     assert again.field_names == ("positions",)
-    assert again._cache.capacity_bytes == 1234
+    assert again._engine.cache.capacity_bytes == 1234
     assert torch.equal(again.read(3)[0]["positions"], r.read(3)[0]["positions"])
 
 
@@ -266,7 +266,7 @@ def test_unsupported_codec_falls_back_to_zarr(tmp_path: Path, truth: list) -> No
     )
     arr[...] = positions
     with AtomicDataZarrReader(path) as r:
-        assert r._handles["positions"].codec is None
+        assert r._snapshot.handles["positions"].codec is None
         for i in (0, 7, 19):
             assert np.array_equal(r.read(i)[0]["positions"].numpy(), truth[i]["positions"])
 

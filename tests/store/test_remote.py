@@ -47,7 +47,7 @@ def test_a_shuffled_epoch_fetches_each_chunk_once_and_overlaps_requests(served: 
     from dali_alchemi import DALIDataLoader
 
     local = AtomicDataZarrReader(served / "s.zarr")
-    chunks = sum(h.codec.n_blocks for h in local._handles.values())  # one chunk per block here
+    chunks = sum(h.codec.n_blocks for h in local._snapshot.handles.values())  # one chunk per block here
     with StoreServer(served, latency_s=LATENCY) as server:
         loader = DALIDataLoader(server.url + "s.zarr", batch_size=32, batches_per_window=4, num_workers=workers,
                                 start_method="fork", device="cpu")  # fmt: skip

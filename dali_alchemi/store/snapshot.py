@@ -1,0 +1,192 @@
+"""Opening one consistent view of a store while a writer may be working on it.
+
+:func:`open_snapshot` reads the journal, reads the store as :func:`~dali_alchemi.store.journal.interpret`
+says, checks the cheap invariants (:mod:`dali_alchemi.store.validate`) and prepares a decoder per
+array. If the journal changed while it was reading (a write started or finished under it), it reads
+again, so the result is the store's old or new state, never a mix. The result is a frozen
+:class:`Snapshot`; a reader holds one and swaps it for a fresh one on ``refresh()``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import zarr
+from zarr.errors import BaseZarrError, ZarrUserWarning
+from zarr.storage import LocalStore
+
+from dali_alchemi.errors import StoreFormatError, StoreNotFoundError, UnsupportedCodecError
+from dali_alchemi.store import layout
+from dali_alchemi.store.codecs import ArrayCodec
+from dali_alchemi.store.journal import ReadView, interpret, read_journal, sibling
+from dali_alchemi.store.location import StoreLocation
+from dali_alchemi.store.validate import MetaInfo, check_chunk_size, check_data_array, check_meta, open_root
+from dali_alchemi.types import PerLevel
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from dali_alchemi.types import IndexArray, Level, PtrArray
+
+logger = logging.getLogger(__name__)
+
+LOAD_ATTEMPTS = 3
+"""Times a store whose metadata a concurrent writer changed while it was opened is read again."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayHandle:
+    """One data array: where it lives, its level, and how to decode it (``codec=None``: via zarr)."""
+
+    name: str
+    level: Level
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    codec: ArrayCodec | None
+    array: Any  # the zarr array, used for the fallback path
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One consistent state of a store: its pointers, masks, schema and array handles.
+
+    The numpy arrays are read-only. ``location`` is where the state was read from: the store itself,
+    or, in the instant a defragment swaps directories, the copy beside it.
+    """
+
+    location: StoreLocation
+    schema: layout.StoreSchema
+    atoms_ptr: PtrArray
+    edges_ptr: PtrArray
+    samples_mask: NDArray[np.bool_]
+    active: IndexArray
+    """Physical index of each logical (live) sample."""
+    handles: Mapping[str, ArrayHandle]
+    """Every core and custom array by name (custom wins on a collision, as in nvalchemi)."""
+
+    @property
+    def n_physical(self) -> int:
+        """Physical samples (soft-deleted ones included)."""
+        return int(self.samples_mask.size)
+
+    @property
+    def levels(self) -> dict[str, Level]:
+        """Level of every array."""
+        return {name: handle.level for name, handle in self.handles.items()}
+
+
+def open_snapshot(requested: StoreLocation) -> Snapshot:
+    """Open the store at ``requested`` as one consistent state while a writer may be working.
+
+    Raises
+    ------
+    StoreNotFoundError
+        If the store does not exist (and no interrupted defragment left a copy beside it).
+    StoreFormatError
+        If its layout is inconsistent, its metadata unreadable, or it kept changing while being read.
+    """
+    for attempt in range(LOAD_ATTEMPTS):
+        op = read_journal(requested)
+        view = interpret(op)
+        loc = _effective_location(requested, view)
+        try:
+            with warnings.catch_warnings():
+                # a journal inside a non-local store is a foreign key to zarr's group listing
+                warnings.simplefilter("ignore", ZarrUserWarning)
+                root = open_root(loc)
+                meta = check_meta(root, store=loc.display, view=view)
+                handles = _open_arrays(root, meta, loc, requested, view)
+        except (StoreFormatError, BaseZarrError, KeyError, TypeError, json.JSONDecodeError) as err:
+            if attempt + 1 < LOAD_ATTEMPTS and read_journal(requested) != op:
+                continue  # a write started or finished under us: read again
+            if isinstance(err, StoreFormatError):
+                raise
+            raise StoreFormatError(f"Store {loc.display}: unreadable metadata: {type(err).__name__}: {err}") from err
+        if read_journal(requested) == op:
+            return _freeze(loc, meta, handles)
+    raise StoreFormatError(f"Store {requested.display} kept changing while it was opened; try again")
+
+
+def _freeze(loc: StoreLocation, meta: MetaInfo, handles: dict[str, ArrayHandle]) -> Snapshot:
+    active: IndexArray = np.flatnonzero(meta.samples_mask).astype(np.int64)
+    for arr in (meta.atoms_ptr, meta.edges_ptr, meta.samples_mask, active):
+        arr.flags.writeable = False
+    return Snapshot(
+        location=loc,
+        schema=meta.schema,
+        atoms_ptr=meta.atoms_ptr,
+        edges_ptr=meta.edges_ptr,
+        samples_mask=meta.samples_mask,
+        active=active,
+        handles=MappingProxyType(handles),
+    )
+
+
+def _open_arrays(
+    root: Any, meta: MetaInfo, loc: StoreLocation, requested: StoreLocation, view: ReadView
+) -> dict[str, ArrayHandle]:
+    """Check every core and custom array and prepare its decoder.
+
+    A custom array that an unfinished ``add_custom`` is writing is not part of the store yet; if it
+    replaces an older array, that older one (possibly moved aside) is read instead.
+    """
+    expected_rows = PerLevel(atom=int(meta.atoms_ptr[-1]), edge=int(meta.edges_ptr[-1]), system=meta.n_physical)
+    arrays: list[tuple[str, str, Any, dict[str, Level]]] = []
+    for group_name, recorded in ((layout.CORE_GROUP, meta.schema.core), (layout.CUSTOM_GROUP, meta.schema.custom)):
+        if group_name not in meta.groups:
+            continue
+        for name, arr in sorted(root[group_name].arrays()):
+            arrays.append((group_name, name, arr, recorded))
+    key = view.hidden_custom
+    if key is not None:
+        arrays = [a for a in arrays if not (a[0] == layout.CUSTOM_GROUP and a[1] == key)]
+        if view.replaced_level is not None:
+            moved = (
+                sibling(requested, view.moved_aside)
+                if requested.local_root is not None and view.moved_aside is not None
+                else None
+            )
+            old = (
+                zarr.open_array(str(moved), mode="r")
+                if moved is not None and moved.exists()
+                else root[f"{layout.CUSTOM_GROUP}/{key}"]
+            )
+            arrays.append((layout.CUSTOM_GROUP, key, old, {key: view.replaced_level}))
+    handles: dict[str, ArrayHandle] = {}
+    for group_name, name, arr, recorded in arrays:
+        level = check_data_array(
+            arr, name=name, group=group_name, recorded=recorded, expected_rows=expected_rows,
+            store=loc.display, growing=meta.growing,
+        )  # fmt: skip
+        check_chunk_size(arr, name=f"{group_name}/{name}", store=loc.display)
+        codec: ArrayCodec | None = None
+        if arr.store_path.store is loc.store:  # arrays moved aside are read through zarr
+            try:
+                codec = ArrayCodec(name=f"{group_name}/{name}", path=arr.store_path.path, metadata=arr.metadata)
+            except UnsupportedCodecError as err:
+                logger.info("array %s/%s read through zarr: %s", group_name, name, err)
+        handles[name] = ArrayHandle(
+            name=name, level=level, shape=tuple(arr.shape), dtype=np.dtype(arr.dtype), codec=codec, array=arr
+        )
+    return handles
+
+
+def _effective_location(loc: StoreLocation, view: ReadView) -> StoreLocation:
+    """Where to read: the store itself, or, in the instant a defragment swaps directories, the new one."""
+    if loc.local_root is None or loc.local_root.exists():
+        return loc
+    if not view.fallback_dirs:
+        raise StoreNotFoundError(f"Zarr store does not exist at {loc.display}")
+    for candidate in (sibling(loc, suffix) for suffix in view.fallback_dirs):
+        if candidate.exists():
+            return StoreLocation(
+                store=LocalStore(candidate, read_only=True), prefix="", display=loc.display, local_root=candidate
+            )
+    raise StoreNotFoundError(f"Zarr store does not exist at {loc.display} (an interrupted defragment left no copy)")

@@ -273,6 +273,12 @@ def sibling(loc: StoreLocation, suffix: str) -> Path:
     return loc.local_root.with_name(f".{loc.local_root.name}.dali-alchemi-{suffix}")
 
 
+def siblings(loc: StoreLocation) -> list[Path]:
+    """Every hidden path beside a local store (its journal, staging directories, copies moved aside)."""
+    assert loc.local_root is not None
+    return sorted(loc.local_root.parent.glob(f".{loc.local_root.name}.dali-alchemi-*"))
+
+
 def _journal_path(loc: StoreLocation) -> Path:
     return sibling(loc, JOURNAL_SUFFIX)
 

@@ -12,8 +12,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+import zarr
 from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore, MemoryStore, StorePath
 
@@ -38,6 +39,11 @@ class StoreLocation:
     def key(self, *parts: str) -> str:
         """A key inside the store, below ``prefix``."""
         return "/".join(p for p in (self.prefix, *parts) if p)
+
+
+def open_group(loc: StoreLocation, *, mode: Literal["r", "r+", "w"]) -> Any:
+    """The zarr group at ``loc`` (its store, below its prefix), opened with ``mode``."""
+    return zarr.open_group(store=StorePath(loc.store, loc.prefix), mode=mode)
 
 
 def _is_url(text: str) -> bool:

@@ -28,7 +28,6 @@ from dali_alchemi.store.codecs import ArrayCodec
 from dali_alchemi.store.journal import ReadView, interpret, read_journal, sibling
 from dali_alchemi.store.location import StoreLocation
 from dali_alchemi.store.validate import MetaInfo, check_chunk_size, check_data_array, check_meta, open_root
-from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -137,7 +136,6 @@ def _open_arrays(
     A custom array that an unfinished ``add_custom`` is writing is not part of the store yet; if it
     replaces an older array, that older one (possibly moved aside) is read instead.
     """
-    expected_rows = PerLevel(atom=int(meta.atoms_ptr[-1]), edge=int(meta.edges_ptr[-1]), system=meta.n_physical)
     arrays: list[tuple[str, str, Any, dict[str, Level]]] = []
     for group_name, recorded in ((layout.CORE_GROUP, meta.schema.core), (layout.CUSTOM_GROUP, meta.schema.custom)):
         if group_name not in meta.groups:
@@ -162,7 +160,7 @@ def _open_arrays(
     handles: dict[str, ArrayHandle] = {}
     for group_name, name, arr, recorded in arrays:
         level = check_data_array(
-            arr, name=name, group=group_name, recorded=recorded, expected_rows=expected_rows,
+            arr, name=name, group=group_name, recorded=recorded, expected_rows=meta.rows,
             store=loc.display, growing=meta.growing,
         )  # fmt: skip
         check_chunk_size(arr, name=f"{group_name}/{name}", store=loc.display)

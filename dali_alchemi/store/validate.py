@@ -12,13 +12,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import zarr
 from zarr.errors import BaseZarrError
-from zarr.storage import StorePath
 
 from dali_alchemi.errors import StoreFormatError
 from dali_alchemi.store import layout
 from dali_alchemi.store.journal import AS_IS, ReadView
+from dali_alchemi.store.location import open_group
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
@@ -44,11 +43,16 @@ class MetaInfo:
         """Physical samples (soft-deleted ones included)."""
         return int(self.samples_mask.size)
 
+    @property
+    def rows(self) -> PerLevel[int]:
+        """Rows of each level the pointers and mask account for (deleted samples included)."""
+        return PerLevel(atom=int(self.atoms_ptr[-1]), edge=int(self.edges_ptr[-1]), system=self.n_physical)
+
 
 def open_root(loc: StoreLocation) -> Any:
     """Open the store's root group read-only; not a zarr v3 group -> :class:`StoreFormatError`."""
     try:
-        root = zarr.open_group(store=StorePath(loc.store, loc.prefix), mode="r")
+        root = open_group(loc, mode="r")
     except (BaseZarrError, FileNotFoundError, KeyError, ValueError, TypeError) as err:
         raise StoreFormatError(f"Store {loc.display} is not a zarr group: {err}") from err
     version = root.metadata.zarr_format

@@ -9,8 +9,9 @@ Interrupted writes (a killed process) leave a local store readable at its old or
 ``write`` builds the store beside its path and renames it into place; ``append``, ``delete`` and
 ``add_custom`` record a journal first (:mod:`dali_alchemi.store.journal`) and order their changes so
 that the old state stays valid until the commit point; ``defragment`` builds the compacted store
-beside the old one and swaps the directories. The next writer operation finishes or rolls back an
-interrupted one (:meth:`AtomicDataZarrWriter.recover`). One writer at a time.
+beside the old one and swaps the directories (:mod:`dali_alchemi.store.defragment`). The next writer
+operation finishes or rolls back an interrupted one (:mod:`dali_alchemi.store.recovery`). One writer
+at a time.
 """
 
 from __future__ import annotations
@@ -26,33 +27,29 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 import zarr
-from zarr.storage import StorePath
 
 from dali_alchemi.config import WriteConfig
-from dali_alchemi.csr import concat_aranges, exclusive_cumsum
 from dali_alchemi.errors import SampleDataError, SampleIndexError, StoreNotFoundError
 from dali_alchemi.store import layout
-from dali_alchemi.store.arrays import create_array, extend_array, truncate_array, write_array
+from dali_alchemi.store.arrays import extend_array, write_array
+from dali_alchemi.store.defragment import DEFAULT_DEFRAGMENT_WINDOW
+from dali_alchemi.store.defragment import defragment as run_defragment
 from dali_alchemi.store.encode import Samples, check_neighbor_list, disk_arrays, field_names, to_packed
 from dali_alchemi.store.journal import (
     CREATE_PREFIX,
-    DEFRAGMENT_NEW,
-    DEFRAGMENT_OLD,
-    JOURNAL_SUFFIX,
     AddCustomOp,
     AddCustomState,
     AppendOp,
-    DefragmentOp,
     DeleteOp,
     clear_journal,
     previous_suffix,
-    read_journal,
     sibling,
     staging_suffix,
     write_journal,
 )
-from dali_alchemi.store.location import StoreLike, StoreLocation, resolve_store
+from dali_alchemi.store.location import StoreLike, StoreLocation, open_group, resolve_store
 from dali_alchemi.store.packed import PackedSamples, SupportsPacked
+from dali_alchemi.store.recovery import apply_delete, recover
 from dali_alchemi.store.validate import MetaInfo, check_meta, open_root
 
 if TYPE_CHECKING:
@@ -61,12 +58,6 @@ if TYPE_CHECKING:
     from dali_alchemi.types import Level
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_DEFRAGMENT_WINDOW = 8192
-"""Samples copied per step by :meth:`AtomicDataZarrWriter.defragment`."""
-
-DEFRAGMENT_CACHE_BYTES = 64 << 20
-"""Decoded-chunk cache while defragmenting: enough for the blocks two windows share, never the store."""
 
 
 class AtomicDataZarrWriter:
@@ -110,14 +101,13 @@ class AtomicDataZarrWriter:
         if loc.local_root is not None:
             return loc.local_root.exists()
         try:
-            root = zarr.open_group(store=StorePath(loc.store, loc.prefix), mode="r")
+            root = open_group(loc, mode="r")
         except (FileNotFoundError, zarr.errors.BaseZarrError, KeyError):
             return False
         return any(True for _ in root.keys())
 
-    def _root(self, loc: StoreLocation | None = None) -> Any:
-        loc = loc or self._location
-        return zarr.open_group(store=StorePath(loc.store, loc.prefix), mode="r+")
+    def _root(self) -> Any:
+        return open_group(self._location, mode="r+")
 
     def _open(self) -> tuple[Any, MetaInfo]:
         """Recover an interrupted operation if there is one, then open the store for writing."""
@@ -176,7 +166,7 @@ class AtomicDataZarrWriter:
 
     @staticmethod
     def _root_for_new(loc: StoreLocation) -> Any:
-        return zarr.open_group(store=StorePath(loc.store, loc.prefix), mode="w")
+        return open_group(loc, mode="w")
 
     def _write_new(self, root: Any, packed: PackedSamples, custom: frozenset[str] = frozenset()) -> None:
         meta = root.create_group(layout.META_GROUP)
@@ -255,9 +245,8 @@ class AtomicDataZarrWriter:
                 )
         write_journal(self._location, AppendOp(samples=n_old, atoms=atom_base, edges=edge_base))
         self._phase("journal")
-        bases = {"atom": atom_base, "edge": edge_base, "system": n_old}
         for name, values in disk.items():
-            extend_array(arrays[name], values.astype(arrays[name].dtype, copy=False), bases[packed.levels[name]])
+            extend_array(arrays[name], values.astype(arrays[name].dtype, copy=False), meta.rows[packed.levels[name]])
         self._phase("data")
         meta_group = root[layout.META_GROUP]
         extend_array(meta_group[layout.ATOMS_MASK], np.ones(int(packed.n_atoms.sum()), np.bool_), atom_base)
@@ -273,24 +262,6 @@ class AtomicDataZarrWriter:
         self._phase("attributes")
         clear_journal(self._location)
         self._phase("done")
-
-    def _roll_back_append(self, op: AppendOp) -> None:
-        """Truncate every array to the sizes it had before an interrupted append."""
-        root = self._root()
-        n, atoms, edges = op.samples, op.atoms, op.edges
-        schema = layout.parse_schema(root.attrs.asdict(), store=self._location.display)
-        rows = op.rows
-        for name, level in schema.field_levels.items():
-            group = schema.group_of(name)
-            if group in root and name in root[group]:
-                truncate_array(root[f"{group}/{name}"], rows[level])
-        meta = root[layout.META_GROUP]
-        for name, length in (
-            (layout.SAMPLES_MASK, n), (layout.ATOMS_PTR, n + 1), (layout.EDGES_PTR, n + 1),
-            (layout.ATOMS_MASK, atoms), (layout.EDGES_MASK, edges),
-        ):  # fmt: skip
-            truncate_array(meta[name], length)
-        root.attrs.update(layout.StoreSchema(num_samples=n, core=schema.core, custom=schema.custom).to_attributes())
 
     # -- custom arrays ------------------------------------------------------------------------------
     def add_custom(self, key: str, data: NDArray[Any] | torch.Tensor, level: str) -> None:
@@ -314,9 +285,7 @@ class AtomicDataZarrWriter:
             raise SampleDataError(f"Invalid custom array name {key!r}: use a plain name without '/' or a leading '.'")
         root, meta = self._open()
         values = data.detach().cpu().numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
-        expected = {"atom": int(meta.atoms_ptr[-1]), "edge": int(meta.edges_ptr[-1]), "system": meta.n_physical}[
-            checked
-        ]
+        expected = meta.rows[checked]
         if values.ndim == 0 or values.shape[0] != expected:
             got = values.shape[0] if values.ndim else "a scalar"
             raise SampleDataError(f"Data shape[0]={got} does not match expected size={expected} for level={checked}")
@@ -366,32 +335,6 @@ class AtomicDataZarrWriter:
             shutil.rmtree(sibling(self._location, staging_suffix(key)), ignore_errors=True)
         clear_journal(self._location)
 
-    def _roll_back_add_custom(self, op: AddCustomOp) -> None:
-        """Put back the custom array (and its level) that an interrupted add_custom was replacing."""
-        key, previous = op.key, op.previous
-        root = self._root()
-        local = self._local
-        if local is not None:
-            target = local / layout.CUSTOM_GROUP / key
-            old = sibling(self._location, previous_suffix(key))
-            if old.exists():
-                shutil.rmtree(target, ignore_errors=True)
-                os.rename(old, target)
-            elif previous is None:
-                shutil.rmtree(target, ignore_errors=True)
-            shutil.rmtree(sibling(self._location, staging_suffix(key)), ignore_errors=True)
-        elif previous is None and layout.CUSTOM_GROUP in root and key in root[layout.CUSTOM_GROUP]:
-            del root[layout.CUSTOM_GROUP][key]
-        schema = layout.parse_schema(root.attrs.asdict(), store=self._location.display)
-        custom = dict(schema.custom)
-        if previous is None:
-            custom.pop(key, None)
-        else:
-            custom[key] = previous
-        root.attrs.update(
-            layout.StoreSchema(num_samples=schema.num_samples, core=schema.core, custom=custom).to_attributes()
-        )
-
     # -- delete -------------------------------------------------------------------------------------
     def delete(self, indices: Sequence[int] | NDArray[Any] | torch.Tensor) -> None:
         """Soft-delete samples by *physical* index (nvalchemi semantics); their data is zeroed.
@@ -416,29 +359,9 @@ class AtomicDataZarrWriter:
             )
         write_journal(self._location, DeleteOp(physical=tuple(physical.tolist())))
         self._phase("journal")
-        self._apply_delete(root, meta, physical)
+        apply_delete(root, meta, physical, self._phase)
         clear_journal(self._location)
         self._phase("done")
-
-    def _apply_delete(self, root: Any, meta: MetaInfo, physical: NDArray[np.int64]) -> None:
-        """Clear the masks of ``physical`` samples and zero their data (idempotent)."""
-        rows = {
-            "atom": concat_aranges(meta.atoms_ptr[physical], np.diff(meta.atoms_ptr)[physical]),
-            "edge": concat_aranges(meta.edges_ptr[physical], np.diff(meta.edges_ptr)[physical]),
-            "system": physical,
-        }
-        meta_group = root[layout.META_GROUP]
-        meta_group[layout.SAMPLES_MASK].set_orthogonal_selection((physical,), False)
-        self._phase("samples_mask")
-        for mask, level in ((layout.ATOMS_MASK, "atom"), (layout.EDGES_MASK, "edge")):
-            if rows[level].size:
-                meta_group[mask].set_orthogonal_selection((rows[level],), False)
-        self._phase("masks")
-        for name, level in meta.schema.field_levels.items():
-            arr = root[f"{meta.schema.group_of(name)}/{name}"]
-            if rows[level].size:
-                arr.set_orthogonal_selection((rows[level],), np.zeros((), dtype=arr.dtype))
-        self._phase("data")
 
     # -- defragment ---------------------------------------------------------------------------------
     def defragment(
@@ -449,10 +372,9 @@ class AtomicDataZarrWriter:
         The live samples are copied in order into a new store beside the old one (with ``config``, or
         the writer's), with ``neighbor_list`` re-based, and the new store then replaces the old one.
         Deleting every sample leaves a valid, empty, readable store that keeps its fields. Memory use is
-        bounded by one window, never the whole store. Local directory stores only.
+        bounded by one window, never the whole store. Local directory stores only
+        (:mod:`dali_alchemi.store.defragment`).
         """
-        from dali_alchemi.store.reader import AtomicDataZarrReader
-
         if window < 1:
             raise ValueError(f"window must be >= 1 sample, got {window}")
         new_config = (
@@ -464,38 +386,10 @@ class AtomicDataZarrWriter:
             raise NotImplementedError(
                 "defragment() rewrites local directory stores only; copy the store to a local path first"
             )
-        staging = sibling(loc, DEFRAGMENT_NEW)
-        retired = sibling(loc, DEFRAGMENT_OLD)
-        shutil.rmtree(staging, ignore_errors=True)
-        reader = AtomicDataZarrReader(str(loc.local_root), cache_bytes=DEFRAGMENT_CACHE_BYTES)
-        try:
-            _copy_live(reader, root, meta, staging, new_config, window, self._phase)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        finally:
-            reader.close()
-        self._phase("staged")
-        write_journal(loc, DefragmentOp())
-        self._phase("journal")
-        os.rename(loc.local_root, retired)
-        self._phase("retired")
-        os.rename(staging, loc.local_root)
-        self._phase("swapped")
-        shutil.rmtree(retired, ignore_errors=True)
-        clear_journal(loc)
+        run_defragment(loc, root, meta, new_config, window, self._phase)
         self.config = new_config
         self._phase("done")
         logger.info("defragmented %s: %d -> %d samples", loc.display, meta.n_physical, int(meta.samples_mask.sum()))
-
-    def _finish_defragment(self) -> None:
-        """Complete an interrupted directory swap (the staged store is complete once journaled)."""
-        loc = self._location
-        assert loc.local_root is not None
-        staging, retired = sibling(loc, DEFRAGMENT_NEW), sibling(loc, DEFRAGMENT_OLD)
-        if not loc.local_root.exists():
-            os.rename(staging if staging.exists() else retired, loc.local_root)
-        # the store in place is current now; whatever remains beside it is removed with the staging
 
     # -- recovery -----------------------------------------------------------------------------------
     def recover(self) -> str | None:
@@ -504,91 +398,7 @@ class AtomicDataZarrWriter:
         Every writer operation calls this first. An append, or an add_custom that had not committed,
         is rolled back (the store returns to its old state); a delete is completed; a defragment is
         completed if its directory swap had begun, and rolled back (its staged copy removed) if not.
-        Staging directories that a killed writer left beside a local store are removed.
+        Staging directories that a killed writer left beside a local store are removed
+        (:mod:`dali_alchemi.store.recovery`).
         """
-        op = read_journal(self._location)
-        if op is None:
-            self._remove_staging()
-            return None
-        logger.warning("recovering an interrupted %s on %s", op.OP, self._location.display)
-        if isinstance(op, DefragmentOp):
-            self._finish_defragment()
-        elif isinstance(op, AppendOp):
-            self._roll_back_append(op)
-        elif isinstance(op, AddCustomOp):
-            if op.state is not AddCustomState.COMMITTED:
-                self._roll_back_add_custom(op)
-        else:
-            root = self._root()
-            meta = check_meta(root, store=self._location.display)
-            self._apply_delete(root, meta, np.asarray(op.physical, dtype=np.int64))
-        self._remove_staging()
-        clear_journal(self._location)
-        return op.OP
-
-    def _remove_staging(self) -> None:
-        """Delete what a killed writer left beside a local store (never the journal or the store)."""
-        loc = self._location
-        if loc.local_root is None:
-            return
-        journal = sibling(loc, JOURNAL_SUFFIX)
-        for path in loc.local_root.parent.glob(f".{loc.local_root.name}.dali-alchemi-*"):
-            if path == journal:
-                continue
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-
-
-def _copy_live(
-    reader: Any,
-    root: Any,
-    meta: MetaInfo,
-    staging: Path,
-    config: WriteConfig,
-    window: int,
-    phase: Callable[[str], None],
-) -> None:
-    """Stream the live samples of ``root`` into a new store at ``staging``, ``window`` at a time."""
-    live = np.flatnonzero(meta.samples_mask)
-    atoms_ptr = exclusive_cumsum(np.diff(meta.atoms_ptr)[live])
-    edges_ptr = exclusive_cumsum(np.diff(meta.edges_ptr)[live])
-    new_root = zarr.open_group(str(staging), mode="w")
-    new_meta = new_root.create_group(layout.META_GROUP)
-    groups = {
-        layout.CORE_GROUP: new_root.create_group(layout.CORE_GROUP),
-        layout.CUSTOM_GROUP: new_root.create_group(layout.CUSTOM_GROUP),
-    }
-    meta_arrays = {
-        layout.ATOMS_PTR: atoms_ptr,
-        layout.EDGES_PTR: edges_ptr,
-        layout.SAMPLES_MASK: np.ones(live.size, dtype=np.bool_),
-        layout.ATOMS_MASK: np.ones(int(atoms_ptr[-1]), dtype=np.bool_),
-        layout.EDGES_MASK: np.ones(int(edges_ptr[-1]), dtype=np.bool_),
-    }
-    for name, values in meta_arrays.items():
-        write_array(new_meta, name, values, config.for_array(layout.META_GROUP, name))
-    totals = {"atom": int(atoms_ptr[-1]), "edge": int(edges_ptr[-1]), "system": int(live.size)}
-    targets: dict[str, Any] = {}
-    for name, level in meta.schema.field_levels.items():
-        group = meta.schema.group_of(name)
-        old = root[f"{group}/{name}"]
-        targets[name] = create_array(
-            groups[group], name, (totals[level], *old.shape[1:]), np.dtype(old.dtype), config.for_array(group, name)
-        )
-    for start in range(0, live.size, window):
-        stop = min(start + window, live.size)
-        packed = reader.read_packed(np.arange(start, stop))
-        bounds = {
-            "atom": (atoms_ptr[start], atoms_ptr[stop]),
-            "edge": (edges_ptr[start], edges_ptr[stop]),
-            "system": (start, stop),
-        }
-        for name, values in disk_arrays(packed, int(atoms_ptr[start])).items():
-            lo, hi = bounds[meta.schema.field_levels[name]]
-            if hi > lo:
-                targets[name][int(lo) : int(hi)] = values
-        phase("copied-window")
-    schema = layout.StoreSchema(num_samples=int(live.size), core=meta.schema.core, custom=meta.schema.custom)
-    new_root.attrs.update(schema.to_attributes())
+        return recover(self._location, self._phase)

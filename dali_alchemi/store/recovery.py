@@ -1,0 +1,174 @@
+"""Crash recovery: finishing or rolling back the operation a killed writer left half-done.
+
+The journal (:mod:`dali_alchemi.store.journal`) says which operation was in progress. An append, or an
+add_custom that had not committed, is rolled back to the old state; a delete is completed (it is
+idempotent, and readers already see its new state); a defragment whose swap had begun is completed.
+Whatever a killed writer left beside a local store (staging directories, copies moved aside) is then
+removed, and the journal cleared. Every writer operation runs :func:`recover` first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dali_alchemi.csr import concat_aranges
+from dali_alchemi.store import layout
+from dali_alchemi.store.arrays import truncate_array
+from dali_alchemi.store.journal import (
+    DEFRAGMENT_NEW,
+    DEFRAGMENT_OLD,
+    JOURNAL_SUFFIX,
+    AddCustomOp,
+    AddCustomState,
+    AppendOp,
+    DefragmentOp,
+    DeleteOp,
+    clear_journal,
+    previous_suffix,
+    read_journal,
+    sibling,
+    siblings,
+    staging_suffix,
+)
+from dali_alchemi.store.location import StoreLocation, open_group
+from dali_alchemi.store.validate import MetaInfo, check_meta
+from dali_alchemi.types import PerLevel
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+logger = logging.getLogger(__name__)
+
+
+def _no_phase(name: str) -> None:
+    pass
+
+
+def recover(loc: StoreLocation, phase: Callable[[str], None] = _no_phase) -> str | None:
+    """Finish or roll back an operation that a killed writer left half-done; returns its name.
+
+    An append, or an add_custom that had not committed, is rolled back (the store returns to its old
+    state); a delete is completed; a defragment is completed if its directory swap had begun, and
+    rolled back (its staged copy removed) if not. Staging directories that a killed writer left
+    beside a local store are removed. ``phase`` hears the steps of a delete being completed.
+
+    Raises
+    ------
+    StoreFormatError
+        If the journal is malformed or names an unknown operation.
+    """
+    op = read_journal(loc)
+    if op is None:
+        remove_staging(loc)
+        return None
+    logger.warning("recovering an interrupted %s on %s", op.OP, loc.display)
+    if isinstance(op, DefragmentOp):
+        _finish_defragment(loc)
+    elif isinstance(op, AppendOp):
+        _roll_back_append(loc, op)
+    elif isinstance(op, AddCustomOp):
+        if op.state is not AddCustomState.COMMITTED:
+            _roll_back_add_custom(loc, op)
+    elif isinstance(op, DeleteOp):
+        root = open_group(loc, mode="r+")
+        meta = check_meta(root, store=loc.display)
+        apply_delete(root, meta, np.asarray(op.physical, dtype=np.int64), phase)
+    remove_staging(loc)
+    clear_journal(loc)
+    return op.OP
+
+
+def apply_delete(root: Any, meta: MetaInfo, physical: NDArray[np.int64], phase: Callable[[str], None]) -> None:
+    """Clear the masks of ``physical`` samples and zero their data (idempotent, so recovery repeats it)."""
+    rows = PerLevel(
+        atom=concat_aranges(meta.atoms_ptr[physical], np.diff(meta.atoms_ptr)[physical]),
+        edge=concat_aranges(meta.edges_ptr[physical], np.diff(meta.edges_ptr)[physical]),
+        system=physical,
+    )
+    meta_group = root[layout.META_GROUP]
+    meta_group[layout.SAMPLES_MASK].set_orthogonal_selection((physical,), False)
+    phase("samples_mask")
+    for mask, level_rows in ((layout.ATOMS_MASK, rows.atom), (layout.EDGES_MASK, rows.edge)):
+        if level_rows.size:
+            meta_group[mask].set_orthogonal_selection((level_rows,), False)
+    phase("masks")
+    for name, level in meta.schema.field_levels.items():
+        arr = root[f"{meta.schema.group_of(name)}/{name}"]
+        if rows[level].size:
+            arr.set_orthogonal_selection((rows[level],), np.zeros((), dtype=arr.dtype))
+    phase("data")
+
+
+def _roll_back_append(loc: StoreLocation, op: AppendOp) -> None:
+    """Truncate every array to the sizes it had before an interrupted append."""
+    root = open_group(loc, mode="r+")
+    schema = layout.parse_schema(root.attrs.asdict(), store=loc.display)
+    rows = op.rows
+    for name, level in schema.field_levels.items():
+        group = schema.group_of(name)
+        if group in root and name in root[group]:
+            truncate_array(root[f"{group}/{name}"], rows[level])
+    meta = root[layout.META_GROUP]
+    n = op.samples
+    for name, length in (
+        (layout.SAMPLES_MASK, n), (layout.ATOMS_PTR, n + 1), (layout.EDGES_PTR, n + 1),
+        (layout.ATOMS_MASK, op.atoms), (layout.EDGES_MASK, op.edges),
+    ):  # fmt: skip
+        truncate_array(meta[name], length)
+    root.attrs.update(layout.StoreSchema(num_samples=n, core=schema.core, custom=schema.custom).to_attributes())
+
+
+def _roll_back_add_custom(loc: StoreLocation, op: AddCustomOp) -> None:
+    """Put back the custom array (and its level) that an interrupted add_custom was replacing."""
+    key, previous = op.key, op.previous
+    root = open_group(loc, mode="r+")
+    local = loc.local_root
+    if local is not None:
+        target = local / layout.CUSTOM_GROUP / key
+        old = sibling(loc, previous_suffix(key))
+        if old.exists():
+            shutil.rmtree(target, ignore_errors=True)
+            os.rename(old, target)
+        elif previous is None:
+            shutil.rmtree(target, ignore_errors=True)
+        shutil.rmtree(sibling(loc, staging_suffix(key)), ignore_errors=True)
+    elif previous is None and layout.CUSTOM_GROUP in root and key in root[layout.CUSTOM_GROUP]:
+        del root[layout.CUSTOM_GROUP][key]
+    schema = layout.parse_schema(root.attrs.asdict(), store=loc.display)
+    custom = dict(schema.custom)
+    if previous is None:
+        custom.pop(key, None)
+    else:
+        custom[key] = previous
+    root.attrs.update(
+        layout.StoreSchema(num_samples=schema.num_samples, core=schema.core, custom=custom).to_attributes()
+    )
+
+
+def _finish_defragment(loc: StoreLocation) -> None:
+    """Complete an interrupted directory swap (the staged store is complete once journaled)."""
+    assert loc.local_root is not None
+    staging, retired = sibling(loc, DEFRAGMENT_NEW), sibling(loc, DEFRAGMENT_OLD)
+    if not loc.local_root.exists():
+        os.rename(staging if staging.exists() else retired, loc.local_root)
+    # the store in place is current now; whatever remains beside it is removed with the staging
+
+
+def remove_staging(loc: StoreLocation) -> None:
+    """Delete what a killed writer left beside a local store (never the journal or the store)."""
+    if loc.local_root is None:
+        return
+    journal = sibling(loc, JOURNAL_SUFFIX)
+    for path in siblings(loc):
+        if path == journal:
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)

@@ -17,6 +17,14 @@ class StoreNotFoundError(DaliAlchemiError, FileNotFoundError):
     """The store does not exist where it was asked for."""
 
 
+class StoreExistsError(DaliAlchemiError, FileExistsError):
+    """A new store was to be written where one (or anything else) already exists."""
+
+
+class UnsupportedStoreError(DaliAlchemiError, NotImplementedError):
+    """The operation is not available for this kind of store (e.g. defragmenting a non-local store)."""
+
+
 class StoreFormatError(DaliAlchemiError, ValueError):
     """The store exists but does not follow the nvalchemi 0.2.0 layout (missing or inconsistent arrays)."""
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from dali_alchemi.csr import concat_aranges, exclusive_cumsum
-from dali_alchemi.errors import SampleDataError
+from dali_alchemi.errors import FieldLevelError, SampleDataError
 from dali_alchemi.store import layout
 
 if TYPE_CHECKING:
@@ -41,7 +41,8 @@ class PackedSamples:
         Field name -> flat numpy array (see the module docstring for shapes). Arrays are owned by this
         object (never views into the reader's cache).
     levels
-        Field name -> ``"atom"``, ``"edge"`` or ``"system"``.
+        Field name -> ``"atom"``, ``"edge"`` or ``"system"``; every field needs one (a field without a
+        level raises :class:`~dali_alchemi.errors.FieldLevelError`).
     """
 
     logical_indices: IndexArray
@@ -50,6 +51,11 @@ class PackedSamples:
     n_edges: CountArray
     fields: Mapping[str, NDArray[Any]]
     levels: Mapping[str, Level]
+
+    def __post_init__(self) -> None:
+        unleveled = [name for name in self.fields if name not in self.levels]
+        if unleveled:
+            raise FieldLevelError(f"Fields {unleveled} have no level; levels= must give every field one")
 
     @classmethod
     def from_samples(
@@ -70,7 +76,7 @@ class PackedSamples:
             When a field has no level (not in ``levels`` nor in nvalchemi's default key sets).
         """
         if not samples:
-            raise ValueError("No samples given")
+            raise SampleDataError("No samples given")
         names = [k for k in samples[0] if k not in layout.NON_DATA_KEYS]
         resolved = {name: layout.resolve_level(name, levels) for name in names}
         arrays: dict[str, list[NDArray[Any]]] = {name: [] for name in names}

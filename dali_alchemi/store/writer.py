@@ -29,7 +29,13 @@ import torch
 import zarr
 
 from dali_alchemi.config import WriteConfig
-from dali_alchemi.errors import SampleDataError, SampleIndexError, StoreNotFoundError
+from dali_alchemi.errors import (
+    SampleDataError,
+    SampleIndexError,
+    StoreExistsError,
+    StoreNotFoundError,
+    UnsupportedStoreError,
+)
 from dali_alchemi.store import layout
 from dali_alchemi.store.arrays import extend_array, write_array
 from dali_alchemi.store.defragment import DEFAULT_DEFRAGMENT_WINDOW
@@ -130,16 +136,17 @@ class AtomicDataZarrWriter:
 
         Raises
         ------
-        FileExistsError
-            If the store exists (for a local path: anything at that path, an empty directory too).
-        ValueError
-            If there are no samples, or they are inconsistent (:class:`SampleDataError`).
+        StoreExistsError
+            If the store exists (for a local path: anything at that path, an empty directory too); a
+            ``FileExistsError``.
+        SampleDataError
+            If there are no samples, or they are inconsistent (a ``ValueError``).
         """
         if self._exists():
-            raise FileExistsError(f"Zarr store already exists at {self._location.display}")
+            raise StoreExistsError(f"Zarr store already exists at {self._location.display}")
         packed = to_packed(samples, levels)
         if len(packed) == 0:
-            raise ValueError("No data provided to write.")
+            raise SampleDataError("No data provided to write.")
         if "atom" not in packed.levels.values():
             raise SampleDataError("Samples need at least one atom-level field (e.g. atomic_numbers, positions)")
         check_neighbor_list(packed)
@@ -205,8 +212,8 @@ class AtomicDataZarrWriter:
 
         Raises
         ------
-        FileNotFoundError
-            If the store does not exist.
+        StoreNotFoundError
+            If the store does not exist (a ``FileNotFoundError``).
         SampleDataError
             If fields are missing or extra, or shapes or dtypes do not fit the stored arrays.
         """
@@ -274,8 +281,8 @@ class AtomicDataZarrWriter:
         ------
         FieldLevelError
             If ``level`` is not ``atom``, ``edge`` or ``system`` (a ``ValueError``).
-        FileNotFoundError
-            If the store does not exist.
+        StoreNotFoundError
+            If the store does not exist (a ``FileNotFoundError``).
         SampleDataError
             If ``data.shape[0]`` is not the physical size of that level (deleted samples included), or
             ``key`` is already a core field (a ``ValueError``).
@@ -372,8 +379,12 @@ class AtomicDataZarrWriter:
         The live samples are copied in order into a new store beside the old one (with ``config``, or
         the writer's), with ``neighbor_list`` re-based, and the new store then replaces the old one.
         Deleting every sample leaves a valid, empty, readable store that keeps its fields. Memory use is
-        bounded by one window, never the whole store. Local directory stores only
-        (:mod:`dali_alchemi.store.defragment`).
+        bounded by one window, never the whole store (:mod:`dali_alchemi.store.defragment`).
+
+        Raises
+        ------
+        UnsupportedStoreError
+            If the store is not a local directory (a ``NotImplementedError``).
         """
         if window < 1:
             raise ValueError(f"window must be >= 1 sample, got {window}")
@@ -383,7 +394,7 @@ class AtomicDataZarrWriter:
         root, meta = self._open()
         loc = self._location
         if loc.local_root is None:
-            raise NotImplementedError(
+            raise UnsupportedStoreError(
                 "defragment() rewrites local directory stores only; copy the store to a local path first"
             )
         run_defragment(loc, root, meta, new_config, window, self._phase)

@@ -1,0 +1,118 @@
+"""store/fetch.py: many byte requests in one call, answered in request order, for local and other stores."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+from zarr.storage import MemoryStore
+
+from dali_alchemi.store.fetch import INLINE_READS, ByteRequest, LocalFetcher, StoreFetcher
+
+OBJECTS = {f"a/c/{i}": bytes(range(i, i + 40)) for i in range(12)}
+
+
+@pytest.fixture()
+def pool() -> ThreadPoolExecutor:
+    with ThreadPoolExecutor(4) as executor:
+        yield executor
+
+
+@pytest.fixture()
+def local(tmp_path: Path, pool: ThreadPoolExecutor) -> LocalFetcher:
+    for key, data in OBJECTS.items():
+        path = tmp_path / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return LocalFetcher(tmp_path, pool)
+
+
+def _memory_store() -> MemoryStore:
+    store = MemoryStore()
+    for key, data in OBJECTS.items():
+        sync(store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
+    return store
+
+
+@pytest.fixture()
+def remote() -> StoreFetcher:
+    return StoreFetcher(_memory_store(), max_concurrency=3)
+
+
+def _as_bytes(payloads: list[Any | None]) -> list[bytes | None]:
+    return [None if p is None else bytes(p) for p in payloads]
+
+
+@pytest.fixture(params=["local", "store"])
+def fetcher(request: pytest.FixtureRequest, local: LocalFetcher, remote: StoreFetcher) -> Any:
+    return local if request.param == "local" else remote
+
+
+@pytest.mark.parametrize("count", [1, INLINE_READS, 12])  # inline on the calling thread, and on the pool
+def test_whole_objects_come_back_in_request_order(fetcher: Any, count: int) -> None:
+    keys = [f"a/c/{i}" for i in reversed(range(12))][:count]
+    got = _as_bytes(fetcher.fetch([ByteRequest(k) for k in keys]))
+    assert got == [OBJECTS[k] for k in keys]
+
+
+def test_ranges_offsets_and_suffixes(fetcher: Any) -> None:
+    data = OBJECTS["a/c/3"]
+    requests = [
+        ByteRequest("a/c/3", start=5, stop=9),
+        ByteRequest("a/c/3", suffix=6),
+        ByteRequest("a/c/3", start=30),
+        ByteRequest("a/c/3", suffix=100),  # longer than the object: all of it
+        ByteRequest("a/c/3", start=0, stop=40),
+    ]
+    assert _as_bytes(fetcher.fetch(requests)) == [data[5:9], data[-6:], data[30:], data, data]
+
+
+def test_a_missing_object_is_none_in_its_place(fetcher: Any) -> None:
+    requests = [ByteRequest("a/c/0"), ByteRequest("a/c/99"), ByteRequest("b/none", suffix=4), ByteRequest("a/c/1")]
+    assert _as_bytes(fetcher.fetch(requests)) == [OBJECTS["a/c/0"], None, None, OBJECTS["a/c/1"]]
+
+
+def test_a_path_through_a_file_is_missing_not_an_error(local: LocalFetcher) -> None:
+    assert local.fetch([ByteRequest("a/c/0/inner"), ByteRequest("a/c/5")]) == [None, OBJECTS["a/c/5"]]
+
+
+def test_local_reads_return_bytes_and_store_reads_numpy_buffers(local: LocalFetcher, remote: StoreFetcher) -> None:
+    assert type(local.fetch([ByteRequest("a/c/2")])[0]) is bytes
+    payload = remote.fetch([ByteRequest("a/c/2")])[0]
+    assert payload.dtype.name == "uint8" and payload.tobytes() == OBJECTS["a/c/2"]
+    assert remote.fetch([]) == [] and local.fetch([]) == []
+
+
+class _Counting(MemoryStore):
+    """A memory store that records how many reads are in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.active = 0
+        self.peak = 0
+
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        await asyncio.sleep(0.005)
+        self.active -= 1
+        return await super().get(key, prototype, byte_range)
+
+
+def test_store_reads_overlap_up_to_max_concurrency() -> None:
+    store = _Counting()
+    for key, data in OBJECTS.items():
+        sync(store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
+    got = StoreFetcher(store, max_concurrency=3).fetch([ByteRequest(k) for k in OBJECTS])
+    assert _as_bytes(got) == list(OBJECTS.values())
+    assert store.peak == 3
+
+
+def test_max_concurrency_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_concurrency must be >= 1, got 0"):
+        StoreFetcher(MemoryStore(), max_concurrency=0)

@@ -1,0 +1,156 @@
+"""store/engine.py: rows read block by block, each block fetched once per call, and a pool that survives fork."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+
+from dali_alchemi.csr import concat_aranges
+from dali_alchemi.store.engine import RESIDENT, BlockEngine, _balanced_groups, _BlockJob
+from dali_alchemi.store.gather import LevelPlan
+from dali_alchemi.store.location import resolve_store
+from dali_alchemi.store.snapshot import Snapshot, open_snapshot
+
+
+def _snapshot(path: Path) -> Snapshot:
+    return open_snapshot(resolve_store(path, read_only=True, must_exist=True))
+
+
+def _engine(cache_bytes: int = 0, threads: int = 3) -> BlockEngine:
+    return BlockEngine(cache_bytes=cache_bytes, num_threads=threads, max_concurrency=4)
+
+
+def _expected(path: Path, snap: Snapshot, physical: np.ndarray, name: str) -> np.ndarray:
+    """The rows of ``physical`` samples of array ``name``, read with zarr."""
+    handle = snap.handles[name]
+    whole = zarr.open_group(path, mode="r")[f"{snap.schema.group_of(name)}/{name}"][...]
+    if handle.level == "system":
+        return whole[physical]
+    ptr = snap.atoms_ptr if handle.level == "atom" else snap.edges_ptr
+    return whole[concat_aranges(ptr[physical], ptr[physical + 1] - ptr[physical])]
+
+
+def _blocks_touched(snap: Snapshot, physical: np.ndarray, names: list[str]) -> int:
+    total = 0
+    for name in names:
+        handle = snap.handles[name]
+        assert handle.codec is not None
+        if handle.level == "system":
+            rows = physical
+        else:
+            ptr = snap.atoms_ptr if handle.level == "atom" else snap.edges_ptr
+            rows = concat_aranges(ptr[physical], ptr[physical + 1] - ptr[physical])
+        total += np.unique(rows // handle.codec.block_rows).size
+    return total
+
+
+@pytest.mark.parametrize("store", ["small_store", "sharded_store"])
+def test_rows_come_back_in_request_order_as_stored(store: str, request: pytest.FixtureRequest) -> None:
+    path = request.getfixturevalue(store)
+    snap = _snapshot(path)
+    physical = np.random.default_rng(2).permutation(snap.n_physical)[:120]
+    names = list(snap.handles)
+    engine = _engine()
+    got = engine.read(snap, physical, names)
+    assert got.n_atoms.tolist() == (snap.atoms_ptr[physical + 1] - snap.atoms_ptr[physical]).tolist()
+    assert got.n_edges.tolist() == (snap.edges_ptr[physical + 1] - snap.edges_ptr[physical]).tolist()
+    for name in names:
+        want = _expected(path, snap, physical, name)
+        assert got.fields[name].dtype == want.dtype, name
+        assert np.array_equal(got.fields[name], want), name  # neighbor_list stays store-global here
+    engine.close()
+
+
+def test_each_block_is_fetched_once_per_call(small_store: Path) -> None:
+    snap = _snapshot(small_store)
+    names = ["positions", "neighbor_list", "energy"]
+    engine = _engine(cache_bytes=0)
+    scattered = np.array([250, 3, 251, 4, 120, 5], dtype=np.int64)  # neighbours share blocks
+    engine.read(snap, scattered, names)
+    once = _blocks_touched(snap, scattered, names)
+    assert once < 3 * scattered.size
+    assert engine.stats().chunks_fetched == once
+    engine.read(snap, scattered, names)  # no cache: fetched again, still once per block
+    stats = engine.stats()
+    assert (stats.chunks_fetched, stats.packed_reads, stats.samples_read) == (2 * once, 2, 12)
+    engine.close()
+
+
+def test_cached_blocks_are_not_fetched_and_attach_drops_them(small_store: Path) -> None:
+    snap = _snapshot(small_store)
+    engine = _engine(cache_bytes=1 << 26)
+    everything = np.arange(snap.n_physical)
+    engine.read(snap, everything, ["positions"])
+    blocks = snap.handles["positions"].codec.n_blocks  # type: ignore[union-attr]
+    assert engine.stats().chunks_fetched == blocks
+    assert engine.cache.peek(("positions", RESIDENT)) is not None  # every block touched: held whole
+    assert engine.cache.stats.entries == 1
+    again = engine.read(snap, everything[::-1].copy(), ["positions"])
+    assert engine.stats().chunks_fetched == blocks
+    assert np.array_equal(again.fields["positions"], _expected(small_store, snap, everything[::-1], "positions"))
+    fresh = _snapshot(small_store)
+    engine.attach(fresh)
+    assert engine.cache.stats.entries == 0
+    engine.read(fresh, everything[:1], ["positions"])
+    assert engine.stats().chunks_fetched == blocks + 1
+    engine.close()
+
+
+def _read_in_child(engine: BlockEngine, snap: Snapshot, physical: np.ndarray, queue: Any) -> None:
+    got = engine.read(snap, physical, ["positions", "forces"])
+    pool = engine._pool()
+    queue.put((os.getpid(), engine._executor_pid, got.fields["positions"].sum(), got.fields["forces"].sum()))
+    pool.shutdown(wait=True)
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_rebuilds_the_pool_and_reads(small_store: Path) -> None:
+    snap = _snapshot(small_store)
+    engine = _engine(cache_bytes=0)
+    physical = np.arange(snap.n_physical)
+    parent = engine.read(snap, physical, ["positions", "forces"])  # starts the pool's threads here
+    assert engine._executor_pid == os.getpid()
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_read_in_child, args=(engine, snap, physical, queue))
+    child.start()
+    try:
+        child.join(30)
+        assert child.exitcode == 0, "the child hung or failed reading on its parent's thread pool"
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join()
+    pid, executor_pid, positions, forces = queue.get(timeout=5)
+    assert pid != os.getpid() and executor_pid == pid
+    assert positions == parent.fields["positions"].sum() and forces == parent.fields["forces"].sum()
+    assert engine._executor_pid == os.getpid()  # the parent's pool is untouched
+    engine.close()
+
+
+def _job(rows: int, cached: bool) -> _BlockJob:
+    plan = LevelPlan(rows=np.zeros(0, np.int64), dest=np.zeros(0, np.int64), total=0)
+    data = np.zeros(1) if cached else None
+    return _BlockJob(handle=None, block=0, plan=plan, lo=0, hi=rows, data=data)  # type: ignore[arg-type]
+
+
+def test_block_jobs_are_balanced_over_tasks() -> None:
+    few = [_job(5, False), _job(9, True)]
+    assert _balanced_groups(few, 4) == [[few[0]], [few[1]]]
+    rng = np.random.default_rng(0)
+    jobs = [_job(int(r), bool(c)) for r, c in zip(rng.integers(1, 100, 40), rng.integers(0, 2, 40), strict=True)]
+    groups = _balanced_groups(jobs, 6)
+    assert len(groups) == 6
+    assert sorted(id(j) for g in groups for j in g) == sorted(id(j) for j in jobs)  # each job exactly once
+
+    def load(group: list[_BlockJob]) -> int:  # a block to decode costs twice one already decoded
+        return sum((j.hi - j.lo) * (1 if j.data is not None else 2) for j in group)
+
+    loads = [load(g) for g in groups]
+    assert max(loads) - min(loads) <= max(load([j]) for j in jobs)

@@ -1,0 +1,104 @@
+"""The store imports nothing above it, and its modules import each other without cycles."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import dali_alchemi.store
+
+STORE = Path(dali_alchemi.store.__file__).parent
+ALLOWED_OUTSIDE = {"dali_alchemi.errors", "dali_alchemi.types", "dali_alchemi.config", "dali_alchemi.csr"}
+
+# Imports deferred into a function body on purpose, to break what would otherwise be a cycle:
+# (importing module, imported module). Every other cycle, deferred or not, fails the test.
+DEFERRED = {
+    ("dali_alchemi.store.protocol", "dali_alchemi.store.reader"),  # open_reader() opens this project's reader
+}
+
+
+class _Imports(ast.NodeVisitor):
+    """The ``dali_alchemi`` modules a file imports: at module level (``TYPE_CHECKING`` too), and in functions."""
+
+    def __init__(self) -> None:
+        self.top: set[str] = set()
+        self.deferred: set[str] = set()
+        self._depth = 0
+
+    @property
+    def all(self) -> set[str]:
+        return self.top | self.deferred
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self._depth += 1
+        self.generic_visit(node)
+        self._depth -= 1
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def _add(self, modules: list[str]) -> None:
+        (self.deferred if self._depth else self.top).update(m for m in modules if m.startswith("dali_alchemi"))
+
+    def visit_Import(self, node: ast.Import) -> None:
+        self._add([alias.name for alias in node.names])
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        module = node.module or ""
+        if module in ("dali_alchemi", "dali_alchemi.store"):
+            # `from dali_alchemi import csr` imports dali_alchemi.csr (or a name the package re-exports)
+            self._add([f"{module}.{alias.name}" for alias in node.names])
+        else:
+            self._add([module])
+
+
+def _imports(path: Path) -> _Imports:
+    found = _Imports()
+    found.visit(ast.parse(path.read_text()))
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {f"dali_alchemi.store.{p.stem}": p for p in STORE.glob("*.py") if p.stem != "__init__"}
+    graph = {}
+    for name, path in modules.items():
+        found = _imports(path)
+        deferred = {m for m in found.deferred - found.top if (name, m) in DEFERRED}
+        graph[name] = {m for m in found.all if m in modules} - deferred
+    return graph
+
+
+def test_the_store_imports_nothing_from_above_it() -> None:
+    upward = {
+        f"{path.name} imports {module}"
+        for path in STORE.glob("*.py")
+        for module in _imports(path).all
+        if not module.startswith("dali_alchemi.store") and module not in ALLOWED_OUTSIDE
+    }
+    assert not upward, sorted(upward)
+
+
+def test_store_modules_form_no_import_cycle() -> None:
+    graph = _graph()
+    assert len(graph) >= 20 and "dali_alchemi.store.reader" in graph["dali_alchemi.store.defragment"]
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycles.append([*path[path.index(dep) :], dep])
+            elif dep not in state:
+                visit(dep, [*path, dep])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, cycles
+
+
+def test_the_deferred_imports_listed_are_still_deferred() -> None:
+    for importer, imported in DEFERRED:
+        found = _imports(STORE / f"{importer.rsplit('.', 1)[1]}.py")
+        assert imported in found.deferred - found.top, f"{importer} no longer defers {imported}: drop it from DEFERRED"

@@ -42,6 +42,8 @@ _EXPORTS = {
     "DaliAlchemiError": "dali_alchemi.errors",
     "StoreFormatError": "dali_alchemi.errors",
     "StoreNotFoundError": "dali_alchemi.errors",
+    "StoreExistsError": "dali_alchemi.errors",
+    "UnsupportedStoreError": "dali_alchemi.errors",
     "ChunkDecodeError": "dali_alchemi.errors",
     "FieldLevelError": "dali_alchemi.errors",
     "SampleDataError": "dali_alchemi.errors",
@@ -75,9 +77,11 @@ if TYPE_CHECKING:
         RemoteReadError,
         SampleDataError,
         SampleIndexError,
+        StoreExistsError,
         StoreFormatError,
         StoreNotFoundError,
         UnknownFieldError,
+        UnsupportedStoreError,
     )
     from dali_alchemi.padding import pad_batch, unpad_batch
     from dali_alchemi.pipeline.loader import DALIDataLoader

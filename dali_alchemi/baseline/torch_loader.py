@@ -22,7 +22,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from dali_alchemi.batch import Batch
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.plan import PadShape, PlanArguments, build_plan, pad_shape
-from dali_alchemi.store.protocol import open_reader, select_fields
+from dali_alchemi.store.protocol import select_fields
+from dali_alchemi.store.reader import open_reader
 
 if TYPE_CHECKING:
     from dali_alchemi.plan import EpochPlan, Plan

@@ -26,7 +26,8 @@ from dali_alchemi.pipeline.dali_private import close_pipeline, worker_processes
 from dali_alchemi.pipeline.iterator import WindowIterator
 from dali_alchemi.pipeline.source import BLOB_OUTPUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
 from dali_alchemi.plan import PlanArguments, build_plan, pad_shape
-from dali_alchemi.store.protocol import open_reader, select_fields
+from dali_alchemi.store.protocol import select_fields
+from dali_alchemi.store.reader import open_reader
 
 if TYPE_CHECKING:
     from dali_alchemi.augment import Augmentation

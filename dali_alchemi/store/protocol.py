@@ -21,7 +21,6 @@ from dali_alchemi.errors import UnknownFieldError
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-    from dali_alchemi.store.location import StoreLike
     from dali_alchemi.store.packed import PackedSamples
     from dali_alchemi.types import CountArray, Level
 
@@ -99,26 +98,3 @@ def select_fields(reader: PackedReader, fields: str | Iterable[str] | None) -> t
     if unknown:
         raise UnknownFieldError(f"Unknown fields {unknown}; the reader returns {list(available)}")
     return names
-
-
-def open_reader(
-    store_or_reader: StoreLike | PackedReader, *, fields: tuple[str, ...] | None, cache_bytes: int | None
-) -> tuple[PackedReader, bool]:
-    """The reader a loader reads through, and whether the loader opened it (and so must close it).
-
-    A :class:`PackedReader` is used as it is; anything else is a store, opened as an
-    :class:`~dali_alchemi.store.reader.AtomicDataZarrReader` reading only ``fields``.
-
-    Raises
-    ------
-    ValueError
-        If ``cache_bytes`` is given with a reader: it configures a reader the loader opens itself.
-    """
-    if isinstance(store_or_reader, PackedReader):
-        if cache_bytes is not None:
-            raise ValueError("cache_bytes= configures a reader the loader opens itself; set it on your reader instead")
-        return store_or_reader, False
-    from dali_alchemi.store.reader import AtomicDataZarrReader
-
-    options: dict[str, Any] = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
-    return AtomicDataZarrReader(store_or_reader, fields=fields, **options), True

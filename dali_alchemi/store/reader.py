@@ -38,7 +38,7 @@ from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES
 from dali_alchemi.store.engine import BlockEngine, ReadStats
 from dali_alchemi.store.location import StoreLike, StoreLocation, resolve_store
 from dali_alchemi.store.packed import PackedSamples
-from dali_alchemi.store.protocol import FieldSpec
+from dali_alchemi.store.protocol import FieldSpec, PackedReader
 from dali_alchemi.store.snapshot import Snapshot, open_snapshot
 from dali_alchemi.store.validate import memory_budget
 from dali_alchemi.types import PerLevel
@@ -415,3 +415,24 @@ def _counts(ptr: NDArray[np.int64], physical: IndexArray) -> CountArray:
 
 def _reopen(store: StoreLike, options: dict[str, Any]) -> AtomicDataZarrReader:
     return AtomicDataZarrReader(store, **options)
+
+
+def open_reader(
+    store_or_reader: StoreLike | PackedReader, *, fields: tuple[str, ...] | None, cache_bytes: int | None
+) -> tuple[PackedReader, bool]:
+    """The reader a loader reads through, and whether the loader opened it (and so must close it).
+
+    A :class:`PackedReader` is used as it is; anything else is a store, opened as an
+    :class:`AtomicDataZarrReader` reading only ``fields``.
+
+    Raises
+    ------
+    ValueError
+        If ``cache_bytes`` is given with a reader: it configures a reader the loader opens itself.
+    """
+    if isinstance(store_or_reader, PackedReader):
+        if cache_bytes is not None:
+            raise ValueError("cache_bytes= configures a reader the loader opens itself; set it on your reader instead")
+        return store_or_reader, False
+    options: dict[str, Any] = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
+    return AtomicDataZarrReader(store_or_reader, fields=fields, **options), True

@@ -40,6 +40,7 @@ _EXPORTS = {
     "unpad_batch": "dali_alchemi.padding",
     # errors
     "DaliAlchemiError": "dali_alchemi.errors",
+    "ConfigError": "dali_alchemi.errors",
     "StoreFormatError": "dali_alchemi.errors",
     "StoreNotFoundError": "dali_alchemi.errors",
     "StoreExistsError": "dali_alchemi.errors",
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
     from dali_alchemi.config import ArrayConfig, FetchConfig, WriteConfig
     from dali_alchemi.errors import (
         ChunkDecodeError,
+        ConfigError,
         DaliAlchemiError,
         DeviceError,
         FieldLevelError,

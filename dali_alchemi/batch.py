@@ -231,7 +231,7 @@ class Batch:
     def from_packed(
         cls, packed: PackedSamples, *, device: torch.device | str | None = None, non_blocking: bool = False
     ) -> Batch:
-        """Collate a packed read (see :class:`~dali_alchemi.packed.PackedSamples`) with no per-sample step.
+        """Collate a packed read (see :class:`~dali_alchemi.store.packed.PackedSamples`) with no per-sample step.
 
         The numpy arrays are wrapped without a copy on the CPU, or copied once per field to ``device``.
         """

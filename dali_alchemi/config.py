@@ -15,6 +15,8 @@ from typing import Any
 from zarr.abc.codec import BytesBytesCodec
 from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
+from dali_alchemi.errors import ConfigError
+
 DEFAULT_CHUNK_BYTES = 4 << 20
 """Target uncompressed bytes per chunk when ``chunk_size`` is not set (4 MiB: fastest shuffled reads
 measured, see the README's store tuning)."""
@@ -30,7 +32,7 @@ def _codec_from_json(spec: Mapping[str, Any]) -> BytesBytesCodec:
     conf = dict(spec.get("configuration", {}))
     codecs: dict[str, type[BytesBytesCodec]] = {"zstd": ZstdCodec, "blosc": BloscCodec, "gzip": GzipCodec}
     if name not in codecs:
-        raise ValueError(f"Unsupported compressor {name!r}: expected one of {sorted(codecs)}")
+        raise ConfigError(f"Unsupported compressor {name!r}: expected one of {sorted(codecs)}")
     return codecs[str(name)](**conf)
 
 
@@ -62,11 +64,11 @@ class ArrayConfig:
         for name in ("chunk_size", "shard_size"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+                raise ConfigError(f"{name} must be a positive integer or None, got {value!r}")
         if self.shard_size is not None and self.chunk_size is None:
-            raise ValueError("shard_size needs an explicit chunk_size (shards are a multiple of chunks)")
+            raise ConfigError("shard_size needs an explicit chunk_size (shards are a multiple of chunks)")
         if self.shard_size is not None and self.chunk_size is not None and self.shard_size % self.chunk_size:
-            raise ValueError(f"shard_size ({self.shard_size}) must be a multiple of chunk_size ({self.chunk_size})")
+            raise ConfigError(f"shard_size ({self.shard_size}) must be a multiple of chunk_size ({self.chunk_size})")
 
     def rows_per_chunk(self, row_bytes: int) -> int:
         """Rows per chunk for an array whose rows are ``row_bytes`` long."""
@@ -88,7 +90,7 @@ class ArrayConfig:
         """Inverse of :meth:`to_dict`; unknown keys are an error."""
         unknown = set(data) - {"compressors", "chunk_size", "shard_size"}
         if unknown:
-            raise ValueError(f"Unknown ArrayConfig keys: {sorted(unknown)}")
+            raise ConfigError(f"Unknown ArrayConfig keys: {sorted(unknown)}")
         kwargs = dict(data)
         if "compressors" in kwargs:
             kwargs["compressors"] = tuple(_codec_from_json(c) for c in kwargs["compressors"] or ())
@@ -143,7 +145,7 @@ class WriteConfig:
         """Inverse of :meth:`to_dict`; also accepts nvalchemi-style plain mappings."""
         unknown = set(data) - {"meta", "core", "custom", "field_overrides"}
         if unknown:
-            raise ValueError(f"Unknown WriteConfig keys: {sorted(unknown)}")
+            raise ConfigError(f"Unknown WriteConfig keys: {sorted(unknown)}")
         return cls(**dict(data))
 
 
@@ -176,15 +178,15 @@ class LoaderConfig:
         for name in ("batches_per_window", "read_ahead", "queue_depth"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 0:
-            raise ValueError(f"num_workers must be a non-negative integer, got {self.num_workers!r}")
+            raise ConfigError(f"num_workers must be a non-negative integer, got {self.num_workers!r}")
         if self.layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+            raise ConfigError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.start_method not in START_METHODS:
-            raise ValueError(f"start_method must be one of {START_METHODS}, got {self.start_method!r}")
+            raise ConfigError(f"start_method must be one of {START_METHODS}, got {self.start_method!r}")
         if self.cache_bytes is not None and (not isinstance(self.cache_bytes, int) or self.cache_bytes < 0):
-            raise ValueError(f"cache_bytes must be a non-negative integer or None, got {self.cache_bytes!r}")
+            raise ConfigError(f"cache_bytes must be a non-negative integer or None, got {self.cache_bytes!r}")
         if self.fields is not None:
             object.__setattr__(self, "fields", tuple(self.fields))
 
@@ -214,11 +216,11 @@ class FetchConfig:
 
     def __post_init__(self) -> None:
         if self.max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+            raise ConfigError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
         if self.retries < 0:
-            raise ValueError(f"retries must be >= 0, got {self.retries}")
+            raise ConfigError(f"retries must be >= 0, got {self.retries}")
         if self.backoff_s < 0 or self.max_backoff_s < self.backoff_s:
-            raise ValueError(f"need 0 <= backoff_s <= max_backoff_s, got {self.backoff_s} and {self.max_backoff_s}")
+            raise ConfigError(f"need 0 <= backoff_s <= max_backoff_s, got {self.backoff_s} and {self.max_backoff_s}")
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (0-based)."""

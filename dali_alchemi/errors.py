@@ -72,6 +72,10 @@ class DeviceError(DaliAlchemiError, RuntimeError):
     """A CUDA device was asked for (``device="cuda"``, ``pin_memory=True``) and none is visible."""
 
 
+class ConfigError(DaliAlchemiError, ValueError):
+    """An argument or configuration value is out of range or inconsistent; the message names it."""
+
+
 class PlanError(DaliAlchemiError, ValueError):
     """A plan does not fit its loader or reader (sample count, resume state, batch bounds)."""
 

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from dali_alchemi.batch import Batch
+from dali_alchemi.errors import ConfigError
 from dali_alchemi.store import layout
 from dali_alchemi.types import Level, PerLevel
 
@@ -103,7 +104,7 @@ class Padding:
 
 def _check_budget(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
     return int(value)
 
 
@@ -152,7 +153,7 @@ def pad_batch(batch: Batch, *, max_atoms: int, max_edges: int, max_structures: i
     max_edges = _check_budget("max_edges", max_edges)
     max_structures = _check_budget("max_structures", max_structures)
     if batch.padding is not None:
-        raise ValueError("batch is already padded; pad the unpadded batch (see unpad_batch)")
+        raise ConfigError("batch is already padded; pad the unpadded batch (see unpad_batch)")
     n_graphs, n_atoms, n_edges = batch.num_graphs, batch.num_nodes, batch.num_edges
     for budget, value, real, what in (
         ("max_atoms", max_atoms, n_atoms, "atoms"),
@@ -160,16 +161,16 @@ def pad_batch(batch: Batch, *, max_atoms: int, max_edges: int, max_structures: i
         ("max_structures", max_structures, n_graphs, "structures"),
     ):
         if real > value:
-            raise ValueError(f"batch has {real} {what}, over the budget {budget}={value}")
+            raise ConfigError(f"batch has {real} {what}, over the budget {budget}={value}")
     pad_atoms, pad_edges, pad_graphs = max_atoms - n_atoms, max_edges - n_edges, max_structures - n_graphs
     if (pad_atoms or pad_edges) and not pad_graphs:
-        raise ValueError(
+        raise ConfigError(
             f"max_structures={max_structures} leaves no room for a padding structure: the batch has "
             f"{n_graphs} structures and needs {pad_atoms} padding atoms and {pad_edges} padding edges, "
             f"so max_structures must be at least {n_graphs + 1}"
         )
     if pad_edges and not pad_atoms:
-        raise ValueError(
+        raise ConfigError(
             f"max_atoms={max_atoms} leaves no padding atom for the {pad_edges} padding edges' self-loops: "
             f"the batch has {n_atoms} atoms, so max_atoms must be at least {n_atoms + 1}"
         )

@@ -117,12 +117,16 @@ class PlanDataLoader(DataLoader[Any]):
         """Iterate ``epoch`` next (as ``DistributedSampler.set_epoch``)."""
         self.batch_sampler.set_epoch(epoch)
 
+    owns_reader: bool = False
+
     def close(self) -> None:
-        """Stop persistent workers now, not at garbage collection."""
+        """Stop persistent workers now, not at garbage collection, and close a reader the loader opened."""
         iterator = getattr(self, "_iterator", None)
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
+        if self.owns_reader:
+            self.dataset.reader.close()  # type: ignore[attr-defined]
 
 
 def plain_dataloader(
@@ -158,21 +162,26 @@ def plain_dataloader(
     for a new order.
     """
     names = None if fields is None else ((fields,) if isinstance(fields, str) else tuple(fields))
-    reader, _ = open_reader(store_or_reader, fields=names, cache_bytes=cache_bytes)
-    selected = select_fields(reader, names)
-    arguments = PlanArguments(
-        batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, shard_id=shard_id,
-        num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized, pad=pad,
-    )  # fmt: skip
-    plan = build_plan(plan, arguments, len(reader), lambda: reader.sample_sizes(np.arange(len(reader))))
-    shape = pad_shape(arguments, plan)
+    reader, owns = open_reader(store_or_reader, fields=names, cache_bytes=cache_bytes)
+    try:
+        selected = select_fields(reader, names)
+        arguments = PlanArguments(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, shard_id=shard_id,
+            num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized, pad=pad,
+        )  # fmt: skip
+        plan = build_plan(plan, arguments, len(reader), lambda: reader.sample_sizes(np.arange(len(reader))))
+        shape = pad_shape(arguments, plan)
+    except BaseException:
+        if owns:
+            reader.close()
+        raise
     specs = reader.field_specs
     extra: dict[str, Any] = {}
     if num_workers > 0:
         extra["persistent_workers"] = True
         if prefetch_factor is not None:
             extra["prefetch_factor"] = prefetch_factor
-    return PlanDataLoader(
+    loader = PlanDataLoader(
         SampleDataset(reader, selected, batched=batched),
         batch_sampler=PlanBatchSampler(plan),
         collate_fn=Collater({name: specs[name].level for name in selected}, shape),
@@ -180,3 +189,5 @@ def plain_dataloader(
         pin_memory=pin_memory,
         **extra,
     )
+    loader.owns_reader = owns
+    return loader

@@ -96,11 +96,7 @@ def _torch(store: str, shuffle: bool, s: LoaderSettings, batched: bool, workers:
         max_edges=s.max_edges,
     )  # fmt: skip
 
-    def close() -> None:
-        loader.close()  # persistent workers: stop them now, not at garbage collection
-        loader.dataset.reader.close()  # type: ignore[attr-defined]
-
-    return _BatchLoader(loader, loader.set_epoch, s.device, close)
+    return _BatchLoader(loader, loader.set_epoch, s.device, loader.close)
 
 
 class _PygDataset:

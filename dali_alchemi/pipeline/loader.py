@@ -19,7 +19,7 @@ import torch
 
 from dali_alchemi.augment import apply_augmentations, check_augmentations
 from dali_alchemi.config import LoaderConfig
-from dali_alchemi.errors import DeviceError, LoaderClosedError, LoaderError, PlanError
+from dali_alchemi.errors import ConfigError, DeviceError, LoaderClosedError, LoaderError, PlanError
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline
 from dali_alchemi.pipeline.dali_private import close_pipeline, worker_processes
@@ -77,7 +77,7 @@ def resolve_device(device: str | torch.device) -> torch.device:
             raise DeviceError(f"device={device!r} needs a CUDA GPU, and none is visible (use device='cpu' or 'auto')")
         return torch.device("cuda", resolved.index if resolved.index is not None else torch.cuda.current_device())
     if resolved.type != "cpu":
-        raise ValueError(f"device must be 'auto', 'cpu' or a CUDA device, got {device!r}")
+        raise ConfigError(f"device must be 'auto', 'cpu' or a CUDA device, got {device!r}")
     return resolved
 
 
@@ -190,6 +190,7 @@ class DALIDataLoader:
         self.seed = seed
         self.device = resolve_device(device)
         self.reader, self._owns_reader = open_reader(store_or_reader, fields=self.config.fields, cache_bytes=cache_bytes)
+        self._sizes: tuple[Any, Any] | None = None
         try:
             self.fields = select_fields(self.reader, self.config.fields)
             arguments = PlanArguments(
@@ -221,8 +222,10 @@ class DALIDataLoader:
 
     # -- sizes and position ---------------------------------------------------------------------------
     def _all_sizes(self) -> tuple[Any, Any]:
-        """Atom and edge counts of every structure, from the reader's pointers (no data read)."""
-        return self.reader.sample_sizes(np.arange(len(self.reader), dtype=np.int64))
+        """Atom and edge counts of every structure, from the reader's pointers (no data read; once)."""
+        if self._sizes is None:
+            self._sizes = self.reader.sample_sizes(np.arange(len(self.reader), dtype=np.int64))
+        return self._sizes
 
     def epoch_plan(self, epoch: int | None = None) -> EpochPlan:
         """The plan of ``epoch`` (default: the current one), computed once per epoch."""
@@ -243,7 +246,7 @@ class DALIDataLoader:
     def set_epoch(self, epoch: int) -> None:
         """Start the next iteration at the beginning of ``epoch`` (as ``DistributedSampler.set_epoch``)."""
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+            raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
         self._epoch, self._batch = int(epoch), 0
 
     def state_dict(self) -> dict[str, Any]:

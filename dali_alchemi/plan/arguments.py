@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from dali_alchemi.errors import PlanError
 from dali_alchemi.plan.base import Plan
 from dali_alchemi.plan.budget import BudgetPlan
@@ -123,7 +125,16 @@ def _padded_plan(
         raise PlanError(f"pad=True needs max_atoms (at least 2: one row is kept for padding), got {a.max_atoms!r}")
     if a.max_edges is None or a.max_edges < 2:
         raise PlanError(f"pad=True needs max_edges (at least 2: one row is kept for padding), got {a.max_edges!r}")
+    if a.oversized != "error":
+        raise PlanError("pad=True cannot hold a structure larger than the budgets: oversized= must be 'error'")
     n_atoms, n_edges = sample_sizes()
+    for name, sizes, budget, unit in (("max_atoms", n_atoms, a.max_atoms, "atoms"), ("max_edges", n_edges, a.max_edges, "edges")):
+        if sizes.size and int(sizes.max()) > budget - 1:
+            worst = int(np.argmax(sizes))
+            raise PlanError(
+                f"structure {worst} has {int(sizes[worst])} {unit}; with pad=True a batch holds at most "
+                f"{name} - 1 = {budget - 1} real {unit} (one row is kept for padding): raise {name}"
+            )
     return BudgetPlan(
         n_atoms=n_atoms, n_edges=n_edges, max_atoms=a.max_atoms - 1, max_edges=a.max_edges - 1,
         max_structures=None if a.batch_size is None else a.batch_size, shuffle=a.shuffle, seed=a.seed,

@@ -126,9 +126,9 @@ class BudgetPlan:
         if self.oversized not in OVERSIZED_POLICIES:
             raise PlanError(f"oversized must be one of {OVERSIZED_POLICIES}, got {self.oversized!r}")
         _positive("num_shards", self.num_shards)
-        if not isinstance(self.shard_id, int) or not 0 <= self.shard_id < self.num_shards:
+        if not isinstance(self.shard_id, (int, np.integer)) or not 0 <= self.shard_id < self.num_shards:
             raise PlanError(f"shard_id must be in [0, {self.num_shards}), got {self.shard_id}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
             raise PlanError(f"seed must be a non-negative integer, got {self.seed!r}")
         atoms = np.ascontiguousarray(self.n_atoms, dtype=np.int32)  # compact: the plan travels to workers
         edges = np.ascontiguousarray(self.n_edges, dtype=np.int32)

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dali_alchemi.errors import PlanError
+
 if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray
 
@@ -43,7 +45,7 @@ def resolve_shard(shard_id: int | None, num_shards: int | None) -> tuple[int, in
         If only one of ``shard_id`` and ``num_shards`` is given.
     """
     if (shard_id is None) != (num_shards is None):
-        raise ValueError("shard_id and num_shards must be given together (or both left to torch.distributed)")
+        raise PlanError("shard_id and num_shards must be given together (or both left to torch.distributed)")
     if shard_id is not None and num_shards is not None:
         return shard_id, num_shards
     import torch.distributed as dist  # only here: the rest of planning needs no torch

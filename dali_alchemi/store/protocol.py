@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from dali_alchemi.errors import UnknownFieldError
+from dali_alchemi.errors import ConfigError, UnknownFieldError
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -93,7 +93,7 @@ def select_fields(reader: PackedReader, fields: str | Iterable[str] | None) -> t
         return available
     names = (fields,) if isinstance(fields, str) else tuple(fields)
     if not names:
-        raise ValueError("fields must name at least one field (or be None for all of them)")
+        raise ConfigError("fields must name at least one field (or be None for all of them)")
     unknown = sorted(set(names) - set(available))
     if unknown:
         raise UnknownFieldError(f"Unknown fields {unknown}; the reader returns {list(available)}")

@@ -26,6 +26,7 @@ from zarr.storage import MemoryStore
 from dali_alchemi import csr
 from dali_alchemi.config import FetchConfig
 from dali_alchemi.errors import (
+    ConfigError,
     DeviceError,
     ReaderClosedError,
     ReadTooLargeError,
@@ -327,7 +328,7 @@ class AtomicDataZarrReader:
         if unknown:
             raise UnknownFieldError(f"Unknown fields {unknown}; this reader returns {list(self._fields)}")
         if not names:
-            raise ValueError("fields must name at least one field")
+            raise ConfigError("fields must name at least one field")
         return names
 
     def _check_process(self) -> None:
@@ -432,7 +433,7 @@ def open_reader(
     """
     if isinstance(store_or_reader, PackedReader):
         if cache_bytes is not None:
-            raise ValueError("cache_bytes= configures a reader the loader opens itself; set it on your reader instead")
+            raise ConfigError("cache_bytes= configures a reader the loader opens itself; set it on your reader instead")
         return store_or_reader, False
     options: dict[str, Any] = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
     return AtomicDataZarrReader(store_or_reader, fields=fields, **options), True

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dali_alchemi import AtomicDataZarrReader
+from dali_alchemi import AtomicDataZarrReader, PlanError, ReaderClosedError
 from dali_alchemi.baseline import plain_dataloader
 from dali_alchemi.baseline.torch_loader import PlanDataLoader
 from tests.loader_contract import LoaderContract, assert_batches_equal, reference_batches
@@ -37,3 +37,13 @@ def test_worker_processes_give_the_same_batches(reader: AtomicDataZarrReader, ba
 def test_cache_bytes_configures_only_a_reader_it_opens(reader: AtomicDataZarrReader) -> None:
     with pytest.raises(ValueError, match="set it on your reader"):
         plain_dataloader(reader, cache_bytes=1 << 20)
+
+
+def test_a_reader_the_loader_opened_is_closed_with_it(small_store: Any) -> None:
+    loader = plain_dataloader(small_store, num_workers=0, batch_size=100)
+    assert len(list(loader)) == 3
+    loader.close()
+    with pytest.raises(ReaderClosedError):
+        loader.dataset.reader.read_packed([0])
+    with pytest.raises(PlanError):  # a failed construction leaves nothing open behind it
+        plain_dataloader(small_store, num_workers=0, max_atoms=1)

@@ -122,3 +122,24 @@ def test_to_dict_is_plain_data_that_tells_stores_apart() -> None:
     other = BudgetPlan(n_atoms=n_atoms[::-1].copy(), n_edges=n_edges[::-1].copy(), max_atoms=100)
     assert json.loads(json.dumps(plan.to_dict())) == plan.to_dict()
     assert plan.to_dict()["kind"] == "budget" and plan.to_dict() != other.to_dict()
+
+
+def test_pad_reserves_a_row_and_names_the_users_budget() -> None:
+    from dali_alchemi.plan import PlanArguments, build_plan
+
+    sizes = (np.array([5, 11, 3]), np.array([4, 4, 4]))
+    with pytest.raises(
+        PlanError, match=r"structure 1 has 11 atoms; with pad=True a batch holds at most max_atoms - 1 = 10"
+    ):
+        build_plan(None, PlanArguments(max_atoms=11, max_edges=50, pad=True), 3, lambda: sizes)
+    with pytest.raises(PlanError, match="oversized= must be 'error'"):
+        build_plan(None, PlanArguments(max_atoms=20, max_edges=50, pad=True, oversized="alone"), 3, lambda: sizes)
+    plan = build_plan(None, PlanArguments(max_atoms=12, max_edges=50, pad=True), 3, lambda: sizes)
+    assert isinstance(plan, BudgetPlan) and plan.max_atoms == 11 and plan.max_edges == 49
+
+
+def test_numpy_integers_are_integers() -> None:
+    plan = BudgetPlan(
+        n_atoms=np.ones(4), n_edges=np.ones(4), max_atoms=2, shard_id=np.int64(1), num_shards=2, seed=np.int64(3)
+    )
+    assert plan.epoch(0).num_batches == 1

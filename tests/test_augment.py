@@ -145,3 +145,16 @@ def test_augmentations_on_the_gpu_match_their_cpu_physics() -> None:
     assert batch.positions.is_cuda
     lengths = _edge_lengths(batch.cpu())
     assert torch.allclose(lengths, _edge_lengths(before), atol=1e-9)
+
+
+def test_augmentations_are_checked_when_the_loader_is_built() -> None:
+    from dali_alchemi.augment import PositionNoise, check_augmentations
+
+    noise = PositionNoise(0.1)
+    assert check_augmentations([noise]) == (noise,)
+    with pytest.raises(TypeError, match=r"augmentations\[0\] .* must accept \(batch, generator\)"):
+        check_augmentations([lambda b: b])
+    with pytest.raises(TypeError, match=r"augmentations\[1\] is not callable"):
+        check_augmentations([noise, 3])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="must be a sequence of augmentations"):
+        check_augmentations(noise)  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ from dali_alchemi.pipeline.source import BLOB_OUTPUTS, OutputSpec, ReadAheadSour
 from dali_alchemi.plan import PlanArguments, build_plan, pad_shape
 from dali_alchemi.store.protocol import select_fields
 from dali_alchemi.store.reader import open_reader
+from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
     from dali_alchemi.augment import Augmentation
@@ -355,7 +356,7 @@ class DALIDataLoader:
         if n == 0:
             return SHM_SLACK_BYTES
         n_atoms, n_edges = self._all_sizes()
-        rows = {"atom": float(n_atoms.mean()), "edge": float(n_edges.mean()), "system": 1.0}
+        rows = PerLevel(atom=float(n_atoms.mean()), edge=float(n_edges.mean()), system=1.0)
         per_structure = sum(
             rows[spec.level] * int(np.prod(spec.trailing, dtype=np.int64)) * spec.dtype.itemsize
             for spec in self.specs

@@ -49,10 +49,8 @@ def to_packed(samples: Samples, levels: Mapping[str, str] | None) -> PackedSampl
 
 
 def field_names(samples: Samples) -> list[str]:
-    if isinstance(samples, PackedSamples):
-        return list(samples.fields)
-    if isinstance(samples, SupportsPacked):
-        return list(samples.to_packed().fields)
+    if isinstance(samples, (PackedSamples, SupportsPacked)):
+        return list(to_packed(samples, None).fields)
     return [k for k in samples[0] if k not in layout.NON_DATA_KEYS] if len(samples) else []
 
 

@@ -217,7 +217,9 @@ class AtomicDataZarrWriter:
         SampleDataError
             If fields are missing or extra, or shapes or dtypes do not fit the stored arrays.
         """
-        if not isinstance(samples, (PackedSamples, SupportsPacked)) and len(samples) == 0:
+        if isinstance(samples, SupportsPacked) and not isinstance(samples, PackedSamples):
+            samples = samples.to_packed()  # once: a Batch on a device is copied to the host here only
+        if not isinstance(samples, PackedSamples) and len(samples) == 0:
             return
         root, meta = self._open()
         store_levels = meta.schema.field_levels

@@ -1,138 +1,19 @@
-"""The ``dali-alchemi`` command: parse arguments, call the library, print tables.
-
-This module owns everything a person sees in a terminal (progress bars, tables); the library
-functions it calls return records and print nothing. Off a terminal (a pipe, a file, a CI log) the
-output is plain text at full width: no table is cut to 80 columns, no cell ends in an ellipsis, and
-there are no progress bars.
-
-Parsing the arguments imports nothing heavy (torch, zarr, DALI, the readers): each command imports
-what it needs when it runs, so ``--help`` answers at once.
-"""
+"""Commands that measure: the loader benchmark, host-to-device copies, planning and augmentation cost."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
 from dali_alchemi.bench.names import DEFAULT_LOADERS, LOADER_HELP
-from dali_alchemi.errors import DaliAlchemiError
+from dali_alchemi.cli.console import cuda_device, fmt, make_table, parse_device
 
 if TYPE_CHECKING:
-    import torch
+    from rich.console import Console
 
     from dali_alchemi.config import WriteConfig
-
-LOG_WIDTH = 10_000
-"""The console width off a terminal: wider than any table, so rich never shrinks or ellipsizes a cell."""
-
-
-class CommandError(Exception):
-    """Bad input or a missing GPU, told as ``error: ...`` with exit code 2 rather than a traceback."""
-
-
-def make_console() -> Console:
-    """rich's console on a terminal; anywhere else one that never cuts a table to the width of a terminal."""
-    console = Console()
-    if console.is_terminal:
-        return console
-    return Console(width=LOG_WIDTH, soft_wrap=True)
-
-
-def make_table(*columns: str, title: str | None = None) -> Table:
-    """A table whose cells wrap onto more lines in a narrow terminal rather than end in an ellipsis."""
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    return table
-
-
-def parse_device(spec: str) -> torch.device:
-    """The device of ``--device``; a CUDA device on a machine without a GPU is a :class:`CommandError`."""
-    from dali_alchemi.pipeline.loader import resolve_device as resolve
-
-    try:
-        return resolve(spec)
-    except RuntimeError as err:  # no GPU, or a malformed device string
-        raise CommandError(f"--device {spec}: {err}") from err
-
-
-def cuda_device(spec: str) -> torch.device:
-    """The device of ``h2d --device``, which must be a visible CUDA GPU."""
-    import torch
-
-    if not torch.cuda.is_available():
-        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU build"
-        raise CommandError(
-            f"h2d measures host-to-device copies and needs a CUDA GPU, and none is visible "
-            f"(torch {torch.__version__}, {build})"
-        )
-    device = parse_device(spec)
-    if device.type != "cuda":
-        raise CommandError(f"h2d measures host-to-device copies: --device must be a CUDA device, got {spec!r}")
-    return device
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def cmd_synth(args: argparse.Namespace, console: Console) -> int:
-    from dali_alchemi.bench.synth import write_synthetic_store
-
-    if args.format == "extxyz":
-        from dali_alchemi.bench.synth import write_synthetic_extxyz
-
-        path = write_synthetic_extxyz(
-            args.out, args.n, seed=args.seed, min_atoms=args.min_atoms, max_atoms=args.max_atoms
-        )
-    else:
-        path = write_synthetic_store(
-            args.out, args.n, seed=args.seed, min_atoms=args.min_atoms, max_atoms=args.max_atoms
-        )
-    console.print(f"wrote {args.n} synthetic structures (seed {args.seed}) to {path}")
-    return 0
-
-
-def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
-    from dali_alchemi.store.summary import summarize
-
-    summary = summarize(args.store)
-    console.print(f"[bold]{summary.source}[/bold]")
-    deleted = summary.physical_samples - summary.samples
-    console.print(
-        f"samples: {summary.samples}"
-        + (f" ({deleted} soft-deleted)" if deleted else "")
-        + f"   atoms: {summary.atoms}   edges: {summary.edges}   on disk: {_human_bytes(summary.bytes_on_disk)}"
-    )
-    table = make_table("array", "level", "dtype", "shape", "chunks", "shards", "codecs")
-    for a in summary.arrays:
-        table.add_row(
-            f"{a.group}/{a.name}",
-            a.level,
-            a.dtype,
-            str(list(a.shape)),
-            str(list(a.chunks)),
-            "-" if a.shards is None else str(list(a.shards)),
-            " ".join(a.codecs),
-        )
-    console.print(table)
-    return 0
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 CODECS = ("lz4", "zstd", "zstd3", "none")
@@ -219,12 +100,12 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         if r.note:
             table.add_row(r.loader, r.order, r.note, *[""] * (6 + len(steps) + len(shape)))
             continue
-        shape_cells = [_fmt(r.batches_per_epoch, ",.0f"), _fmt(r.atoms_per_batch, ",.0f")]
-        shape_cells += [_fmt(r.fill_ratio, ".3f")] if args.max_atoms else []
+        shape_cells = [fmt(r.batches_per_epoch, ",.0f"), fmt(r.atoms_per_batch, ",.0f")]
+        shape_cells += [fmt(r.fill_ratio, ".3f")] if args.max_atoms else []
         table.add_row(
-            r.loader, r.order, _fmt(r.samples_per_s, ",.0f"), _fmt(r.warm_samples_per_s, ",.0f"),
-            _fmt(r.atoms_per_s, ",.0f"), _fmt(r.ratio_vs_plain, ".2f"), _fmt(r.first_batch_s, ".2f"),
-            _fmt(r.total_s, ".2f"), _fmt(r.peak_rss_mb, ".0f"), *([_fmt(r.wait_s, ".2f"), _fmt(r.epoch_vs_steps, ".3f")] if steps else []),
+            r.loader, r.order, fmt(r.samples_per_s, ",.0f"), fmt(r.warm_samples_per_s, ",.0f"),
+            fmt(r.atoms_per_s, ",.0f"), fmt(r.ratio_vs_plain, ".2f"), fmt(r.first_batch_s, ".2f"),
+            fmt(r.total_s, ".2f"), fmt(r.peak_rss_mb, ".0f"), *([fmt(r.wait_s, ".2f"), fmt(r.epoch_vs_steps, ".3f")] if steps else []),
             *(shape_cells if shape else []),
         )  # fmt: skip
     console.print(table)
@@ -272,54 +153,6 @@ def cmd_h2d(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def cmd_convert(args: argparse.Namespace, console: Console) -> int:
-    import time
-
-    import numpy as np
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from dali_alchemi.interop.ase_io import convert
-
-    for name in args.inputs:
-        if Path(name).is_file() and Path(name).stat().st_size == 0:
-            raise CommandError(f"{name} is empty: there are no structures to convert")
-    started = time.perf_counter()
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
-                  disable=not console.is_terminal) as bar:  # fmt: skip
-        task = bar.add_task("converting", total=None)
-        try:
-            report = convert(
-                args.inputs, args.out, cutoff=args.cutoff, float_dtype=np.float64 if args.float64 else np.float32,
-                chunk=args.chunk, progress=lambda done: bar.update(task, description=f"{done:,} structures"),
-            )  # fmt: skip
-        except Exception as err:
-            if not _raised_in_ase(err.__traceback__):
-                raise
-            what = args.inputs[0] if len(args.inputs) == 1 else "the inputs (" + ", ".join(args.inputs) + ")"
-            raise CommandError(f"ASE could not read {what}: {type(err).__name__}: {err}") from err
-    seconds = time.perf_counter() - started
-    console.print(
-        f"wrote {report.structures:,} structures ({report.atoms:,} atoms, {report.edges:,} edges) to {args.out} "
-        f"in {seconds:.1f} s ({report.structures / seconds:,.0f} structures/s)"
-    )
-    console.print("fields: " + ", ".join(f"{k} ({v})" for k, v in report.fields.items()))
-    if report.custom:
-        console.print("custom arrays: " + ", ".join(report.custom))
-    if report.dropped:
-        console.print("[yellow]dropped (not numeric, or missing from the first structures):[/yellow] " + ", ".join(
-            f"{k} x{n}" for k, n in report.dropped.items()
-        ))  # fmt: skip
-    return 0
-
-
-def _raised_in_ase(tb: TracebackType | None) -> bool:
-    """Whether the innermost Python frame of a traceback is ASE's: the input could not be read or parsed."""
-    module = None
-    while tb is not None:
-        module, tb = tb.tb_frame.f_globals.get("__name__", ""), tb.tb_next
-    return isinstance(module, str) and (module == "ase" or module.startswith("ase."))
-
-
 def cmd_plan_cost(args: argparse.Namespace, console: Console) -> int:
     import time
 
@@ -353,7 +186,7 @@ def cmd_plan_cost(args: argparse.Namespace, console: Console) -> int:
             builds.append(built - started)
         fill = int(n_atoms[epoch.order].sum()) / (epoch.num_batches * args.max_atoms) if "budget" in name else None
         table.add_row(
-            name, f"{np.median(builds):.3f}", f"{np.median(epochs):.3f}", f"{epoch.num_batches:,}", _fmt(fill, ".3f")
+            name, f"{np.median(builds):.3f}", f"{np.median(epochs):.3f}", f"{epoch.num_batches:,}", fmt(fill, ".3f")
         )
     console.print(table)
     return 0
@@ -408,25 +241,8 @@ def cmd_augment_cost(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dali-alchemi", description="Atomistic Zarr stores to PyTorch through DALI.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    synth = sub.add_parser("synth", help="write a synthetic store (nvalchemi's benchmark recipe)")
-    synth.add_argument("out", help="path of the new store (must not exist)")
-    synth.add_argument("--n", type=int, default=1000, help="number of structures (default 1000)")
-    synth.add_argument("--seed", type=int, default=42, help="seed for sizes and values (default 42)")
-    synth.add_argument("--min-atoms", type=int, default=10)
-    synth.add_argument("--max-atoms", type=int, default=100)
-    synth.add_argument(
-        "--format", choices=("zarr", "extxyz"), default="zarr", help="a store, or an extxyz file (needs ase)"
-    )
-    synth.set_defaults(func=cmd_synth)
-
-    inspect = sub.add_parser("inspect", help="print a store's counts, arrays, chunks and codecs")
-    inspect.add_argument("store", help="path or URL of the store")
-    inspect.set_defaults(func=cmd_inspect)
-
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add this module's commands to the ``dali-alchemi`` parser."""
     bench = sub.add_parser("bench", help="compare loaders side by side on a store (a synthetic one by default)")
     bench.add_argument(
         "store", nargs="?", help="path or URL of a store; omitted: a synthetic store in a temporary folder"
@@ -472,16 +288,6 @@ def build_parser() -> argparse.ArgumentParser:
     h2d.add_argument("--json", help="write the result to this JSON file")
     h2d.set_defaults(func=cmd_h2d)
 
-    conv = sub.add_parser(
-        "convert", help="convert extxyz files, ASE databases or trajectories into a store (needs ase)"
-    )
-    conv.add_argument("inputs", nargs="+", help="files ASE can read (extxyz, .db, .traj, ...)")
-    conv.add_argument("out", help="path of the new store")
-    conv.add_argument("--cutoff", type=float, help="compute a radius neighbor list (periodic images included)")
-    conv.add_argument("--float64", action="store_true", help="keep float64 (default: float32)")
-    conv.add_argument("--chunk", type=int, default=1000, help="structures converted per step (default 1000)")
-    conv.set_defaults(func=cmd_convert)
-
     cost = sub.add_parser("plan-cost", help="time planning an epoch (fixed and atom-budget batches)")
     cost.add_argument("--n", type=int, default=1_000_000, help="structures (default 1,000,000)")
     cost.add_argument("--max-atoms", type=int, default=4096)
@@ -497,23 +303,3 @@ def build_parser() -> argparse.ArgumentParser:
     aug.add_argument("--repeats", type=int, default=20)
     aug.add_argument("--json", help="write the medians to this JSON file")
     aug.set_defaults(func=cmd_augment_cost)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``dali-alchemi`` console script."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    console = make_console()
-    try:
-        return int(args.func(args, console))
-    except CommandError as err:
-        console.print(f"[red]error:[/red] {escape(str(err))}")
-        return 2
-    except (DaliAlchemiError, FileExistsError, FileNotFoundError, ValueError) as err:
-        console.print(f"[red]error:[/red] {type(err).__name__}: {escape(str(err))}")
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

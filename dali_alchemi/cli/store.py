@@ -1,0 +1,132 @@
+"""Commands about stores: write a synthetic one, inspect one, convert ASE-readable files into one."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from dali_alchemi.cli.console import CommandError, human_bytes, make_table
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+def cmd_synth(args: argparse.Namespace, console: Console) -> int:
+    from dali_alchemi.bench.synth import write_synthetic_store
+
+    if args.format == "extxyz":
+        from dali_alchemi.bench.synth import write_synthetic_extxyz
+
+        path = write_synthetic_extxyz(
+            args.out, args.n, seed=args.seed, min_atoms=args.min_atoms, max_atoms=args.max_atoms
+        )
+    else:
+        path = write_synthetic_store(
+            args.out, args.n, seed=args.seed, min_atoms=args.min_atoms, max_atoms=args.max_atoms
+        )
+    console.print(f"wrote {args.n} synthetic structures (seed {args.seed}) to {path}")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
+    from dali_alchemi.store.summary import summarize
+
+    summary = summarize(args.store)
+    console.print(f"[bold]{summary.source}[/bold]")
+    deleted = summary.physical_samples - summary.samples
+    console.print(
+        f"samples: {summary.samples}"
+        + (f" ({deleted} soft-deleted)" if deleted else "")
+        + f"   atoms: {summary.atoms}   edges: {summary.edges}   on disk: {human_bytes(summary.bytes_on_disk)}"
+    )
+    table = make_table("array", "level", "dtype", "shape", "chunks", "shards", "codecs")
+    for a in summary.arrays:
+        table.add_row(
+            f"{a.group}/{a.name}",
+            a.level,
+            a.dtype,
+            str(list(a.shape)),
+            str(list(a.chunks)),
+            "-" if a.shards is None else str(list(a.shards)),
+            " ".join(a.codecs),
+        )
+    console.print(table)
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace, console: Console) -> int:
+    import time
+
+    import numpy as np
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from dali_alchemi.interop.ase_io import convert
+
+    for name in args.inputs:
+        if Path(name).is_file() and Path(name).stat().st_size == 0:
+            raise CommandError(f"{name} is empty: there are no structures to convert")
+    started = time.perf_counter()
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                  disable=not console.is_terminal) as bar:  # fmt: skip
+        task = bar.add_task("converting", total=None)
+        try:
+            report = convert(
+                args.inputs, args.out, cutoff=args.cutoff, float_dtype=np.float64 if args.float64 else np.float32,
+                chunk=args.chunk, progress=lambda done: bar.update(task, description=f"{done:,} structures"),
+            )  # fmt: skip
+        except Exception as err:
+            if not _raised_in_ase(err.__traceback__):
+                raise
+            what = args.inputs[0] if len(args.inputs) == 1 else "the inputs (" + ", ".join(args.inputs) + ")"
+            raise CommandError(f"ASE could not read {what}: {type(err).__name__}: {err}") from err
+    seconds = time.perf_counter() - started
+    console.print(
+        f"wrote {report.structures:,} structures ({report.atoms:,} atoms, {report.edges:,} edges) to {args.out} "
+        f"in {seconds:.1f} s ({report.structures / seconds:,.0f} structures/s)"
+    )
+    console.print("fields: " + ", ".join(f"{k} ({v})" for k, v in report.fields.items()))
+    if report.custom:
+        console.print("custom arrays: " + ", ".join(report.custom))
+    if report.dropped:
+        console.print("[yellow]dropped (not numeric, or missing from the first structures):[/yellow] " + ", ".join(
+            f"{k} x{n}" for k, n in report.dropped.items()
+        ))  # fmt: skip
+    return 0
+
+
+def _raised_in_ase(tb: TracebackType | None) -> bool:
+    """Whether the innermost Python frame of a traceback is ASE's: the input could not be read or parsed."""
+    module = None
+    while tb is not None:
+        module, tb = tb.tb_frame.f_globals.get("__name__", ""), tb.tb_next
+    return isinstance(module, str) and (module == "ase" or module.startswith("ase."))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add this module's commands to the ``dali-alchemi`` parser."""
+    synth = sub.add_parser("synth", help="write a synthetic store (nvalchemi's benchmark recipe)")
+    synth.add_argument("out", help="path of the new store (must not exist)")
+    synth.add_argument("--n", type=int, default=1000, help="number of structures (default 1000)")
+    synth.add_argument("--seed", type=int, default=42, help="seed for sizes and values (default 42)")
+    synth.add_argument("--min-atoms", type=int, default=10)
+    synth.add_argument("--max-atoms", type=int, default=100)
+    synth.add_argument(
+        "--format", choices=("zarr", "extxyz"), default="zarr", help="a store, or an extxyz file (needs ase)"
+    )
+    synth.set_defaults(func=cmd_synth)
+
+    inspect = sub.add_parser("inspect", help="print a store's counts, arrays, chunks and codecs")
+    inspect.add_argument("store", help="path or URL of the store")
+    inspect.set_defaults(func=cmd_inspect)
+
+    conv = sub.add_parser(
+        "convert", help="convert extxyz files, ASE databases or trajectories into a store (needs ase)"
+    )
+    conv.add_argument("inputs", nargs="+", help="files ASE can read (extxyz, .db, .traj, ...)")
+    conv.add_argument("out", help="path of the new store")
+    conv.add_argument("--cutoff", type=float, help="compute a radius neighbor list (periodic images included)")
+    conv.add_argument("--float64", action="store_true", help="keep float64 (default: float32)")
+    conv.add_argument("--chunk", type=int, default=1000, help="structures converted per step (default 1000)")
+    conv.set_defaults(func=cmd_convert)

@@ -60,6 +60,13 @@ class SampleIndexError(DaliAlchemiError, IndexError):
     """A sample index is out of range for the reader."""
 
 
+class StoreChangedError(DaliAlchemiError, RuntimeError):
+    """Another process rewrote the store under an open reader, so the samples it indexes moved.
+
+    Nothing of the read that noticed it is returned; ``refresh()`` the reader (or build a new loader).
+    """
+
+
 class ReaderClosedError(DaliAlchemiError, RuntimeError):
     """An operation was attempted on a reader after :meth:`close`."""
 

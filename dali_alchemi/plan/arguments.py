@@ -126,12 +126,14 @@ def _mixture_plan(
             "weights, samples_per_dataset and epoch_policy mix several datasets: pass a list of stores or "
             "readers, or a MultiReader"
         )
-    if a.pad:
-        raise PlanError("pad=True is not available with a mixture of datasets (weights, samples_per_dataset)")
     budgeted = a.max_atoms is not None or a.max_edges is not None
     if not budgeted and a.oversized != "error":
         raise PlanError("oversized= only applies with max_atoms or max_edges")
     n_atoms, n_edges = sample_sizes() if budgeted else (None, None)
+    max_atoms, max_edges = a.max_atoms, a.max_edges
+    if a.pad:  # the padded budget plan's checks and budgets (one row of each kept for padding)
+        padded = _padded_plan(a, lambda: (n_atoms, n_edges), shard, shards)  # type: ignore[arg-type,return-value]
+        max_atoms, max_edges = padded.max_atoms, padded.max_edges
     batch_size = DEFAULT_BATCH_SIZE if a.batch_size is None and not budgeted else a.batch_size
     return MixturePlan(
         lengths=tuple(dataset_lengths), batch_size=batch_size,
@@ -139,7 +141,7 @@ def _mixture_plan(
         samples_per_dataset=None if a.samples_per_dataset is None else tuple(a.samples_per_dataset),
         epoch_policy="dataset_size" if a.epoch_policy is None else a.epoch_policy,
         shuffle=a.shuffle, seed=a.seed, drop_last=a.drop_last, shard_id=shard, num_shards=shards,
-        n_atoms=n_atoms, n_edges=n_edges, max_atoms=a.max_atoms, max_edges=a.max_edges, oversized=a.oversized,
+        n_atoms=n_atoms, n_edges=n_edges, max_atoms=max_atoms, max_edges=max_edges, oversized=a.oversized,
     )  # fmt: skip
 
 
@@ -202,7 +204,8 @@ def pad_shape(a: PlanArguments, plan: Plan) -> PadShape | None:
     """
     if not a.pad:
         return None
-    assert isinstance(plan, BudgetPlan) and a.max_atoms is not None and a.max_edges is not None
+    assert isinstance(plan, (BudgetPlan, MixturePlan)) and a.max_atoms is not None and a.max_edges is not None
+    assert plan.n_atoms is not None and plan.n_edges is not None
     if a.batch_size is not None:
         most = a.batch_size
     else:

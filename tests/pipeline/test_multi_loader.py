@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dali_alchemi import AtomicDataZarrReader, Batch, MixturePlan, MultiReader, PlanError, plain_dataloader
+from dali_alchemi import AtomicDataZarrReader, Batch, MixturePlan, MultiReader, PlanError, plain_dataloader, unpad_batch
 from dali_alchemi.plan import Plan
 from tests.loader_contract import assert_batches_equal
 
@@ -126,5 +126,19 @@ def test_mixture_arguments_need_several_stores(small_store: Path, other_store: P
         batches = list(loader)
         assert len(batches) == 9 and set(batches[0].fields) == {"energy", "dataset_id"}
         assert torch.cat([b.dataset_id for b in batches]).tolist() == [0] * 300 + [1] * 120
+    finally:
+        loader.close()
+
+
+def test_padded_mixture_batches_have_one_shape(small_store: Path, other_store: Path) -> None:
+    paths = (small_store, other_store)
+    loader = plain_dataloader(
+        list(paths), max_atoms=301, max_edges=2001, pad=True, weights=(1, 2), num_workers=0, batched=True
+    )
+    try:
+        batches = list(loader)
+        shapes = {(b.num_nodes, b.num_edges, b.num_graphs) for b in batches}
+        assert len(shapes) == 1 and next(iter(shapes))[:2] == (301, 2001)
+        assert_batches_equal([unpad_batch(b) for b in batches], reference_batches(paths, loader.plan, 0))
     finally:
         loader.close()

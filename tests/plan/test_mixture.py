@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dali_alchemi import MixturePlan, PlanError
-from dali_alchemi.plan import PlanArguments, build_plan, pack_greedy
+from dali_alchemi.plan import PadShape, PlanArguments, build_plan, pack_greedy, pad_shape
 from dali_alchemi.plan.mixture import counts_from_weights, normalise_weights
 
 LENGTHS = (300, 120)
@@ -197,7 +197,11 @@ def test_build_plan_makes_a_mixture_only_over_several_datasets() -> None:
     assert isinstance(budget, MixturePlan) and budget.mix == "sample" and budget.max_atoms == 300
     with pytest.raises(PlanError, match="mix several datasets: pass a list of stores"):
         build_plan(None, args, 420, lambda: _sizes())
-    with pytest.raises(PlanError, match="pad=True is not available with a mixture"):
-        build_plan(
-            None, PlanArguments(max_atoms=300, max_edges=900, pad=True, weights=(1, 1)), 420, lambda: _sizes(), LENGTHS
-        )
+    padding = PlanArguments(max_atoms=300, max_edges=900, pad=True, weights=(1, 1))
+    padded = build_plan(None, padding, 420, lambda: _sizes(), LENGTHS)
+    assert isinstance(padded, MixturePlan) and (padded.max_atoms, padded.max_edges) == (299, 899)  # a row kept free
+    assert pad_shape(padding, padded) == PadShape(
+        max_atoms=300, max_edges=900, max_structures=min(299 // 5, 899 // 30) + 1
+    )
+    with pytest.raises(PlanError, match="pad=True needs max_edges"):
+        build_plan(None, PlanArguments(max_atoms=300, pad=True, weights=(1, 1)), 420, lambda: _sizes(), LENGTHS)

@@ -11,7 +11,8 @@ unchanged; :class:`~dali_alchemi.plan.mixture.MixturePlan` decides how often eac
   (``batch.dataset_id``, ``[B]``). A field the members share with different levels, dtypes or row
   shapes is a :class:`~dali_alchemi.errors.FieldMismatchError` naming the field and both stores.
 - **Reads**: a window is routed to the members vectorised: its indices are grouped per member (one
-  packed read per member touched), and the parts are put back in request order with one gather.
+  packed read per member touched), and each member's rows are copied straight to their place in
+  request order: one pass over the window's bytes more than a single store's read.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from dali_alchemi.csr import exclusive_cumsum
+from dali_alchemi.csr import concat_aranges, exclusive_cumsum
 from dali_alchemi.errors import (
     ConfigError,
     FieldMismatchError,
@@ -44,6 +45,11 @@ DATASET_ID, DATASET_INDEX = "dataset_id", "dataset_index"
 """The system-level fields a MultiReader adds: each structure's member and its index in that member."""
 
 ADDED_FIELDS = (DATASET_ID, DATASET_INDEX)
+
+MAX_RUN_COPIES = 4096
+"""A window that passes between members in few runs is copied run by run (slices) when runs times
+fields stay under this; otherwise it is scattered with index arrays (one pass either way, but slices
+move contiguous bytes)."""
 _ADDED_SPEC = FieldSpec(level="system", dtype=np.dtype(np.int64), trailing=())
 
 
@@ -226,19 +232,17 @@ class MultiReader:
             )
         return np.asarray(self.offsets[ids] + local, dtype=np.int64)
 
-    def _groups(self, logical: IndexArray) -> tuple[IndexArray, IndexArray, IndexArray, list[int]]:
-        """Member and local index of each request, the stable order grouping them, and the members touched."""
+    def _groups(self, logical: IndexArray) -> tuple[IndexArray, IndexArray, list[int]]:
+        """Member and local index of each request, and the members touched."""
         member = np.searchsorted(self.offsets, logical, side="right") - 1
-        local = logical - self.offsets[member]
-        grouping = np.argsort(member, kind="stable")
-        return member, local, grouping, np.unique(member).tolist()
+        return member, logical - self.offsets[member], np.unique(member).tolist()
 
     # -- the reader seam ----------------------------------------------------------------------------
     def sample_sizes(self, indices: int | Sequence[int] | NDArray[Any]) -> tuple[CountArray, CountArray]:
         """Atom and edge counts from the members' pointers (no data read), one call per member touched."""
         self._check_open()
         logical = self.normalize_indices(indices)
-        member, local, _, touched = self._groups(logical)
+        member, local, touched = self._groups(logical)
         n_atoms = np.zeros(logical.size, dtype=np.int64)
         n_edges = np.zeros(logical.size, dtype=np.int64)
         for d in touched:
@@ -261,27 +265,106 @@ class MultiReader:
         if unknown:
             raise UnknownFieldError(f"Unknown fields {unknown}; the reader returns {list(self._specs)}")
         logical = self.normalize_indices(indices)
-        member, local, grouping, touched = self._groups(logical)
+        member, local, touched = self._groups(logical)
         read = [name for name in names if name not in ADDED_FIELDS]
         if not read:  # only the added fields: sizes suffice
             n_atoms, n_edges = self.sample_sizes(logical)
             packed = PackedSamples(logical, logical, n_atoms, n_edges, {}, {})
+        elif len(touched) <= 1:  # one member (or an empty window): its own read, in request order
+            packed = self._members[touched[0] if touched else 0].read_packed(local, fields=read)
         else:
-            if not touched:  # an empty window: an empty read of the first member has the right fields
-                touched = [0]
-            grouped_member, grouped_local = member[grouping], local[grouping]
-            bounds = np.searchsorted(grouped_member, np.asarray([*touched, touched[-1] + 1]), side="left")
-            parts = [
-                self._members[d].read_packed(grouped_local[lo:hi], fields=read)
-                for d, lo, hi in zip(touched, bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
-            ]
-            packed = parts[0] if len(parts) == 1 else _concatenate(parts)
-            if len(parts) > 1 and not bool(np.all(grouping[1:] > grouping[:-1])):
-                packed = packed.take(np.argsort(grouping, kind="stable"))
+            packed = self._read_members(member, local, touched, read)
         added = {DATASET_ID: member, DATASET_INDEX: local}
         out = {name: (added[name] if name in added else packed.fields[name]) for name in names}
         levels = {name: self._specs[name].level for name in names}
         return replace(packed, logical_indices=logical, physical_indices=logical, fields=out, levels=levels)
+
+    def _read_members(
+        self, member: IndexArray, local: IndexArray, touched: list[int], read: list[str]
+    ) -> PackedSamples:
+        """A window spread over several members: one read per member, scattered into place.
+
+        A member whose requests are all distinct reads them in request order, and its rows are copied
+        straight to where they go (one pass over the window's bytes, nothing else); one with repeats
+        reads its distinct structures once and the repeats are gathered from them.
+        """
+        parts: list[tuple[PackedSamples, IndexArray, IndexArray | None]] = []
+        for d in touched:
+            where = np.flatnonzero(member == d)
+            unique, inverse = np.unique(local[where], return_inverse=True)
+            if unique.size == where.size:  # no repeats: read in request order, no gather needed
+                parts.append((self._members[d].read_packed(local[where], fields=read), where, None))
+            else:
+                parts.append((self._members[d].read_packed(unique, fields=read), where, inverse.reshape(-1)))
+        n = member.size
+        counts = {"atom": np.empty(n, dtype=np.int64), "edge": np.empty(n, dtype=np.int64)}
+        for part, where, inv in parts:
+            counts["atom"][where] = part.n_atoms if inv is None else part.n_atoms[inv]
+            counts["edge"][where] = part.n_edges if inv is None else part.n_edges[inv]
+        ptr = {level: exclusive_cumsum(c) for level, c in counts.items()}
+        levels = parts[0][0].levels
+        runs = np.flatnonzero(np.diff(member)) + 1  # where the window passes from one member to another
+        if all(inv is None for _, _, inv in parts) and (runs.size + 1) * len(read) <= MAX_RUN_COPIES:
+            return self._copy_runs(parts, member, runs, counts, ptr, read)
+        moves: dict[str, list[tuple[IndexArray, IndexArray | None]]] = {"atom": [], "edge": [], "system": []}
+        for part, where, inv in parts:  # destination and source rows per level, shared by every field
+            own = {"atom": (part.atoms_ptr, part.n_atoms), "edge": (part.edges_ptr, part.n_edges)}
+            for level, (src_ptr, src_counts) in own.items():
+                dest = concat_aranges(ptr[level][where], counts[level][where])
+                moves[level].append((dest, None if inv is None else concat_aranges(src_ptr[inv], src_counts[inv])))
+            moves["system"].append((where, inv))
+        fields = {}
+        for name in read:
+            level, sample = levels[name], parts[0][0].fields[name]
+            out = np.empty((n if level == "system" else int(ptr[level][-1]), *sample.shape[1:]), dtype=sample.dtype)
+            rows = _as_rows(out)
+            for (part, _, _), (dest, src) in zip(parts, moves[level], strict=True):
+                values = _as_rows(part.fields[name])
+                rows[dest] = values if src is None else values[src]
+            fields[name] = out
+        return PackedSamples(member, member, counts["atom"], counts["edge"], fields, dict(levels))
+
+    @staticmethod
+    def _copy_runs(
+        parts: list[tuple[PackedSamples, IndexArray, IndexArray | None]],
+        member: IndexArray,
+        runs: IndexArray,
+        counts: dict[str, CountArray],
+        ptr: dict[str, IndexArray],
+        read: list[str],
+    ) -> PackedSamples:
+        """A window made of few runs of one member each: one slice copy per run and field, no index arrays."""
+        n = member.size
+        starts = np.concatenate([[0], runs]).astype(np.int64)
+        ends = np.append(runs, n).astype(np.int64)
+        rank = np.empty(n, dtype=np.int64)  # each request's position in its member's read
+        part_of = np.empty(n, dtype=np.int64)  # and which part holds it
+        source_ptr: dict[str, list[IndexArray]] = {"atom": [], "edge": []}
+        for k, (part, where, _) in enumerate(parts):
+            rank[where] = np.arange(where.size, dtype=np.int64)
+            part_of[where] = k
+            source_ptr["atom"].append(part.atoms_ptr)
+            source_ptr["edge"].append(part.edges_ptr)
+        run_part, run_rank = part_of[starts], rank[starts]
+        # Each part's pointers, end to end, so one lookup gives every run's first source row.
+        flat = {lv: np.concatenate(p) for lv, p in source_ptr.items()}
+        base = np.concatenate([[0], np.cumsum([p.size for p in source_ptr["atom"]])[:-1]]).astype(np.int64)
+        bounds: dict[str, tuple[list[int], list[int], list[int]]] = {}
+        for level in ("atom", "edge", "system"):
+            out_ptr = ptr[level] if level != "system" else np.arange(n + 1, dtype=np.int64)
+            src = run_rank if level == "system" else flat[level][base[run_part] + run_rank]
+            bounds[level] = (out_ptr[starts].tolist(), out_ptr[ends].tolist(), src.tolist())
+        levels = parts[0][0].levels
+        owners = [parts[k][0] for k in run_part.tolist()]
+        fields = {}
+        for name in read:
+            level, sample = levels[name], parts[0][0].fields[name]
+            lo, hi, src = bounds[level]
+            out = np.empty((n if level == "system" else int(ptr[level][-1]), *sample.shape[1:]), dtype=sample.dtype)
+            for owner, a, b, c in zip(owners, lo, hi, src, strict=True):
+                out[a:b] = owner.fields[name][c : c + b - a]
+            fields[name] = out
+        return PackedSamples(member, member, counts["atom"], counts["edge"], fields, dict(levels))
 
     # -- lifetime -----------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -310,17 +393,13 @@ class MultiReader:
         return f"MultiReader({{{parts}}}, {len(self._specs)} fields)"
 
 
-def _concatenate(parts: Sequence[PackedSamples]) -> PackedSamples:
-    """Packed reads of the same fields, one after another (one ``np.concatenate`` per field)."""
-    first = parts[0]
-    return PackedSamples(
-        logical_indices=np.concatenate([p.logical_indices for p in parts]),
-        physical_indices=np.concatenate([p.physical_indices for p in parts]),
-        n_atoms=np.concatenate([p.n_atoms for p in parts]),
-        n_edges=np.concatenate([p.n_edges for p in parts]),
-        fields={name: np.concatenate([p.fields[name] for p in parts]) for name in first.fields},
-        levels=first.levels,
-    )
+def _as_rows(arr: NDArray[Any]) -> NDArray[Any]:
+    """``arr`` as one opaque item per row (a 1-D void view), so row scatters copy bytes, not elements."""
+    arr = np.ascontiguousarray(arr)
+    nbytes = arr.dtype.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64))
+    if arr.ndim < 2 or nbytes == 0 or arr.shape[0] == 0:
+        return arr
+    return arr.reshape(arr.shape[0], -1).view(np.dtype((np.void, nbytes))).reshape(-1)
 
 
 def _rebuild(members: list[PackedReader], options: dict[str, Any]) -> MultiReader:

@@ -170,3 +170,29 @@ def test_bad_arguments_and_closing(small_store: Path, other_store: Path, tmp_pat
     )
     assert isinstance(several, MultiReader) and owned and several.lengths == (300, 3)
     several.close()
+
+
+def test_runs_and_scattered_windows_read_the_same(
+    multi: MultiReader, small_store: Path, other_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dali_alchemi.store.multi as module
+
+    few_runs = np.concatenate([np.arange(0, 10), np.arange(300, 305), np.arange(10, 20), [419]])
+    scattered = np.random.default_rng(3).permutation(420)[:200]
+    repeats = np.array([301, 5, 301, 7, 5, 400])
+    with AtomicDataZarrReader(small_store) as a, AtomicDataZarrReader(other_store) as b:
+        for window in (few_runs, scattered, repeats):
+            member = (window >= 300).astype(np.int64)
+            got = multi.read_packed(window)
+            monkeypatch.setattr(module, "MAX_RUN_COPIES", 0)  # force the scatter path
+            PackedReaderTests.assert_packed_equal(multi.read_packed(window), got)
+            monkeypatch.undo()
+            want = np.empty(window.size, dtype=object)
+            for d, reader in enumerate((a, b)):  # each member read on its own, then compared structure by structure
+                where = np.flatnonzero(member == d)
+                for k, (sample, _) in zip(where.tolist(), reader.read_many(window[where] - 300 * d), strict=True):
+                    want[k] = sample
+            for k in range(window.size):
+                mine = got.take(np.array([k]))
+                for name, tensor in want[k].items():
+                    np.testing.assert_array_equal(mine.fields[name], tensor.numpy().reshape(mine.fields[name].shape))

@@ -20,7 +20,9 @@ The plan indexes a :class:`~dali_alchemi.store.multi.MultiReader` (member ``d`` 
 Each dataset's draws are successive passes over it, each pass a fresh permutation seeded by
 ``(seed, epoch, dataset)``: with replacement, a structure repeats only once the whole dataset has
 been drawn (nvalchemi draws shuffled replacement samples independently; the counts per dataset are
-the same). Without replacement a dataset is never drawn more than once per epoch. Batches are dealt
+the same). Without replacement a dataset is never drawn more than once per epoch. Within a batch,
+structures come grouped by dataset (nvalchemi shuffles them; to a model a batch is a set, and grouped,
+a MultiReader reads a window in a few runs per store instead of one per structure). Batches are dealt
 to shards round-robin with :func:`~dali_alchemi.plan.budget.deal_batches` (whole batches repeat to
 even them out). Everything is vectorised: the loops run once per dataset, never per structure.
 """
@@ -320,19 +322,21 @@ class MixturePlan:
         ]
 
     def global_batches(self, epoch: int) -> tuple[IndexArray, NDArray[np.int64]]:
-        """The epoch's order over all shards and the offsets of its batches, before dealing them out."""
-        mixing = self._rng(epoch, 0)
+        """The epoch's order over all shards and the offsets of its batches, before dealing them out.
+
+        Within a batch the structures come grouped by dataset, in dataset order (a batch is a set to the
+        model, and grouped, a window reaches each store in a few contiguous runs instead of one per
+        structure).
+        """
         if self.mix == "batch":
             batches, bs = self._units, int(self._counts.sum())
             draws = self._draws(epoch, self._counts * batches)
             grid = np.concatenate([d.reshape(batches, -1) for d in draws], axis=1)  # [batches, batch_size]
-            if self.shuffle:
-                grid = np.take_along_axis(grid, np.argsort(mixing.random(grid.shape), axis=1), axis=1)
             return grid.reshape(-1), np.arange(batches + 1, dtype=np.int64) * bs
         draws = self._draws(epoch, self._counts)
         choice = np.repeat(np.arange(len(self.lengths), dtype=np.int64), self._counts)
         if self.shuffle:
-            choice = mixing.permutation(choice)
+            choice = self._rng(epoch, 0).permutation(choice)
         order = np.empty(self._units, dtype=np.int64)
         order[np.argsort(choice, kind="stable")] = np.concatenate(draws)
         if self._budget is not None:
@@ -346,6 +350,9 @@ class MixturePlan:
             full, rest = divmod(order.size, self.batch_size)
             cuts = np.arange(full + 1, dtype=np.int64) * self.batch_size
             ptr = cuts if rest == 0 or self.drop_last else np.append(cuts, order.size)
+        covered = int(ptr[-1])  # group each batch by dataset, keeping the drawn order within a dataset
+        grouped = np.lexsort((choice[:covered], np.repeat(np.arange(ptr.size - 1), np.diff(ptr))))
+        order[:covered] = order[:covered][grouped]
         return order, ptr
 
     def epoch(self, epoch: int) -> EpochPlan:

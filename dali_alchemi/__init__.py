@@ -24,6 +24,7 @@ _EXPORTS = {
     "PackedSamples": "dali_alchemi.store.packed",
     "PackedReader": "dali_alchemi.store.protocol",
     "FieldSpec": "dali_alchemi.store.protocol",
+    "MultiReader": "dali_alchemi.store.multi",
     "WriteConfig": "dali_alchemi.config",
     "ArrayConfig": "dali_alchemi.config",
     "FetchConfig": "dali_alchemi.config",
@@ -32,6 +33,7 @@ _EXPORTS = {
     "EpochPlan": "dali_alchemi.plan",
     "FixedBatchPlan": "dali_alchemi.plan",
     "BudgetPlan": "dali_alchemi.plan",
+    "MixturePlan": "dali_alchemi.plan",
     # loading
     "DALIDataLoader": "dali_alchemi.pipeline.loader",
     "plain_dataloader": "dali_alchemi.baseline",
@@ -58,6 +60,7 @@ _EXPORTS = {
     "LoaderError": "dali_alchemi.errors",
     "DeviceError": "dali_alchemi.errors",
     "PlanError": "dali_alchemi.errors",
+    "FieldMismatchError": "dali_alchemi.errors",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -72,6 +75,7 @@ if TYPE_CHECKING:
         DaliAlchemiError,
         DeviceError,
         FieldLevelError,
+        FieldMismatchError,
         LoaderClosedError,
         LoaderError,
         PlanError,
@@ -89,7 +93,8 @@ if TYPE_CHECKING:
     )
     from dali_alchemi.padding import pad_batch, unpad_batch
     from dali_alchemi.pipeline.loader import DALIDataLoader
-    from dali_alchemi.plan import BudgetPlan, EpochPlan, FixedBatchPlan, Plan
+    from dali_alchemi.plan import BudgetPlan, EpochPlan, FixedBatchPlan, MixturePlan, Plan
+    from dali_alchemi.store.multi import MultiReader
     from dali_alchemi.store.packed import PackedSamples
     from dali_alchemi.store.protocol import FieldSpec, PackedReader
     from dali_alchemi.store.reader import AtomicDataZarrReader

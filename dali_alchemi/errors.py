@@ -101,3 +101,7 @@ class LoaderError(DaliAlchemiError, RuntimeError):
     def __init__(self, message: str, *, original_type: str | None = None) -> None:
         super().__init__(message)
         self.original_type = original_type
+
+
+class FieldMismatchError(DaliAlchemiError, ValueError):
+    """Stores read as one dataset disagree on a field (level, dtype or row shape); names both stores."""

@@ -236,18 +236,14 @@ class AtomicDataZarrReader:
 
     @property
     def cache_bytes(self) -> int:
-        """Budget of the decoded-chunk cache, in bytes (what a buffer of structures should fit in)."""
+        """Budget of the decoded-chunk cache, in bytes."""
         return int(self._options["cache_bytes"])
 
     def sample_chunk_bounds(self) -> IndexArray:
-        """``[S + 1]`` logical sample offsets of spans aligned with the per-atom core arrays' chunks.
+        """``[S + 1]`` logical sample offsets of spans aligned with the core per-atom arrays' chunks.
 
-        Span ``k`` is samples ``[b[k], b[k + 1])``: a new span starts wherever a row block of any core
-        atom-level array starts (a sample straddling two blocks goes with the first). So a span reads
-        one block of each such array: reading every span once decodes each block of the finest arrays
-        once, and each block of a coarser array once per span inside it (the writer picks a power of
-        two of rows per chunk, so blocks nest; about 1.2x the decoded bytes of a sequential read on
-        the synthetic store). Pointers only, no I/O.
+        A span starts wherever a row block of any core atom-level array does (a sample straddling two
+        blocks goes with the first), so reading a span reads one block of each. Pointers only, no I/O.
         """
         snap = self._snapshot
         rows = {

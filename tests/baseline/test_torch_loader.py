@@ -94,3 +94,11 @@ def test_block_shuffle_resumes_on_another_number_of_shards(
         seen += [i for b in rest for i in b]
     assert len(counts) == 1  # every new shard has as many batches
     assert sorted(seen) == list(range(len(reader)))  # every structure once: none skipped, none twice
+
+
+def test_block_shuffle_with_pad_gives_one_shape_and_every_structure_once(reader: AtomicDataZarrReader) -> None:
+    loader = plain_dataloader(reader, max_atoms=400, max_edges=20_000, pad=True, shuffle="block", num_workers=0)
+    batches = list(loader)
+    assert {(b.num_nodes, b.num_graphs) for b in batches} == {(400, batches[0].num_graphs)}
+    real = [i for b in batches for i in b.sample_indices.tolist() if i >= 0]
+    assert sorted(real) == list(range(len(reader)))

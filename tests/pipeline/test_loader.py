@@ -429,3 +429,12 @@ def test_block_shuffle_resumes_on_another_number_of_shards(reader: AtomicDataZar
             seen += [i for b in loader for i in b.sample_indices.tolist()]
             assert loader.epoch == 1
     assert sorted(seen) == list(range(len(reader)))
+
+
+def test_block_shuffle_through_workers_gives_the_plans_batches(reader: AtomicDataZarrReader) -> None:
+    with DALIDataLoader(reader, batch_size=32, seed=8, shuffle="block", num_workers=2, device="cpu") as loader:
+        assert loader.plan.to_dict()["kind"] == "block"
+        loader.set_epoch(1)
+        got = list(loader)
+    assert_batches_equal(got, reference_batches(reader, loader.plan, 1))
+    assert sorted(i for b in got for i in b.sample_indices.tolist()) == list(range(len(reader)))

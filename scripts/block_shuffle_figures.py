@@ -3,8 +3,8 @@
     python scripts/block_shuffle_figures.py STORE [--cache-mb 16] [--max-windows 40] [--buffer-spans K]
 
 For the sequential, block and global orders of ``STORE`` it prints: the plan (spans, buffer size),
-:func:`~dali_alchemi.plan.shuffle_quality` of epoch 0, :func:`~dali_alchemi.plan.batch_ks` of the
-store's energies as if the store were sorted by energy (the sorted energies assigned to structures
+:func:`~dali_alchemi.plan.shuffle_quality` and :func:`~dali_alchemi.plan.gap_quality` of epoch 0,
+:func:`~dali_alchemi.plan.batch_ks` of the store's energies as if the store were sorted by energy (the sorted energies assigned to structures
 0, 1, 2, ...; the spans and sizes stay the store's), and what reading the epoch window by window
 (16 batches of 64, one packed read each) through a reader with that cache costs: chunk payloads
 fetched per 1,000 structures and structures per second. Reads stop after ``--max-windows`` windows
@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from dali_alchemi import AtomicDataZarrReader, BlockShuffle
-from dali_alchemi.plan import PlanArguments, batch_ks, build_plan, shuffle_quality, store_chunking
+from dali_alchemi.plan import PlanArguments, batch_ks, build_plan, gap_quality, shuffle_quality, store_chunking
 
 BATCH, BATCHES_PER_WINDOW = 64, 16
 
@@ -36,9 +36,9 @@ def main() -> None:
         energy = meta.read_packed(np.arange(len(meta))).fields["energy"].reshape(-1)
     sorted_energy = np.sort(energy)
     print(f"{args.store}: {len(energy):,} structures, cache {args.cache_mb:g} MiB, batch {BATCH}")
-    print("| order | spans | structures per buffer | plan ms | shuffle_quality | batch KS (sorted energy) |"
-          " chunks per 1k structures | structures/s |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    print("| order | spans | structures per buffer | plan ms | shuffle_quality | gap_quality |"
+          " batch KS (sorted energy) | chunks per 1k structures | structures/s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     block = BlockShuffle(buffer_spans=args.buffer_spans)
     for name, shuffle in (("sequential", False), ("block", block), ("global", True)):
         reader = AtomicDataZarrReader(args.store, cache_bytes=cache, num_threads=2)
@@ -50,7 +50,7 @@ def main() -> None:
         started = time.perf_counter()
         epoch = plan.epoch(0)
         plan_ms = (time.perf_counter() - started) * 1e3
-        quality = shuffle_quality(epoch.order)
+        quality, gaps = shuffle_quality(epoch.order), gap_quality(epoch.order)
         ks = batch_ks(sorted_energy, epoch.order, epoch.batch_ptr)
         spans = getattr(plan, "num_spans", None)
         per_buffer = "-" if spans is None else f"{len(reader) / spans * plan.buffer_spans:,.0f}"  # type: ignore[attr-defined]
@@ -63,7 +63,9 @@ def main() -> None:
         chunks = reader.stats().chunks_fetched
         reader.close()
         cost = f"{chunks / structures * 1e3:.1f} | {structures / elapsed:,.0f}" if structures else "- | -"
-        print(f"| {name} | {spans or '-'} | {per_buffer} | {plan_ms:.0f} | {quality:.3f} | {ks:.3f} | {cost} |")
+        print(
+            f"| {name} | {spans or '-'} | {per_buffer} | {plan_ms:.0f} | {quality:.3f} | {gaps:.3f} | {ks:.3f} | {cost} |"
+        )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ the number of shards: that is what makes an *elastic* resume possible. Shard ``r
 ``r``-th contiguous run of the global batches (the list wrapped around so every shard gets the same
 count), so shards read disjoint spans except at the ``W - 1`` cut points. A job checkpointed on ``N``
 shards and resumed on ``M`` deals the batches no shard had delivered over the ``M`` new shards (see
-:meth:`BlockShufflePlan.resume_from`). Pure numpy, vectorised or looping once per batch.
+:meth:`BlockShufflePlan.resume_from`). Pure numpy, vectorised or looping once per buffer or batch.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ _EXPORTS = {
     "PackedReader": "dali_alchemi.store.protocol",
     "FieldSpec": "dali_alchemi.store.protocol",
     "MultiReader": "dali_alchemi.store.multi",
+    "ChunkedReader": "dali_alchemi.store.protocol",
     "WriteConfig": "dali_alchemi.config",
     "ArrayConfig": "dali_alchemi.config",
     "FetchConfig": "dali_alchemi.config",
@@ -34,6 +35,10 @@ _EXPORTS = {
     "FixedBatchPlan": "dali_alchemi.plan",
     "BudgetPlan": "dali_alchemi.plan",
     "MixturePlan": "dali_alchemi.plan",
+    "BlockShuffle": "dali_alchemi.plan",
+    "BlockShufflePlan": "dali_alchemi.plan",
+    "shuffle_quality": "dali_alchemi.plan",
+    "batch_ks": "dali_alchemi.plan",
     # loading
     "DALIDataLoader": "dali_alchemi.pipeline.loader",
     "plain_dataloader": "dali_alchemi.baseline",
@@ -61,6 +66,7 @@ _EXPORTS = {
     "DeviceError": "dali_alchemi.errors",
     "PlanError": "dali_alchemi.errors",
     "FieldMismatchError": "dali_alchemi.errors",
+    "MetricInputError": "dali_alchemi.errors",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -78,6 +84,7 @@ if TYPE_CHECKING:
         FieldMismatchError,
         LoaderClosedError,
         LoaderError,
+        MetricInputError,
         PlanError,
         ReaderClosedError,
         ReadTooLargeError,
@@ -93,10 +100,20 @@ if TYPE_CHECKING:
     )
     from dali_alchemi.padding import pad_batch, unpad_batch
     from dali_alchemi.pipeline.loader import DALIDataLoader
-    from dali_alchemi.plan import BudgetPlan, EpochPlan, FixedBatchPlan, MixturePlan, Plan
+    from dali_alchemi.plan import (
+        BlockShuffle,
+        BlockShufflePlan,
+        BudgetPlan,
+        EpochPlan,
+        FixedBatchPlan,
+        MixturePlan,
+        Plan,
+        batch_ks,
+        shuffle_quality,
+    )
     from dali_alchemi.store.multi import MultiReader
     from dali_alchemi.store.packed import PackedSamples
-    from dali_alchemi.store.protocol import FieldSpec, PackedReader
+    from dali_alchemi.store.protocol import ChunkedReader, FieldSpec, PackedReader
     from dali_alchemi.store.reader import AtomicDataZarrReader
     from dali_alchemi.store.writer import AtomicDataZarrWriter
 

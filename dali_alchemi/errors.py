@@ -105,3 +105,7 @@ class LoaderError(DaliAlchemiError, RuntimeError):
 
 class FieldMismatchError(DaliAlchemiError, ValueError):
     """Stores read as one dataset disagree on a field (level, dtype or row shape); names both stores."""
+
+
+class MetricInputError(DaliAlchemiError, ValueError):
+    """The inputs of a shuffle-quality metric do not fit together (an order, its batches, the values)."""

@@ -200,10 +200,10 @@ def test_build_plan_makes_a_mixture_only_over_several_datasets() -> None:
     with pytest.raises(PlanError, match="mix several datasets: pass a list of stores"):
         build_plan(None, args, 420, lambda: _sizes())
     padding = PlanArguments(max_atoms=300, max_edges=900, pad=True, weights=(1, 1))
-    padded = build_plan(None, padding, 420, lambda: _sizes(), LENGTHS)
+    padded = build_plan(None, padding, 420, lambda: _sizes(), dataset_lengths=LENGTHS)
     assert isinstance(padded, MixturePlan) and (padded.max_atoms, padded.max_edges) == (299, 899)  # a row kept free
     assert pad_shape(padding, padded) == PadShape(
         max_atoms=300, max_edges=900, max_structures=min(299 // 5, 899 // 30) + 1
     )
     with pytest.raises(PlanError, match="pad=True needs max_edges"):
-        build_plan(None, PlanArguments(max_atoms=300, pad=True, weights=(1, 1)), 420, lambda: _sizes(), LENGTHS)
+        build_plan(None, PlanArguments(max_atoms=300, pad=True, weights=(1, 1)), 420, lambda: _sizes(), dataset_lengths=LENGTHS)

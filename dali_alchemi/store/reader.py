@@ -67,7 +67,8 @@ class AtomicDataZarrReader:
         Return pinned tensors from :meth:`read`/:meth:`read_many` (one pinned copy per field per call).
         Needs CUDA; raises ``RuntimeError`` at construction otherwise.
     fields
-        Read only these fields (core or custom). ``None`` reads every array, as nvalchemi does.
+        Read only these fields (core or custom; one name, or several). ``None`` reads every array, as
+        nvalchemi does.
     cache_bytes
         Budget of the decoded-chunk cache shared by every array (default 1 GiB; 0 disables it).
     num_threads
@@ -92,7 +93,7 @@ class AtomicDataZarrReader:
         store: StoreLike,
         *,
         pin_memory: bool = False,
-        fields: Iterable[str] | None = None,
+        fields: str | Iterable[str] | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         num_threads: int | None = None,
         fetch: FetchConfig | None = None,
@@ -103,7 +104,7 @@ class AtomicDataZarrReader:
         self._store_arg = store
         self._options: dict[str, Any] = {
             "pin_memory": pin_memory,
-            "fields": None if fields is None else tuple(fields),
+            "fields": None if fields is None else _names(fields),
             "cache_bytes": cache_bytes,
             "num_threads": num_threads,
             "fetch": fetch,
@@ -241,7 +242,7 @@ class AtomicDataZarrReader:
 
     # -- the packed fast path -----------------------------------------------------------------------
     def read_packed(
-        self, indices: int | Sequence[int] | NDArray[Any], *, fields: Iterable[str] | None = None
+        self, indices: int | Sequence[int] | NDArray[Any], *, fields: str | Iterable[str] | None = None
     ) -> PackedSamples:
         """Read a window of samples as one flat array per field, in request order.
 
@@ -322,8 +323,8 @@ class AtomicDataZarrReader:
             f"[{int(ptr[physical[sample]])}, {int(ptr[physical[sample] + 1])})"
         )
 
-    def _select(self, fields: Iterable[str]) -> tuple[str, ...]:
-        names = tuple(fields)
+    def _select(self, fields: str | Iterable[str]) -> tuple[str, ...]:
+        names = _names(fields)
         unknown = sorted(set(names) - set(self._fields))
         if unknown:
             raise UnknownFieldError(f"Unknown fields {unknown}; this reader returns {list(self._fields)}")
@@ -437,3 +438,8 @@ def open_reader(
         return store_or_reader, False
     options: dict[str, Any] = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
     return AtomicDataZarrReader(store_or_reader, fields=fields, **options), True
+
+
+def _names(fields: str | Iterable[str]) -> tuple[str, ...]:
+    """``fields=`` as a tuple of names: a string is one name, not its letters."""
+    return (fields,) if isinstance(fields, str) else tuple(fields)

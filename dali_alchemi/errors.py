@@ -94,3 +94,11 @@ class LoaderError(DaliAlchemiError, RuntimeError):
     def __init__(self, message: str, *, original_type: str | None = None) -> None:
         super().__init__(message)
         self.original_type = original_type
+
+
+class DaliAlchemiWarning(UserWarning):
+    """Base class of every warning dali_alchemi issues."""
+
+
+class PrecisionLossWarning(DaliAlchemiWarning):
+    """Storing floats in a narrower dtype (float32) changed some values by more than the stated tolerance."""

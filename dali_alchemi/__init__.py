@@ -57,6 +57,8 @@ _EXPORTS = {
     "LoaderError": "dali_alchemi.errors",
     "DeviceError": "dali_alchemi.errors",
     "PlanError": "dali_alchemi.errors",
+    "DaliAlchemiWarning": "dali_alchemi.errors",
+    "PrecisionLossWarning": "dali_alchemi.errors",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -69,11 +71,13 @@ if TYPE_CHECKING:
         ChunkDecodeError,
         ConfigError,
         DaliAlchemiError,
+        DaliAlchemiWarning,
         DeviceError,
         FieldLevelError,
         LoaderClosedError,
         LoaderError,
         PlanError,
+        PrecisionLossWarning,
         ReaderClosedError,
         ReadTooLargeError,
         RemoteReadError,

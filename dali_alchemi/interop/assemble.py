@@ -182,16 +182,17 @@ class Spool:
         self, name: str, parts: list[tuple[Level, NDArray[Any]]], present: NDArray[np.bool_], start: int
     ) -> str | None:
         entry = self.census[name]
-        owners = start + np.flatnonzero(present)
         if name not in self._ids:  # the first values seen: they set the form
             entry.level, entry.trailing = parts[0][0], parts[0][1].shape[1:]
-        for owner, (level, arr) in zip(owners.tolist(), parts, strict=True):
-            if level != entry.level or arr.shape[1:] != entry.trailing:
-                return (
-                    f"{entry.level} level with rows of shape {entry.trailing} in earlier structures, "
-                    f"{level} level with rows of shape {arr.shape[1:]} in structure {owner}"
-                )
-        return None
+        forms = [(level, arr.shape[1:]) for level, arr in parts]
+        if set(forms) == {(entry.level, entry.trailing)}:
+            return None
+        k = next(k for k, form in enumerate(forms) if form != (entry.level, entry.trailing))
+        owner = start + int(np.flatnonzero(present)[k])
+        return (
+            f"{entry.level} level with rows of shape {entry.trailing} in earlier structures, "
+            f"{forms[k][0]} level with rows of shape {forms[k][1]} in structure {owner}"
+        )
 
     # -- the second step ---------------------------------------------------------------------------
     def chunks(

@@ -112,7 +112,8 @@ def write_atoms(
     store is written from the spool once the fields of the whole input are known (``missing``
     decides what happens to a field only some structures have: see
     :mod:`dali_alchemi.interop.assemble`). A local store is built beside its path and renamed into
-    place, so a conversion that fails leaves nothing behind; another store (a URL, a zarr ``Store``)
+    place, so a conversion that fails leaves nothing behind (what a killed one left, the next one
+    removes, as any writer operation does); another store (a URL, a zarr ``Store``)
     is written only after the whole input converted. ``progress`` is called with ``"read"`` or
     ``"written"`` and the number of structures so far. Issues a
     :class:`~dali_alchemi.errors.PrecisionLossWarning` per field that float32 changed by more than
@@ -134,6 +135,8 @@ def write_atoms(
             raise ValueError(f"{name} must be float32 or float64, got {np.dtype(dtype)}")
     location = resolve_store(store, read_only=False, must_exist=False)
     local = location.local_root
+    if local is not None:
+        AtomicDataZarrWriter(store).recover()  # what a killed conversion or writer left beside the path
     if local is not None and local.exists():
         raise StoreExistsError(f"Zarr store already exists at {location.display}")
     tag = uuid.uuid4().hex[:8]

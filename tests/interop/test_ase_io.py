@@ -167,6 +167,13 @@ def test_a_failed_convert_leaves_no_store_and_a_retry_works(tmp_path: Path) -> N
     assert report.structures == 162 and _leftovers(tmp_path) == ["g2.zarr"]
 
 
+def test_what_a_killed_convert_left_is_removed_by_the_next(tmp_path: Path) -> None:
+    for suffix in ("convert-spool-0badc0de", "create-convert-0badc0de"):  # the two directories convert uses
+        (tmp_path / f".out.zarr.dali-alchemi-{suffix}" / "core").mkdir(parents=True)
+    write_atoms(_structures(3), tmp_path / "out.zarr")
+    assert _leftovers(tmp_path) == ["out.zarr"]
+
+
 def test_a_failure_while_writing_leaves_no_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from dali_alchemi.store.writer import AtomicDataZarrWriter
 

@@ -130,6 +130,8 @@ def write_atoms(
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     if missing not in MISSING_POLICIES:
         raise ValueError(f"missing must be one of {', '.join(MISSING_POLICIES)}, got {missing!r}")
+    if not tolerance >= 0:
+        raise ValueError(f"tolerance must be >= 0 (the largest change float32 may make unreported), got {tolerance}")
     for name, dtype in (("float_dtype", float_dtype), ("system_float_dtype", system_float_dtype)):
         if np.dtype(dtype) not in (np.float32, np.float64):
             raise ValueError(f"{name} must be float32 or float64, got {np.dtype(dtype)}")

@@ -103,6 +103,13 @@ def test_molecules_without_a_cell_and_inconsistent_inputs(tmp_path: Path) -> Non
         write_atoms([], tmp_path / "d.zarr")
     with pytest.raises(FileNotFoundError, match=r"missing\.extxyz"):
         convert([tmp_path / "missing.extxyz"], tmp_path / "e.zarr")
+    for bad, match in (
+        ({"missing": "ignore"}, "missing must be one of error, fill, drop"),
+        ({"tolerance": -1.0}, "tolerance must be >= 0"),
+        ({"system_float_dtype": np.float16}, "system_float_dtype must be float32 or float64, got float16"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            write_atoms([water], tmp_path / "f.zarr", **bad)  # type: ignore[arg-type]
 
 
 def test_cli_convert(

@@ -14,7 +14,7 @@ dtypes later, once per chunk. Sources, in order of precedence when two give the 
   ``virial``, ``dipole`` map onto nvalchemi's fields when no result gave them, the rest keep their names.
 
 A key whose value is not numeric (a string, an object) is dropped with the reason; so is a name that
-an earlier source already gave.
+an earlier source already gave (reported as ``"name (source)"``, since the stored field keeps the name).
 """
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ def extract(atoms: Atoms, *, cutoff: float | None = None) -> Extracted:
     dropped: dict[str, str] = {}
 
     def put(name: str, level: Level, value: NDArray[Any], source: str) -> None:
-        if name in fields:
-            dropped[name] = f"{source} value under a name already taken"
+        if name in fields:  # reported under its source, since the stored field keeps the name
+            dropped[f"{name} ({source})"] = f"{name!r} was already given by the structure or its calculator"
         else:
             fields[name] = (level, value)
 
@@ -136,13 +136,13 @@ def extract(atoms: Atoms, *, cutoff: float | None = None) -> Extracted:
         if arr is None or arr.shape[:1] != (n,):
             dropped[key] = _why_not(value) if arr is None else f"per-atom array with shape {arr.shape}"
             continue
-        put(ARRAY_NAMES.get(key, key), "atom", arr, "per-atom array")
+        put(ARRAY_NAMES.get(key, key), "atom", arr, "arrays")
     info = dict(atoms.info)
     for nested in NESTED_INFO:
         if isinstance(info.get(nested), dict):
             for key, value in info.pop(nested).items():
                 if key in info:
-                    dropped[key] = f"{nested} entry under a name already taken"
+                    dropped[f"{key} ({nested})"] = f"{key!r} is also a key of atoms.info"
                 else:
                     info[key] = value
     for key, value in info.items():

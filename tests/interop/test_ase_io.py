@@ -225,10 +225,12 @@ def test_calculator_results_become_fields(tmp_path: Path) -> None:
             energies=np.arange(n) + k, stresses=np.tile(np.arange(6.0), (n, 1)), forces=np.ones((n, 3)),
         )  # fmt: skip
         atoms.arrays["tags"] = np.arange(n, dtype=np.int64)
+        atoms.info["energy"] = 0.0  # the calculator's energy wins; this one is reported
         structures.append(atoms)
     report = write_atoms(structures, tmp_path / "calc.zarr")
     assert report.custom == ["energies", "free_energy", "magmom", "magmoms", "stresses", "tags"]
-    assert report.dropped == {}
+    assert report.dropped == {"energy (info)": 4}
+    assert report.dropped_reasons["energy (info)"] == "'energy' was already given by the structure or its calculator"
     with AtomicDataZarrReader(tmp_path / "calc.zarr") as reader:
         sample = {k: v.numpy() for k, v in reader.read(3)[0].items()}
     assert sample["free_energy"].tolist() == [-27.1] and sample["free_energy"].dtype == np.float64

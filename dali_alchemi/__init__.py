@@ -24,6 +24,7 @@ _EXPORTS = {
     "PackedSamples": "dali_alchemi.store.packed",
     "PackedReader": "dali_alchemi.store.protocol",
     "FieldSpec": "dali_alchemi.store.protocol",
+    "MultiReader": "dali_alchemi.store.multi",
     "WriteConfig": "dali_alchemi.config",
     "ArrayConfig": "dali_alchemi.config",
     "FetchConfig": "dali_alchemi.config",
@@ -32,6 +33,7 @@ _EXPORTS = {
     "EpochPlan": "dali_alchemi.plan",
     "FixedBatchPlan": "dali_alchemi.plan",
     "BudgetPlan": "dali_alchemi.plan",
+    "MixturePlan": "dali_alchemi.plan",
     # loading
     "DALIDataLoader": "dali_alchemi.pipeline.loader",
     "plain_dataloader": "dali_alchemi.baseline",
@@ -49,6 +51,7 @@ _EXPORTS = {
     "FieldLevelError": "dali_alchemi.errors",
     "SampleDataError": "dali_alchemi.errors",
     "SampleIndexError": "dali_alchemi.errors",
+    "StoreChangedError": "dali_alchemi.errors",
     "UnknownFieldError": "dali_alchemi.errors",
     "ReadTooLargeError": "dali_alchemi.errors",
     "RemoteReadError": "dali_alchemi.errors",
@@ -57,6 +60,7 @@ _EXPORTS = {
     "LoaderError": "dali_alchemi.errors",
     "DeviceError": "dali_alchemi.errors",
     "PlanError": "dali_alchemi.errors",
+    "FieldMismatchError": "dali_alchemi.errors",
     "DaliAlchemiWarning": "dali_alchemi.errors",
     "PrecisionLossWarning": "dali_alchemi.errors",
 }
@@ -74,6 +78,7 @@ if TYPE_CHECKING:
         DaliAlchemiWarning,
         DeviceError,
         FieldLevelError,
+        FieldMismatchError,
         LoaderClosedError,
         LoaderError,
         PlanError,
@@ -83,6 +88,7 @@ if TYPE_CHECKING:
         RemoteReadError,
         SampleDataError,
         SampleIndexError,
+        StoreChangedError,
         StoreExistsError,
         StoreFormatError,
         StoreNotFoundError,
@@ -91,7 +97,8 @@ if TYPE_CHECKING:
     )
     from dali_alchemi.padding import pad_batch, unpad_batch
     from dali_alchemi.pipeline.loader import DALIDataLoader
-    from dali_alchemi.plan import BudgetPlan, EpochPlan, FixedBatchPlan, Plan
+    from dali_alchemi.plan import BudgetPlan, EpochPlan, FixedBatchPlan, MixturePlan, Plan
+    from dali_alchemi.store.multi import MultiReader
     from dali_alchemi.store.packed import PackedSamples
     from dali_alchemi.store.protocol import FieldSpec, PackedReader
     from dali_alchemi.store.reader import AtomicDataZarrReader

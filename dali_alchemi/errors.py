@@ -60,6 +60,13 @@ class SampleIndexError(DaliAlchemiError, IndexError):
     """A sample index is out of range for the reader."""
 
 
+class StoreChangedError(DaliAlchemiError, RuntimeError):
+    """Another process rewrote the store under an open reader, so the samples it indexes moved.
+
+    Nothing of the read that noticed it is returned; ``refresh()`` the reader (or build a new loader).
+    """
+
+
 class ReaderClosedError(DaliAlchemiError, RuntimeError):
     """An operation was attempted on a reader after :meth:`close`."""
 
@@ -94,6 +101,10 @@ class LoaderError(DaliAlchemiError, RuntimeError):
     def __init__(self, message: str, *, original_type: str | None = None) -> None:
         super().__init__(message)
         self.original_type = original_type
+
+
+class FieldMismatchError(DaliAlchemiError, ValueError):
+    """Stores read as one dataset disagree on a field (level, dtype or row shape); names both stores."""
 
 
 class DaliAlchemiWarning(UserWarning):

@@ -61,6 +61,13 @@ def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def other_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """120 other synthetic structures (5-25 atoms), the second member of the multi-store tests."""
+    path = tmp_path_factory.mktemp("stores") / "other.zarr"
+    return write_synthetic_store(path, 120, seed=21, min_atoms=5, max_atoms=25, config=SMALL_CHUNKS)
+
+
+@pytest.fixture(scope="session")
 def sharded_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same 300 structures, sharded (4 chunks per shard)."""
     path = tmp_path_factory.mktemp("stores") / "sharded.zarr"

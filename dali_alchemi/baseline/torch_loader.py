@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from dali_alchemi.batch import Batch
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.plan import PadShape, PlanArguments, build_plan, pad_shape
+from dali_alchemi.store.multi import MultiReader, open_source
 from dali_alchemi.store.protocol import select_fields
-from dali_alchemi.store.reader import open_reader
 
 if TYPE_CHECKING:
     from dali_alchemi.plan import EpochPlan, Plan
@@ -130,7 +130,7 @@ class PlanDataLoader(DataLoader[Any]):
 
 
 def plain_dataloader(
-    store_or_reader: StoreLike | PackedReader,
+    store_or_reader: StoreLike | PackedReader | Sequence[StoreLike | PackedReader],
     *,
     batch_size: int | None = None,
     shuffle: bool = True,
@@ -142,6 +142,9 @@ def plain_dataloader(
     max_edges: int | None = None,
     oversized: str = "error",
     pad: bool = False,
+    weights: Sequence[float] | None = None,
+    samples_per_dataset: Sequence[int | float] | None = None,
+    epoch_policy: str | None = None,
     plan: Plan | None = None,
     num_workers: int = 2,
     pin_memory: bool = False,
@@ -153,8 +156,9 @@ def plain_dataloader(
     """A torch DataLoader yielding :class:`Batch` objects from a store or any packed reader.
 
     The plan arguments (``batch_size``, ``shuffle``, ``seed``, ``drop_last``, ``shard_id``,
-    ``num_shards``, the budgets ``max_atoms``/``max_edges``/``oversized``, ``pad``, or ``plan``), ``fields`` and
-    ``cache_bytes`` mean exactly what they mean for
+    ``num_shards``, the budgets ``max_atoms``/``max_edges``/``oversized``, ``pad``, the mixture of several
+    stores ``weights``/``samples_per_dataset``/``epoch_policy``, or ``plan``), ``fields``, ``cache_bytes``
+    and a list of stores or readers mean exactly what they mean for
     :class:`~dali_alchemi.pipeline.loader.DALIDataLoader`, sharding by torch.distributed rank by default.
     ``batched=False`` reads sample by sample (a map-style dataset, the common setup); ``batched=True``
     reads each batch with one packed read. ``num_workers``, ``pin_memory`` and ``prefetch_factor`` are
@@ -162,14 +166,17 @@ def plain_dataloader(
     for a new order.
     """
     names = None if fields is None else ((fields,) if isinstance(fields, str) else tuple(fields))
-    reader, owns = open_reader(store_or_reader, fields=names, cache_bytes=cache_bytes)
+    reader, owns = open_source(store_or_reader, fields=names, cache_bytes=cache_bytes)
     try:
         selected = select_fields(reader, names)
         arguments = PlanArguments(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, shard_id=shard_id,
             num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized, pad=pad,
+            weights=None if weights is None else tuple(weights), epoch_policy=epoch_policy,
+            samples_per_dataset=None if samples_per_dataset is None else tuple(samples_per_dataset),
         )  # fmt: skip
-        plan = build_plan(plan, arguments, len(reader), lambda: reader.sample_sizes(np.arange(len(reader))))
+        lengths = reader.lengths if isinstance(reader, MultiReader) else None
+        plan = build_plan(plan, arguments, len(reader), lambda: reader.sample_sizes(np.arange(len(reader))), lengths)
         shape = pad_shape(arguments, plan)
     except BaseException:
         if owns:

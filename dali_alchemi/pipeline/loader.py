@@ -26,8 +26,8 @@ from dali_alchemi.pipeline.dali_private import close_pipeline, worker_processes
 from dali_alchemi.pipeline.iterator import WindowIterator
 from dali_alchemi.pipeline.source import BLOB_OUTPUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
 from dali_alchemi.plan import PlanArguments, build_plan, pad_shape
+from dali_alchemi.store.multi import MultiReader, open_source
 from dali_alchemi.store.protocol import select_fields
-from dali_alchemi.store.reader import open_reader
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
@@ -90,7 +90,8 @@ class DALIDataLoader:
     store_or_reader
         A store (path, URL, zarr Store) or an open reader implementing
         :class:`~dali_alchemi.store.protocol.PackedReader` (this project's
-        :class:`~dali_alchemi.store.reader.AtomicDataZarrReader`, for one).
+        :class:`~dali_alchemi.store.reader.AtomicDataZarrReader`, for one), or a list of them read as
+        one dataset (a :class:`~dali_alchemi.store.multi.MultiReader`).
     batch_size, shuffle, seed, drop_last, shard_id, num_shards
         Build the default plan, a :class:`~dali_alchemi.plan.FixedBatchPlan`: batches of ``batch_size``
         structures (default 64), shuffled each epoch by ``(seed, epoch)``, the last one dropped when
@@ -108,6 +109,9 @@ class DALIDataLoader:
         (``batch_size + 1``, or the most the budgets allow plus one), filled with padding structures
         (see :mod:`dali_alchemi.padding`; the masks are ``batch.padding``). One atom, edge and structure
         of each batch are kept for the padding, so real batches hold at most ``max_atoms - 1`` atoms.
+    weights, samples_per_dataset, epoch_policy
+        Over several stores: draw them at these rates, or these counts per batch, with nvalchemi's
+        epoch policies (a :class:`~dali_alchemi.plan.mixture.MixturePlan`; see it for the meanings).
     plan
         A :class:`~dali_alchemi.plan.Plan` deciding every epoch's order and batches instead; it
         excludes the plan arguments above (except ``seed``) and must be made for the reader's length.
@@ -156,7 +160,7 @@ class DALIDataLoader:
 
     def __init__(
         self,
-        store_or_reader: StoreLike | PackedReader,
+        store_or_reader: StoreLike | PackedReader | Sequence[StoreLike | PackedReader],
         *,
         batch_size: int | None = None,
         shuffle: bool = True,
@@ -168,6 +172,9 @@ class DALIDataLoader:
         max_edges: int | None = None,
         oversized: str = "error",
         pad: bool = False,
+        weights: Sequence[float] | None = None,
+        samples_per_dataset: Sequence[int | float] | None = None,
+        epoch_policy: str | None = None,
         plan: Plan | None = None,
         batches_per_window: int = DEFAULT_BATCHES_PER_WINDOW,
         num_workers: int = DEFAULT_NUM_WORKERS,
@@ -190,15 +197,18 @@ class DALIDataLoader:
         self.layout = self.config.layout
         self.seed = seed
         self.device = resolve_device(device)
-        self.reader, self._owns_reader = open_reader(store_or_reader, fields=self.config.fields, cache_bytes=cache_bytes)
+        self.reader, self._owns_reader = open_source(store_or_reader, fields=self.config.fields, cache_bytes=cache_bytes)
         self._sizes: tuple[Any, Any] | None = None
         try:
             self.fields = select_fields(self.reader, self.config.fields)
             arguments = PlanArguments(
                 batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, shard_id=shard_id,
                 num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized, pad=pad,
+                weights=None if weights is None else tuple(weights), epoch_policy=epoch_policy,
+                samples_per_dataset=None if samples_per_dataset is None else tuple(samples_per_dataset),
             )  # fmt: skip
-            self.plan = build_plan(plan, arguments, len(self.reader), self._all_sizes)
+            lengths = self.reader.lengths if isinstance(self.reader, MultiReader) else None
+            self.plan = build_plan(plan, arguments, len(self.reader), self._all_sizes, lengths)
             self.pad_shape = pad_shape(arguments, self.plan)
         except BaseException:
             if self._owns_reader:

@@ -3,7 +3,8 @@
 :class:`Plan` is the seam every loader plans through and :class:`EpochPlan` what a plan returns. One
 module per policy: ``base`` (the seam), ``order`` (permutations, sharding), ``fixed``
 (:class:`FixedBatchPlan`, ``batch_size`` structures per batch), ``budget`` (:class:`BudgetPlan`,
-batches bounded by atoms and edges), and ``arguments`` (the loaders' plan arguments -> a plan).
+batches bounded by atoms and edges), ``mixture`` (:class:`MixturePlan`, several datasets at set
+rates), and ``arguments`` (the loaders' plan arguments -> a plan).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dali_alchemi.plan.arguments import DEFAULT_BATCH_SIZE, PadShape, PlanArgume
 from dali_alchemi.plan.base import EpochPlan, Plan, Window
 from dali_alchemi.plan.budget import BudgetPlan, pack_greedy
 from dali_alchemi.plan.fixed import FixedBatchPlan
+from dali_alchemi.plan.mixture import MixturePlan
 from dali_alchemi.plan.order import epoch_order, resolve_shard, shard
 
 __all__ = [
@@ -19,6 +21,7 @@ __all__ = [
     "BudgetPlan",
     "EpochPlan",
     "FixedBatchPlan",
+    "MixturePlan",
     "PadShape",
     "Plan",
     "PlanArguments",

@@ -7,7 +7,7 @@ because both hand them to :func:`build_plan`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -17,6 +17,7 @@ from dali_alchemi.errors import PlanError
 from dali_alchemi.plan.base import Plan
 from dali_alchemi.plan.budget import BudgetPlan
 from dali_alchemi.plan.fixed import FixedBatchPlan
+from dali_alchemi.plan.mixture import MixturePlan
 from dali_alchemi.plan.order import resolve_shard
 
 if TYPE_CHECKING:
@@ -44,12 +45,18 @@ class PlanArguments:
     max_edges: int | None = None
     oversized: str = "error"
     pad: bool = False
+    weights: Sequence[float] | None = None
+    samples_per_dataset: Sequence[int | float] | None = None
+    epoch_policy: str | None = None
+
+    @property
+    def mixture(self) -> bool:
+        """Whether the arguments ask for a mixture of several datasets (weights, counts or a policy)."""
+        return self.weights is not None or self.samples_per_dataset is not None or self.epoch_policy is not None
 
     def given(self) -> list[str]:
         """The arguments set to something other than their default (seed aside: it also seeds augmentations)."""
-        return [
-            f.name for f in fields(self) if f.name != "seed" and getattr(self, f.name) != f.default
-        ]
+        return [f.name for f in fields(self) if f.name != "seed" and getattr(self, f.name) != f.default]
 
 
 def build_plan(
@@ -57,12 +64,16 @@ def build_plan(
     arguments: PlanArguments,
     num_samples: int,
     sample_sizes: Callable[[], tuple[CountArray, CountArray]],
+    dataset_lengths: Sequence[int] | None = None,
 ) -> Plan:
     """``plan`` checked against the reader, or the plan the arguments describe.
 
     Without a budget that is a :class:`FixedBatchPlan`; with ``max_atoms`` and/or ``max_edges`` a
     :class:`BudgetPlan` over the sizes ``sample_sizes()`` returns (called only then; it must read no
-    data). As with torch's ``batch_sampler``, a plan excludes the arguments that would build one.
+    data). With ``weights``, ``samples_per_dataset`` or ``epoch_policy`` it is a :class:`MixturePlan`
+    over the datasets of ``dataset_lengths`` (a MultiReader's ``lengths``): fixed counts per batch, or
+    with a budget, per epoch. As with torch's ``batch_sampler``, a plan excludes the arguments that
+    would build one.
 
     Raises
     ------
@@ -83,6 +94,8 @@ def build_plan(
             raise PlanError(f"the plan was made for {plan.num_samples} samples, but the reader has {num_samples}")
         return plan
     shard, shards = resolve_shard(a.shard_id, a.num_shards)
+    if a.mixture:
+        return _mixture_plan(a, sample_sizes, dataset_lengths, shard, shards)
     if a.pad:
         return _padded_plan(a, sample_sizes, shard, shards)
     if a.max_atoms is None and a.max_edges is None:
@@ -97,6 +110,38 @@ def build_plan(
         n_atoms=n_atoms, n_edges=n_edges, max_atoms=a.max_atoms, max_edges=a.max_edges, max_structures=a.batch_size,
         shuffle=a.shuffle, seed=a.seed, drop_last=a.drop_last, shard_id=shard, num_shards=shards,
         oversized=a.oversized,
+    )  # fmt: skip
+
+
+def _mixture_plan(
+    a: PlanArguments,
+    sample_sizes: Callable[[], tuple[CountArray, CountArray]],
+    dataset_lengths: Sequence[int] | None,
+    shard: int,
+    shards: int,
+) -> MixturePlan:
+    """The :class:`MixturePlan` of ``weights``/``samples_per_dataset``/``epoch_policy`` over several datasets."""
+    if dataset_lengths is None:
+        raise PlanError(
+            "weights, samples_per_dataset and epoch_policy mix several datasets: pass a list of stores or "
+            "readers, or a MultiReader"
+        )
+    budgeted = a.max_atoms is not None or a.max_edges is not None
+    if not budgeted and a.oversized != "error":
+        raise PlanError("oversized= only applies with max_atoms or max_edges")
+    n_atoms, n_edges = sample_sizes() if budgeted else (None, None)
+    max_atoms, max_edges = a.max_atoms, a.max_edges
+    if a.pad:  # the padded budget plan's checks and budgets (one row of each kept for padding)
+        padded = _padded_plan(a, lambda: (n_atoms, n_edges), shard, shards)  # type: ignore[arg-type,return-value]
+        max_atoms, max_edges = padded.max_atoms, padded.max_edges
+    batch_size = DEFAULT_BATCH_SIZE if a.batch_size is None and not budgeted else a.batch_size
+    return MixturePlan(
+        lengths=tuple(dataset_lengths), batch_size=batch_size,
+        weights=None if a.weights is None else tuple(a.weights),
+        samples_per_dataset=None if a.samples_per_dataset is None else tuple(a.samples_per_dataset),
+        epoch_policy="dataset_size" if a.epoch_policy is None else a.epoch_policy,
+        shuffle=a.shuffle, seed=a.seed, drop_last=a.drop_last, shard_id=shard, num_shards=shards,
+        n_atoms=n_atoms, n_edges=n_edges, max_atoms=max_atoms, max_edges=max_edges, oversized=a.oversized,
     )  # fmt: skip
 
 
@@ -128,7 +173,10 @@ def _padded_plan(
     if a.oversized != "error":
         raise PlanError("pad=True cannot hold a structure larger than the budgets: oversized= must be 'error'")
     n_atoms, n_edges = sample_sizes()
-    for name, sizes, budget, unit in (("max_atoms", n_atoms, a.max_atoms, "atoms"), ("max_edges", n_edges, a.max_edges, "edges")):
+    for name, sizes, budget, unit in (
+        ("max_atoms", n_atoms, a.max_atoms, "atoms"),
+        ("max_edges", n_edges, a.max_edges, "edges"),
+    ):
         if sizes.size and int(sizes.max()) > budget - 1:
             worst = int(np.argmax(sizes))
             raise PlanError(
@@ -156,7 +204,8 @@ def pad_shape(a: PlanArguments, plan: Plan) -> PadShape | None:
     """
     if not a.pad:
         return None
-    assert isinstance(plan, BudgetPlan) and a.max_atoms is not None and a.max_edges is not None
+    assert isinstance(plan, (BudgetPlan, MixturePlan)) and a.max_atoms is not None and a.max_edges is not None
+    assert plan.n_atoms is not None and plan.n_edges is not None
     if a.batch_size is not None:
         most = a.batch_size
     else:

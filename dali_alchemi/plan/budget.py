@@ -77,6 +77,27 @@ def pack_greedy(
     return np.asarray(bounds, dtype=np.int64)
 
 
+def deal_batches(
+    epoch: int, order: NDArray[np.int64], ptr: PtrArray, *, shard_id: int, num_shards: int, drop_last: bool
+) -> EpochPlan:
+    """Shard ``shard_id`` of an epoch's batches (``order`` cut at ``ptr``), dealt round-robin.
+
+    The list of batches is padded by wrapping around (whole batches repeat), or with ``drop_last``
+    truncated, so that every shard gets the same number of batches, as ``DistributedSampler`` pads
+    samples.
+    """
+    total = int(ptr.size - 1)
+    if drop_last:
+        per_shard = total // num_shards
+        dealt = np.arange(per_shard * num_shards, dtype=np.int64)
+    else:
+        per_shard = math.ceil(total / num_shards) if total else 0
+        dealt = np.resize(np.arange(total, dtype=np.int64), per_shard * num_shards)
+    mine = dealt[shard_id::num_shards]
+    starts, counts = ptr[mine], ptr[mine + 1] - ptr[mine]
+    return EpochPlan(epoch=epoch, order=order[concat_aranges(starts, counts)], batch_ptr=exclusive_cumsum(counts))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BudgetPlan:
     """Batches of as many structures as fit in ``max_atoms`` atoms and ``max_edges`` edges.
@@ -169,16 +190,9 @@ class BudgetPlan:
     def epoch(self, epoch: int) -> EpochPlan:
         """This shard's batches of ``epoch``: every ``num_shards``-th global batch, the list padded to divide."""
         order, ptr = self.global_batches(epoch)
-        total = int(ptr.size - 1)
-        if self.drop_last:
-            per_shard = total // self.num_shards
-            dealt = np.arange(per_shard * self.num_shards, dtype=np.int64)
-        else:
-            per_shard = math.ceil(total / self.num_shards) if total else 0
-            dealt = np.resize(np.arange(total, dtype=np.int64), per_shard * self.num_shards)
-        mine = dealt[self.shard_id :: self.num_shards]
-        starts, counts = ptr[mine], ptr[mine + 1] - ptr[mine]
-        return EpochPlan(epoch=epoch, order=order[concat_aranges(starts, counts)], batch_ptr=exclusive_cumsum(counts))
+        return deal_batches(
+            epoch, order, ptr, shard_id=self.shard_id, num_shards=self.num_shards, drop_last=self.drop_last
+        )
 
     def fingerprint(self) -> str:
         """A checksum of the sizes: two plans over different stores of one length differ."""

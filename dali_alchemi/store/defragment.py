@@ -23,6 +23,7 @@ from dali_alchemi.csr import exclusive_cumsum
 from dali_alchemi.store import layout
 from dali_alchemi.store.arrays import create_array, write_array
 from dali_alchemi.store.encode import disk_arrays
+from dali_alchemi.store.generation import bumped
 from dali_alchemi.store.journal import (
     DEFRAGMENT_NEW,
     DEFRAGMENT_OLD,
@@ -127,4 +128,4 @@ def _copy_live(
                 targets[name][lo:hi] = values
         phase("copied-window")
     schema = layout.StoreSchema(num_samples=int(live.size), core=meta.schema.core, custom=meta.schema.custom)
-    new_root.attrs.update(schema.to_attributes())
+    new_root.attrs.update({**schema.to_attributes(), **bumped(root.attrs.asdict())})

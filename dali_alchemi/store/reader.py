@@ -30,17 +30,19 @@ from dali_alchemi.errors import (
     DeviceError,
     ReaderClosedError,
     ReadTooLargeError,
-    SampleIndexError,
+    StoreChangedError,
     StoreFormatError,
     UnknownFieldError,
 )
 from dali_alchemi.store import layout
 from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES
 from dali_alchemi.store.engine import BlockEngine, ReadStats
+from dali_alchemi.store.generation import read_token
+from dali_alchemi.store.indices import checked_indices
 from dali_alchemi.store.location import StoreLike, StoreLocation, resolve_store
 from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.protocol import FieldSpec, PackedReader
-from dali_alchemi.store.snapshot import Snapshot, open_snapshot
+from dali_alchemi.store.snapshot import Snapshot, incompatibility, open_snapshot
 from dali_alchemi.store.validate import memory_budget
 from dali_alchemi.types import PerLevel
 
@@ -214,20 +216,11 @@ class AtomicDataZarrReader:
         Raises
         ------
         SampleIndexError
-            Naming the first out-of-range index and the reader's length.
+            Naming the first out-of-range index as given (never wrapped around) and the reader's length.
         TypeError
             If the indices are not integers.
         """
-        arr = np.asarray(indices)
-        if arr.dtype == np.bool_ or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-            raise TypeError(f"Sample indices must be integers, got dtype {arr.dtype}")
-        arr = arr.astype(np.int64, copy=False).reshape(-1)
-        n = len(self)
-        bad = (arr < -n) | (arr >= n)
-        if bad.any():
-            first = int(arr[np.argmax(bad)])
-            raise SampleIndexError(f"Index {first} out of range for reader with {n} samples")
-        return np.where(arr < 0, arr + n, arr)
+        return checked_indices(indices, len(self), what="Index")
 
     def sample_sizes(self, indices: int | Sequence[int] | NDArray[Any]) -> tuple[CountArray, CountArray]:
         """Atom and edge counts of logical samples, from the cached pointers (no array I/O)."""
@@ -267,7 +260,12 @@ class AtomicDataZarrReader:
         snap = self._snapshot
         physical = snap.active[logical]
         self._check_read_size(logical, physical, names)
-        rows = self._engine.read(snap, physical, names)
+        try:
+            rows = self._engine.read(snap, physical, names)
+        except StoreFormatError as err:  # e.g. a chunk a defragment rewrote in another layout
+            self._check_unchanged(cause=err)
+            raise
+        self._check_unchanged()
         for name in names:
             if name in layout.ATOM_INDEX_FIELDS and rows.fields[name].size:
                 csr.rebase(rows.fields[name], snap.atoms_ptr[physical], rows.n_edges, sign=-1)
@@ -280,6 +278,29 @@ class AtomicDataZarrReader:
             fields=rows.fields,
             levels={name: snap.handles[name].level for name in names},
         )
+
+    def _check_unchanged(self, cause: BaseException | None = None) -> None:
+        """Raise if another process rewrote the store since this reader opened it (checked once per read).
+
+        The token is read after the chunks, so a rewrite that started before or during the read is
+        seen. A store that only grew (appends) is still served exactly as it was opened.
+        """
+        snap = self._snapshot
+        token = read_token(self._location)
+        if token == snap.token:
+            return
+        try:
+            fresh = open_snapshot(self._location)
+            why = incompatibility(snap, fresh, self._fields)
+        except StoreFormatError as err:
+            why = f"it could not be opened again ({err})"
+        if why is not None:
+            raise StoreChangedError(
+                f"Store {self.source} changed under this reader: {why}. The samples this reader indexes are no longer "
+                f"where it read them, so nothing of this read is returned. Call refresh() on the reader to read the "
+                f"store as it is now (a DALIDataLoader: build a new loader)"
+            ) from cause
+        self._snapshot = replace(snap, token=fresh.token)  # grown only: keep serving the state it opened
 
     def _check_read_size(self, logical: IndexArray, physical: IndexArray, names: Sequence[str]) -> None:
         """Refuse, before allocating anything, a read whose output could not fit in memory."""

@@ -13,7 +13,7 @@ import json
 import logging
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from zarr.storage import LocalStore
 from dali_alchemi.errors import StoreFormatError, StoreNotFoundError, UnsupportedCodecError
 from dali_alchemi.store import layout
 from dali_alchemi.store.codecs import ArrayCodec
+from dali_alchemi.store.generation import read_token, writer_state
 from dali_alchemi.store.journal import ReadView, interpret, read_journal, sibling
 from dali_alchemi.store.location import StoreLocation
 from dali_alchemi.store.validate import MetaInfo, check_chunk_size, check_data_array, check_meta, open_root
@@ -69,6 +70,10 @@ class Snapshot:
     """Physical index of each logical (live) sample."""
     handles: Mapping[str, ArrayHandle]
     """Every core and custom array by name (custom wins on a collision, as in nvalchemi)."""
+    token: bytes = b""
+    """What :func:`~dali_alchemi.store.generation.read_token` read as this state was opened."""
+    rewritten: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    """The writer's generation that last replaced each custom field (see :mod:`~dali_alchemi.store.generation`)."""
 
     @property
     def n_physical(self) -> int:
@@ -92,6 +97,7 @@ def open_snapshot(requested: StoreLocation) -> Snapshot:
         If its layout is inconsistent, its metadata unreadable, or it kept changing while being read.
     """
     for attempt in range(LOAD_ATTEMPTS):
+        token = read_token(requested)
         op = read_journal(requested)
         view = interpret(op)
         loc = _effective_location(requested, view)
@@ -102,18 +108,21 @@ def open_snapshot(requested: StoreLocation) -> Snapshot:
                 root = open_root(loc)
                 meta = check_meta(root, store=loc.display, view=view)
                 handles = _open_arrays(root, meta, loc, requested, view)
+                _, rewritten = writer_state(root.attrs.asdict())
         except (StoreFormatError, BaseZarrError, KeyError, TypeError, json.JSONDecodeError) as err:
             if attempt + 1 < LOAD_ATTEMPTS and read_journal(requested) != op:
                 continue  # a write started or finished under us: read again
             if isinstance(err, StoreFormatError):
                 raise
             raise StoreFormatError(f"Store {loc.display}: unreadable metadata: {type(err).__name__}: {err}") from err
-        if read_journal(requested) == op:
-            return _freeze(loc, meta, handles)
+        if read_journal(requested) == op and read_token(requested) == token:
+            return _freeze(loc, meta, handles, token, rewritten)
     raise StoreFormatError(f"Store {requested.display} kept changing while it was opened; try again")
 
 
-def _freeze(loc: StoreLocation, meta: MetaInfo, handles: dict[str, ArrayHandle]) -> Snapshot:
+def _freeze(
+    loc: StoreLocation, meta: MetaInfo, handles: dict[str, ArrayHandle], token: bytes, rewritten: dict[str, int]
+) -> Snapshot:
     active: IndexArray = np.flatnonzero(meta.samples_mask).astype(np.int64)
     for arr in (meta.atoms_ptr, meta.edges_ptr, meta.samples_mask, active):
         arr.flags.writeable = False
@@ -125,6 +134,8 @@ def _freeze(loc: StoreLocation, meta: MetaInfo, handles: dict[str, ArrayHandle])
         samples_mask=meta.samples_mask,
         active=active,
         handles=MappingProxyType(handles),
+        token=token,
+        rewritten=MappingProxyType(rewritten),
     )
 
 
@@ -188,3 +199,32 @@ def _effective_location(loc: StoreLocation, view: ReadView) -> StoreLocation:
                 store=LocalStore(candidate, read_only=True), prefix="", display=loc.display, local_root=candidate
             )
     raise StoreNotFoundError(f"Zarr store does not exist at {loc.display} (an interrupted defragment left no copy)")
+
+
+def incompatibility(old: Snapshot, new: Snapshot, fields: tuple[str, ...]) -> str | None:
+    """Why ``old`` can no longer be served exactly from the store now in state ``new``; ``None`` if it can.
+
+    ``old`` stays exact while the store only grew: the same pointers for its samples, none of its live
+    samples deleted, and each of ``fields`` still there with the same level, dtype and shape, and not
+    replaced.
+    """
+    n_old = old.n_physical
+    if new.n_physical < n_old:
+        return f"it now holds {new.n_physical} physical samples where this reader indexes {n_old} (a defragment)"
+    for name, ptr_old, ptr_new in (("atom", old.atoms_ptr, new.atoms_ptr), ("edge", old.edges_ptr, new.edges_ptr)):
+        moved = np.flatnonzero(ptr_new[: n_old + 1] != ptr_old)
+        if moved.size:
+            return f"the {name} rows of physical sample {int(moved[0])} onwards moved (a defragment or a rewrite)"
+    deleted = np.flatnonzero(old.samples_mask & ~new.samples_mask[:n_old])
+    if deleted.size:
+        first = ", ".join(str(int(i)) for i in deleted[:5]) + (", ..." if deleted.size > 5 else "")
+        return f"{deleted.size} of its samples were deleted (physical {first}) and their rows zeroed"
+    for name in fields:
+        before, after = old.handles[name], new.handles.get(name)
+        if after is None:
+            return f"field {name!r} was removed"
+        if (after.level, after.dtype, after.shape[1:]) != (before.level, before.dtype, before.shape[1:]):
+            return f"field {name!r} changed from {before.level} {before.dtype} to {after.level} {after.dtype}"
+        if new.rewritten.get(name, 0) > old.rewritten.get(name, 0):
+            return f"field {name!r} was replaced (add_custom)"
+    return None

@@ -31,7 +31,6 @@ import zarr
 from dali_alchemi.config import WriteConfig
 from dali_alchemi.errors import (
     SampleDataError,
-    SampleIndexError,
     StoreExistsError,
     StoreNotFoundError,
     UnsupportedStoreError,
@@ -41,6 +40,8 @@ from dali_alchemi.store.arrays import extend_array, write_array
 from dali_alchemi.store.defragment import DEFAULT_DEFRAGMENT_WINDOW
 from dali_alchemi.store.defragment import defragment as run_defragment
 from dali_alchemi.store.encode import Samples, check_neighbor_list, disk_arrays, field_names, to_packed
+from dali_alchemi.store.generation import bumped
+from dali_alchemi.store.indices import checked_indices
 from dali_alchemi.store.journal import (
     CREATE_PREFIX,
     AddCustomOp,
@@ -306,6 +307,7 @@ class AtomicDataZarrWriter:
         journal = AddCustomOp(key=key, level=checked, previous=previous, state=AddCustomState.STAGING)
         write_journal(self._location, journal)
         self._phase("journal")
+        root.attrs.update(bumped(root.attrs.asdict(), rewritten=key if previous is not None else None))
         cfg = self.config.for_array(layout.CUSTOM_GROUP, key)
         values = np.ascontiguousarray(values)
         local = self._local
@@ -354,20 +356,17 @@ class AtomicDataZarrWriter:
         out-of-range index.
         """
         raw = indices.cpu().numpy() if isinstance(indices, torch.Tensor) else np.asarray(indices)
-        if raw.dtype == np.bool_ or (raw.size and not np.issubdtype(raw.dtype, np.integer)):
+        if raw.dtype == np.bool_ or (raw.size and raw.dtype.kind not in "iuO"):
             raise TypeError(f"delete() takes integer physical indices, got dtype {raw.dtype} (a mask is not accepted)")
-        physical = np.unique(raw.astype(np.int64).reshape(-1))
-        if physical.size == 0:
+        if raw.size == 0:
             return
         root, meta = self._open()
-        n = meta.n_physical
-        bad = (physical < 0) | (physical >= n)
-        if bad.any():
-            raise SampleIndexError(
-                f"Physical index {int(physical[np.argmax(bad)])} out of range for a store with {n} samples"
-            )
+        physical = np.unique(
+            checked_indices(raw, meta.n_physical, what="Physical index", owner="a store", negative=False)
+        )
         write_journal(self._location, DeleteOp(physical=tuple(physical.tolist())))
         self._phase("journal")
+        root.attrs.update(bumped(root.attrs.asdict()))  # open readers notice before any row is zeroed
         apply_delete(root, meta, physical, self._phase)
         clear_journal(self._location)
         self._phase("done")

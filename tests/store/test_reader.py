@@ -171,6 +171,25 @@ def test_index_errors_name_index_and_length(reader: AtomicDataZarrReader) -> Non
     assert reader.read_many([]) == []
 
 
+@pytest.mark.parametrize(
+    "given",
+    [np.array([2**64 - 1], np.uint64), np.array([2**63], np.uint64), [2**64], [2**70], [-(2**70)]],
+    ids=["uint64-max", "2**63", "2**64", "2**70", "-2**70"],
+)
+def test_indices_beyond_int64_are_out_of_range_as_given_never_wrapped(reader: AtomicDataZarrReader, given) -> None:
+    value = int(np.asarray(given).reshape(-1)[0])
+    with pytest.raises(SampleIndexError, match=f"^Index {value} out of range for reader with {N_SMALL} samples$"):
+        reader.read_many(given)
+    with pytest.raises(SampleIndexError, match=f"^Index {value} out of range"):
+        reader.sample_sizes(given)
+
+
+def test_unsigned_indices_in_range_read_as_their_value(reader: AtomicDataZarrReader) -> None:
+    packed = reader.read_packed(np.array([5, N_SMALL - 1], np.uint64))
+    assert packed.logical_indices.tolist() == [5, N_SMALL - 1]
+    assert packed.logical_indices.dtype == np.int64
+
+
 def test_closed_reader_raises(small_store: Path) -> None:
     r = AtomicDataZarrReader(small_store)
     r.close()

@@ -194,6 +194,10 @@ def test_delete_zeroes_data_and_masks_but_keeps_pointers(tmp_path: Path) -> None
     writer.delete(torch.tensor([1]))  # again: nothing changes
     with pytest.raises(SampleIndexError, match="Physical index 3 out of range for a store with 3 samples"):
         writer.delete([3])
+    with pytest.raises(SampleIndexError, match=f"Physical index {2**64 - 1} out of range for a store with 3"):
+        writer.delete(np.array([2**64 - 1], np.uint64))  # not wrapped around to -1, nor to sample 2
+    with pytest.raises(SampleIndexError, match="Physical index -1 out of range"):
+        writer.delete([-1])
     with pytest.raises(TypeError, match="a mask is not accepted"):
         writer.delete(np.array([True, False, True]))
     with pytest.raises(TypeError, match="integer physical indices"):

@@ -1,0 +1,128 @@
+"""An open reader never mixes two states of a store that another process rewrites under it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter
+from dali_alchemi.bench.synth import synthetic_samples
+from dali_alchemi.errors import StoreChangedError
+from dali_alchemi.store.generation import read_token, writer_state
+
+FIELDS = ["positions", "energy"]
+
+
+@pytest.fixture()
+def store(small_store: Path, tmp_path: Path) -> Path:
+    """A private, writable copy of the shared small store."""
+    return Path(shutil.copytree(small_store, tmp_path / "s.zarr"))
+
+
+def _in_another_process(store: Path, code: str) -> None:
+    """Run writer code on ``store`` in a separate Python process, as another job would."""
+    script = "from dali_alchemi import AtomicDataZarrWriter\nw = AtomicDataZarrWriter(STORE)\n" + textwrap.dedent(code)
+    subprocess.run([sys.executable, "-c", script.replace("STORE", repr(str(store)))], check=True, timeout=120)
+
+
+def test_delete_and_defragment_in_another_process_raise_instead_of_returning_moved_rows(store: Path) -> None:
+    with AtomicDataZarrReader(store, fields=FIELDS, cache_bytes=0) as reader:
+        before = reader.read_packed([1, len(reader) - 1])
+        _in_another_process(store, "w.delete([0, 5, 6])\nw.defragment()\n")
+        assert len(reader) == 300  # the state it opened, until it notices
+        with pytest.raises(StoreChangedError, match=r"changed under this reader: it now holds 297 physical samples"):
+            reader.read_packed([1, len(reader) - 1])
+        with pytest.raises(StoreChangedError, match=r"Call refresh\(\) on the reader"):
+            reader.read_packed([2])  # and it keeps refusing: never a mix
+        reader.refresh()
+        after = reader.read_packed([0, len(reader) - 1])  # physical 1 is now 0; the last stays the last
+    assert len(reader) == 297
+    np.testing.assert_array_equal(after.fields["positions"], before.fields["positions"])
+    np.testing.assert_array_equal(after.fields["energy"], before.fields["energy"])
+
+
+def test_a_delete_alone_is_noticed_before_zeroed_rows_are_served(store: Path) -> None:
+    with AtomicDataZarrReader(store, fields=FIELDS, cache_bytes=0) as reader:
+        reader.read_packed([3])
+        AtomicDataZarrWriter(store).delete([3, 4])
+        with pytest.raises(StoreChangedError, match=r"2 of its samples were deleted \(physical 3, 4\)"):
+            reader.read_packed([10])
+
+
+def test_a_defragment_in_this_process_is_noticed_with_the_cache_on(store: Path) -> None:
+    with AtomicDataZarrReader(store, fields=FIELDS) as reader:
+        reader.read_packed(np.arange(300))  # everything cached
+        writer = AtomicDataZarrWriter(store)
+        writer.delete([0])
+        writer.defragment()
+        with pytest.raises(StoreChangedError):
+            reader.read_packed([1])
+
+
+def test_appends_keep_the_opened_state_exact(store: Path) -> None:
+    with AtomicDataZarrReader(store, cache_bytes=0) as reader:
+        before = reader.read_packed(np.arange(290, 300))
+        token = read_token(reader._location)
+        AtomicDataZarrWriter(store).append(synthetic_samples(20, seed=3, min_atoms=10, max_atoms=40))
+        assert read_token(reader._location) != token  # the append was seen, and judged harmless
+        again = reader.read_packed(np.arange(290, 300))
+        assert len(reader) == 300
+        for name, values in before.fields.items():
+            np.testing.assert_array_equal(again.fields[name], values, err_msg=name)
+        reader.refresh()
+        assert len(reader) == 320
+
+
+def test_replacing_a_custom_field_is_noticed_only_by_readers_of_that_field(store: Path) -> None:
+    writer = AtomicDataZarrWriter(store)
+    writer.add_custom("charge_state", np.arange(300, dtype=np.float32), "system")
+    with (
+        AtomicDataZarrReader(store, fields=["charge_state"], cache_bytes=0) as reads_it,
+        AtomicDataZarrReader(store, fields=["positions"], cache_bytes=0) as does_not,
+    ):
+        writer.add_custom("charge_state", -np.arange(300, dtype=np.float32), "system")
+        with pytest.raises(StoreChangedError, match=r"field 'charge_state' was replaced \(add_custom\)"):
+            reads_it.read_packed([7])
+        does_not.read_packed([7])
+
+
+def test_every_writer_operation_that_moves_rows_bumps_the_generation(store: Path) -> None:
+    import zarr
+
+    def state() -> tuple[int, dict[str, int]]:
+        return writer_state(zarr.open_group(str(store), mode="r").attrs.asdict())
+
+    writer = AtomicDataZarrWriter(store)
+    assert state() == (0, {})  # a store as written: nothing recorded
+    writer.delete([1])
+    assert state() == (1, {})
+    writer.add_custom("tag", np.zeros(300, np.float32), "system")
+    assert state() == (2, {})  # a new custom field moves nothing
+    writer.add_custom("tag", np.ones(300, np.float32), "system")
+    assert state() == (3, {"tag": 3})
+    writer.defragment()
+    assert state() == (4, {"tag": 3})
+
+
+@pytest.mark.dali
+def test_a_loader_raises_when_the_store_is_defragmented_under_it(store: Path) -> None:
+    from dali_alchemi import DALIDataLoader
+    from dali_alchemi.errors import LoaderError
+
+    with DALIDataLoader(
+        store, batch_size=10, batches_per_window=1, shuffle=False, num_workers=0, device="cpu", cache_bytes=0,
+        read_ahead=1, queue_depth=1,
+    ) as loader:  # fmt: skip
+        batches = iter(loader)
+        next(batches)
+        _in_another_process(store, "w.delete([250])\nw.defragment()\n")
+        with pytest.raises(LoaderError, match=r"StoreChangedError: .* build a new loader") as raised:
+            for _ in batches:
+                pass
+    assert raised.value.original_type == "StoreChangedError"

@@ -67,6 +67,8 @@ _EXPORTS = {
     "PlanError": "dali_alchemi.errors",
     "FieldMismatchError": "dali_alchemi.errors",
     "MetricInputError": "dali_alchemi.errors",
+    "DaliAlchemiWarning": "dali_alchemi.errors",
+    "PrecisionLossWarning": "dali_alchemi.errors",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -79,6 +81,7 @@ if TYPE_CHECKING:
         ChunkDecodeError,
         ConfigError,
         DaliAlchemiError,
+        DaliAlchemiWarning,
         DeviceError,
         FieldLevelError,
         FieldMismatchError,
@@ -86,6 +89,7 @@ if TYPE_CHECKING:
         LoaderError,
         MetricInputError,
         PlanError,
+        PrecisionLossWarning,
         ReaderClosedError,
         ReadTooLargeError,
         RemoteReadError,

@@ -109,3 +109,11 @@ class FieldMismatchError(DaliAlchemiError, ValueError):
 
 class MetricInputError(DaliAlchemiError, ValueError):
     """The inputs of a shuffle-quality metric do not fit together (an order, its batches, the values)."""
+
+
+class DaliAlchemiWarning(UserWarning):
+    """Base class of every warning dali_alchemi issues."""
+
+
+class PrecisionLossWarning(DaliAlchemiWarning):
+    """Storing floats in a narrower dtype (float32) changed some values by more than the stated tolerance."""

@@ -23,7 +23,7 @@ from dali_alchemi.batch import Batch
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.plan import PadShape, PlanArguments, build_plan, pad_shape, restore, store_chunking
 from dali_alchemi.store.multi import MultiReader, open_source
-from dali_alchemi.store.protocol import select_fields
+from dali_alchemi.store.protocol import as_field_names, select_fields
 
 if TYPE_CHECKING:
     from dali_alchemi.plan import BlockShuffle, EpochPlan, Plan
@@ -204,7 +204,7 @@ def plain_dataloader(
     torch's (``prefetch_factor``: batches loaded in advance by each worker). Call ``loader.set_epoch(e)``
     for a new order; ``loader.state_dict()``/``load_state_dict()`` save and restore the position.
     """
-    names = None if fields is None else ((fields,) if isinstance(fields, str) else tuple(fields))
+    names = None if fields is None else as_field_names(fields)
     reader, owns = open_source(store_or_reader, fields=names, cache_bytes=cache_bytes)
     try:
         selected = select_fields(reader, names)

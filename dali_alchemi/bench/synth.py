@@ -3,7 +3,10 @@
 Sizes follow the reference recipe exactly: ``random.Random(seed)`` draws, per structure,
 ``n_atoms = randint(min_atoms, max_atoms)`` then ``n_edges = randint(1, 4 * n_atoms)``. Values, which
 the reference leaves to torch's global generator, come from ``numpy.random.default_rng(seed)`` here,
-so a seed fixes the whole store. The 11 fields match what nvalchemi's validation produces.
+so a seed fixes the whole store. The 11 fields are those nvalchemi's validation produces, in its
+dtypes except ``energy``: float64, this project's default for per-structure floats (the values are the
+float32 draws, so a seed gives the same numbers as before; nvalchemi's ``AtomicData`` would cast them
+to float32, the dtype of ``positions``).
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def synthetic_samples(n: int, seed: int = 42, min_atoms: int = 10, max_atoms: in
         "velocities": np.zeros((total_atoms, 3), dtype=np.float32),
         "neighbor_list": neighbor_list,
         "shifts": rng.standard_normal((total_edges, 3), dtype=np.float32),
-        "energy": rng.standard_normal((n, 1), dtype=np.float32),
+        "energy": rng.standard_normal((n, 1), dtype=np.float32).astype(np.float64),
         "cell": np.broadcast_to(np.eye(3, dtype=np.float32), (n, 3, 3)).copy(),
         "pbc": np.ones((n, 3), dtype=np.bool_),
     }

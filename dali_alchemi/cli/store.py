@@ -58,10 +58,12 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_convert(args: argparse.Namespace, console: Console) -> int:
     import time
+    import warnings
 
     import numpy as np
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from dali_alchemi.errors import PrecisionLossWarning
     from dali_alchemi.interop.ase_io import convert
 
     for name in args.inputs:
@@ -69,12 +71,15 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
             raise CommandError(f"{name} is empty: there are no structures to convert")
     started = time.perf_counter()
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
-                  disable=not console.is_terminal) as bar:  # fmt: skip
+                  disable=not console.is_terminal) as bar, warnings.catch_warnings():  # fmt: skip
+        warnings.simplefilter("ignore", PrecisionLossWarning)  # the report below says it, once
         task = bar.add_task("converting", total=None)
         try:
             report = convert(
                 args.inputs, args.out, cutoff=args.cutoff, float_dtype=np.float64 if args.float64 else np.float32,
-                chunk=args.chunk, progress=lambda done: bar.update(task, description=f"{done:,} structures"),
+                system_float_dtype=np.float32 if args.system_float32 else np.float64, missing=args.missing,
+                tolerance=args.tolerance, chunk=args.chunk,
+                progress=lambda stage, done: bar.update(task, description=f"{done:,} structures {stage}"),
             )  # fmt: skip
         except Exception as err:
             if not _raised_in_ase(err.__traceback__):
@@ -89,10 +94,15 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
     console.print("fields: " + ", ".join(f"{k} ({v})" for k, v in report.fields.items()))
     if report.custom:
         console.print("custom arrays: " + ", ".join(report.custom))
-    if report.dropped:
-        console.print("[yellow]dropped (not numeric, or missing from the first structures):[/yellow] " + ", ".join(
-            f"{k} x{n}" for k, n in report.dropped.items()
-        ))  # fmt: skip
+    for name, lacking in report.filled.items():
+        console.print(f"filled: {name} for {lacking:,} structures without it (see {name}_present)")
+    for name, loss in report.precision.items():
+        console.print(
+            f"[yellow]precision:[/yellow] float32 changed {loss.over:,} values of {name} by more than "
+            f"{args.tolerance:g} (at most {loss.worst:.3g})"
+        )
+    for key, count in report.dropped.items():
+        console.print(f"[yellow]dropped:[/yellow] {key} x{count} ({report.dropped_reasons[key]})")
     return 0
 
 
@@ -127,6 +137,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     conv.add_argument("inputs", nargs="+", help="files ASE can read (extxyz, .db, .traj, ...)")
     conv.add_argument("out", help="path of the new store")
     conv.add_argument("--cutoff", type=float, help="compute a radius neighbor list (periodic images included)")
-    conv.add_argument("--float64", action="store_true", help="keep float64 (default: float32)")
+    width = conv.add_mutually_exclusive_group()
+    width.add_argument(
+        "--float32",
+        action="store_false",
+        dest="float64",
+        default=False,
+        help="per-atom and per-edge floats and the cell as float32 (the default)",
+    )
+    width.add_argument("--float64", action="store_true", help="per-atom and per-edge floats and the cell as float64")
+    conv.add_argument(
+        "--system-float32", action="store_true",
+        help="per-structure floats (energies, stress, ...) as float32 too (default: float64)",
+    )  # fmt: skip
+    conv.add_argument(
+        "--missing", choices=("error", "fill", "drop"), default="error",
+        help="a field only some structures have: stop (default), fill it (NaN, -1 or False, with a "
+        "<name>_present mask), or drop it",
+    )  # fmt: skip
+    conv.add_argument(
+        "--tolerance", type=float, default=1e-4,
+        help="report fields that float32 changes by more than this, in their own units (default 1e-4)",
+    )  # fmt: skip
     conv.add_argument("--chunk", type=int, default=1000, help="structures converted per step (default 1000)")
     conv.set_defaults(func=cmd_convert)

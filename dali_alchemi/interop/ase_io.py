@@ -1,12 +1,14 @@
 """ASE in and out: convert ``ase.Atoms`` (extxyz files, ASE databases, trajectories) to a store, and
 Batches back to ``ase.Atoms``.
 
-Structures stream through in chunks, so the input is never loaded whole. Each ``ase.Atoms`` maps to
-nvalchemi's fields: ``atomic_numbers``, ``positions``, ``atomic_masses``, ``cell`` and ``pbc`` always;
-``energy``, ``forces``, ``stress`` (3x3), ``virial``, ``dipole``, ``charges`` and ``momenta`` when the
-structure or its calculator has them. Any other numeric per-atom array or per-structure ``info`` value
-becomes a custom array. With ``cutoff`` a radius neighbor list with periodic images is computed on the
-way in (``neighbor_list``, integer ``neighbor_list_shifts`` and cartesian ``shifts``).
+Structures stream through in chunks, so the input is never loaded whole. What each structure holds
+is read by :mod:`dali_alchemi.interop.ase_fields` (nvalchemi's fields, the calculator's other
+results, per-atom arrays, ``info`` and an ASE database's key-value pairs); which fields the store
+gets is decided over the whole input, with an explicit policy for fields only some structures have
+(:mod:`dali_alchemi.interop.assemble`). Per-atom and per-edge floats (and the cell) are stored as
+``float_dtype`` (float32 by default), per-structure floats (energies, stress, virial, ...) as
+``system_float_dtype`` (float64 by default: they are small, and float32 moves a total energy of
+-98,765 eV by up to 4 meV); float32 warns when it changes a value by more than ``tolerance``.
 ``ase`` is imported when these functions run.
 """
 
@@ -14,6 +16,10 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import shutil
+import tempfile
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -22,14 +28,25 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dali_alchemi.errors import SampleDataError
-from dali_alchemi.interop.neighbors import radius_graph
-from dali_alchemi.store.packed import PackedSamples
+from dali_alchemi.errors import SampleDataError, StoreExistsError
+from dali_alchemi.interop.ase_fields import extract
+from dali_alchemi.interop.assemble import (
+    DEFAULT_TOLERANCE,
+    MISSING_POLICIES,
+    PRESENT_SUFFIX,
+    MissingPolicy,
+    PrecisionLoss,
+    Spool,
+    decide,
+    warn_precision,
+)
+from dali_alchemi.store.journal import CREATE_PREFIX, sibling
+from dali_alchemi.store.location import resolve_store
 from dali_alchemi.store.writer import AtomicDataZarrWriter
 
 if TYPE_CHECKING:
     from ase import Atoms
-    from numpy.typing import NDArray
+    from numpy.typing import DTypeLike
 
     from dali_alchemi.batch import Batch
     from dali_alchemi.config import WriteConfig
@@ -39,16 +56,31 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CHUNK = 1000
 """Structures converted and written per step."""
-
-# ASE per-atom arrays and results that map onto AtomicData fields (name in ASE -> field).
-_ATOM_FIELDS = {"forces": "forces", "momenta": "momenta", "charges": "charges", "initial_charges": "charges"}
-_HANDLED_ARRAYS = {"numbers", "positions", *_ATOM_FIELDS}
-_SYSTEM_FIELDS = ("energy", "stress", "virial", "dipole")
+DATABASE_FORMATS = frozenset({"db", "json", "postgresql", "mysql"})
+"""ASE formats read row by row through ``ase.db``, so that key-value pairs and data come along."""
 
 
 @dataclass(slots=True)
 class ConversionReport:
-    """What a conversion did: counts, the fields it wrote, and what it could not keep."""
+    """What a conversion did.
+
+    Attributes
+    ----------
+    structures, atoms, edges
+        Counts written.
+    fields
+        Every stored field and its level.
+    custom
+        The fields stored in ``custom/`` (outside nvalchemi's key sets).
+    dropped
+        Every key that was not stored, with the number of structures that had it.
+    dropped_reasons
+        Why each key in ``dropped`` was not stored (not numeric, only in some structures, ...).
+    filled
+        Under ``missing="fill"``: each filled field and how many structures lacked it.
+    precision
+        Each field that float32 changed by more than the tolerance: how many values, and the largest change.
+    """
 
     structures: int = 0
     atoms: int = 0
@@ -56,76 +88,9 @@ class ConversionReport:
     fields: dict[str, str] = field(default_factory=dict)
     custom: list[str] = field(default_factory=list)
     dropped: Counter[str] = field(default_factory=Counter)
-
-
-def _stress_3x3(value: Any) -> NDArray[np.float64]:
-    arr = np.asarray(value, dtype=np.float64).reshape(-1)
-    if arr.size == 9:
-        return arr.reshape(3, 3)
-    if arr.size == 6:  # Voigt order xx, yy, zz, yz, xz, xy
-        xx, yy, zz, yz, xz, xy = arr
-        return np.array([[xx, xy, xz], [xy, yy, yz], [xz, yz, zz]])
-    raise SampleDataError(f"stress must have 6 (Voigt) or 9 entries, got {arr.size}")
-
-
-def _numeric(value: Any) -> NDArray[Any] | None:
-    arr = np.asarray(value)
-    return arr if arr.dtype.kind in "biuf" else None
-
-
-def atoms_to_sample(
-    atoms: Atoms, *, float_dtype: Any = np.float32, cutoff: float | None = None
-) -> tuple[dict[str, NDArray[Any]], dict[str, str], list[str]]:
-    """One ``ase.Atoms`` as a sample dict, the levels of its custom fields, and the keys it dropped."""
-    fdt = np.dtype(float_dtype)
-    n = len(atoms)
-    sample: dict[str, NDArray[Any]] = {
-        "atomic_numbers": np.asarray(atoms.numbers, dtype=np.int64),
-        "positions": np.asarray(atoms.positions, dtype=fdt),
-        "atomic_masses": np.asarray(atoms.get_masses(), dtype=fdt),
-        "cell": np.asarray(atoms.cell.array, dtype=fdt)[None],
-        "pbc": np.asarray(atoms.pbc, dtype=np.bool_)[None],
-    }
-    custom: dict[str, str] = {}
-    dropped: list[str] = []
-    results = dict(atoms.calc.results) if atoms.calc is not None else {}
-    info = dict(atoms.info)
-    for key, name in _ATOM_FIELDS.items():
-        value = results.get(key, atoms.arrays.get(key))
-        if value is not None and name not in sample:
-            sample[name] = np.asarray(value, dtype=fdt).reshape((n, *np.shape(value)[1:]))
-    for key in _SYSTEM_FIELDS:
-        value = results.get(key, info.pop(key, None))
-        if value is None:
-            continue
-        if key in ("stress", "virial"):
-            sample[key] = _stress_3x3(value).astype(fdt)[None]
-        elif key == "energy":
-            sample[key] = np.asarray(value, dtype=fdt).reshape(1, 1)
-        else:
-            sample[key] = np.asarray(value, dtype=fdt).reshape(1, -1)
-    for key, value in atoms.arrays.items():
-        if key in _HANDLED_ARRAYS:
-            continue
-        arr = _numeric(value)
-        if arr is None or arr.shape[:1] != (n,):
-            dropped.append(key)
-            continue
-        sample[key] = arr.astype(fdt) if arr.dtype.kind == "f" else arr
-        custom[key] = "atom"
-    for key, value in info.items():
-        arr = _numeric(value)
-        if arr is None:
-            dropped.append(key)
-            continue
-        sample[key] = (arr.astype(fdt) if arr.dtype.kind == "f" else arr).reshape(1, *arr.shape)
-        custom[key] = "system"
-    if cutoff is not None:
-        edges, images = radius_graph(atoms.positions, atoms.cell.array, atoms.pbc, cutoff)
-        sample["neighbor_list"] = edges
-        sample["neighbor_list_shifts"] = images
-        sample["shifts"] = (images.astype(np.float64) @ atoms.cell.array).astype(fdt)
-    return sample, custom, dropped
+    dropped_reasons: dict[str, str] = field(default_factory=dict)
+    filled: dict[str, int] = field(default_factory=dict)
+    precision: dict[str, PrecisionLoss] = field(default_factory=dict)
 
 
 def write_atoms(
@@ -133,74 +98,133 @@ def write_atoms(
     store: StoreLike,
     *,
     cutoff: float | None = None,
-    float_dtype: Any = np.float32,
+    float_dtype: DTypeLike = np.float32,
+    system_float_dtype: DTypeLike = np.float64,
+    missing: MissingPolicy = "error",
+    tolerance: float = DEFAULT_TOLERANCE,
     chunk: int = DEFAULT_CHUNK,
     config: WriteConfig | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[str, int], None] | None = None,
 ) -> ConversionReport:
     """Write an iterable of ``ase.Atoms`` to a new store, ``chunk`` structures at a time.
 
-    The first chunk fixes the fields; a later structure missing one of them is an error naming it, and
-    keys that first appear later are dropped and counted in the report. ``progress`` is called with the
-    number of structures written so far.
+    The input is read once: each chunk is converted and spooled to disk beside the store, and the
+    store is written from the spool once the fields of the whole input are known (``missing``
+    decides what happens to a field only some structures have: see
+    :mod:`dali_alchemi.interop.assemble`). A local store is built beside its path and renamed into
+    place, so a conversion that fails leaves nothing behind (what a killed one left, the next one
+    removes, as any writer operation does); another store (a URL, a zarr ``Store``)
+    is written only after the whole input converted. ``progress`` is called with ``"read"`` or
+    ``"written"`` and the number of structures so far. Issues a
+    :class:`~dali_alchemi.errors.PrecisionLossWarning` per field that float32 changed by more than
+    ``tolerance`` (in the field's own units).
 
     Raises
     ------
-    FileExistsError
-        If the store exists.
+    StoreExistsError
+        If the store exists (a ``FileExistsError``).
     SampleDataError
-        If a structure lacks a field the first chunk had, or the input is empty.
+        If the input is empty, or under ``missing="error"`` if the structures' fields differ.
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    writer = AtomicDataZarrWriter(store, config)
+    if missing not in MISSING_POLICIES:
+        raise ValueError(f"missing must be one of {', '.join(MISSING_POLICIES)}, got {missing!r}")
+    if not tolerance >= 0:
+        raise ValueError(f"tolerance must be >= 0 (the largest change float32 may make unreported), got {tolerance}")
+    for name, dtype in (("float_dtype", float_dtype), ("system_float_dtype", system_float_dtype)):
+        if np.dtype(dtype) not in (np.float32, np.float64):
+            raise ValueError(f"{name} must be float32 or float64, got {np.dtype(dtype)}")
+    location = resolve_store(store, read_only=False, must_exist=False)
+    local = location.local_root
+    if local is not None:
+        AtomicDataZarrWriter(store).recover()  # what a killed conversion or writer left beside the path
+    if local is not None and local.exists():
+        raise StoreExistsError(f"Zarr store already exists at {location.display}")
+    tag = uuid.uuid4().hex[:8]
+    spool_dir = (
+        sibling(location, f"convert-spool-{tag}")
+        if local is not None
+        else Path(tempfile.gettempdir()) / f"dali-alchemi-convert-spool-{tag}"
+    )
     report = ConversionReport()
-    schema: dict[str, str] | None = None
-    custom_levels: dict[str, str] = {}
-    iterator = iter(structures)
-    while True:
-        block = list(itertools.islice(iterator, chunk))
-        if not block:
-            break
-        samples = []
-        for k, atoms in enumerate(block):
-            sample, custom, dropped = atoms_to_sample(atoms, float_dtype=float_dtype, cutoff=cutoff)
-            report.dropped.update(dropped)
-            if schema is None:
-                schema = dict.fromkeys(sample, "")
-                custom_levels = custom
-            missing = sorted(set(schema) - set(sample))
-            if missing:
-                raise SampleDataError(
-                    f"Structure {report.structures + k} has no {missing}, which earlier structures have"
-                )
-            extra = set(sample) - set(schema)
-            report.dropped.update(extra)
-            samples.append({name: sample[name] for name in schema})
-        packed = PackedSamples.from_samples(samples, levels=custom_levels)
-        if report.structures == 0:
-            writer.write(packed, levels=custom_levels, custom=sorted(custom_levels))
-            report.fields = dict(packed.levels)
-            report.custom = sorted(custom_levels)
-        else:
-            writer.append(packed, levels=custom_levels)
-        report.structures += len(packed)
-        report.atoms += int(packed.n_atoms.sum())
-        report.edges += int(packed.n_edges.sum())
-        if progress is not None:
-            progress(report.structures)
-    if report.structures == 0:
-        raise SampleDataError("No structures to convert")
+    try:
+        spool = Spool(spool_dir)
+        iterator = iter(structures)
+        while block := list(itertools.islice(iterator, chunk)):
+            extracted = [extract(atoms, cutoff=cutoff) for atoms in block]
+            for one in extracted:
+                for key, why in one.dropped.items():
+                    report.dropped[key] += 1
+                    report.dropped_reasons.setdefault(key, why)
+            spool.add(extracted)
+            if progress is not None:
+                progress("read", spool.structures)
+        if spool.structures == 0:
+            raise SampleDataError("No structures to convert")
+        decision = decide(spool.census, spool.structures, missing)
+        for name, why in decision.dropped.items():
+            report.dropped[name] += spool.census[name].present
+            report.dropped_reasons[name] = why
+        report.filled = dict(decision.filled)
+        custom = {**decision.custom, **{f"{name}{PRESENT_SUFFIX}": "system" for name in decision.filled}}
+        build = sibling(location, f"{CREATE_PREFIX}convert-{tag}") if local is not None else None
+        try:
+            writer = AtomicDataZarrWriter(store if build is None else build, config)
+            chunks = spool.chunks(
+                decision, float_dtype=float_dtype, system_float_dtype=system_float_dtype, tolerance=tolerance,
+                loss=report.precision,
+            )  # fmt: skip
+            for packed in chunks:
+                if report.structures == 0:
+                    writer.write(packed, levels=custom, custom=sorted(custom))
+                    report.fields = dict(packed.levels)
+                    report.custom = sorted(custom)
+                else:
+                    writer.append(packed, levels=custom)
+                report.structures += len(packed)
+                report.atoms += int(packed.n_atoms.sum())
+                report.edges += int(packed.n_edges.sum())
+                if progress is not None:
+                    progress("written", report.structures)
+            if build is not None:
+                assert local is not None
+                if local.exists():
+                    raise StoreExistsError(f"Zarr store already exists at {location.display}")
+                os.rename(build, local)
+        except BaseException:
+            if build is not None:
+                shutil.rmtree(build, ignore_errors=True)
+            raise
+    finally:
+        shutil.rmtree(spool_dir, ignore_errors=True)
+    warn_precision(report.precision, tolerance)
     if report.dropped:
-        logger.info("conversion dropped keys it could not store: %s", dict(report.dropped))
+        logger.info("conversion dropped keys it could not store: %s", report.dropped_reasons)
     return report
 
 
 def read_structures(path: str | Path, *, index: str = ":", format: str | None = None) -> Iterator[Atoms]:
-    """Stream ``ase.Atoms`` from any file ASE reads (extxyz, ``.db``, ``.traj``, ...) without loading it whole."""
-    from ase.io import iread
+    """Stream ``ase.Atoms`` from any file ASE reads (extxyz, ``.db``, ``.traj``, ...) without loading it whole.
 
+    An ASE database (``.db``, ``.json``) is read row by row with each row's key-value pairs and data
+    in ``atoms.info`` (``ase.io`` leaves them out).
+    """
+    from ase.io import iread
+    from ase.io.formats import filetype
+
+    kind = format or filetype(str(path))
+    if kind in DATABASE_FORMATS and index == ":":
+        return _database_rows(path)
     return iter(iread(str(path), index=index, format=format))
+
+
+def _database_rows(path: str | Path) -> Iterator[Atoms]:
+    import ase.db
+
+    with ase.db.connect(str(path), serial=True) as db:
+        for row in db.select():
+            yield row.toatoms(add_additional_information=True)
 
 
 def convert(
@@ -208,10 +232,13 @@ def convert(
     store: StoreLike,
     *,
     cutoff: float | None = None,
-    float_dtype: Any = np.float32,
+    float_dtype: DTypeLike = np.float32,
+    system_float_dtype: DTypeLike = np.float64,
+    missing: MissingPolicy = "error",
+    tolerance: float = DEFAULT_TOLERANCE,
     chunk: int = DEFAULT_CHUNK,
     config: WriteConfig | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[str, int], None] | None = None,
 ) -> ConversionReport:
     """Convert one or more ASE-readable files into a new store (see :func:`write_atoms`)."""
     paths = [Path(p) for p in inputs]
@@ -220,8 +247,9 @@ def convert(
             raise FileNotFoundError(f"Input {path} does not exist")
     structures = itertools.chain.from_iterable(read_structures(p) for p in paths)
     return write_atoms(
-        structures, store, cutoff=cutoff, float_dtype=float_dtype, chunk=chunk, config=config, progress=progress
-    )
+        structures, store, cutoff=cutoff, float_dtype=float_dtype, system_float_dtype=system_float_dtype,
+        missing=missing, tolerance=tolerance, chunk=chunk, config=config, progress=progress,
+    )  # fmt: skip
 
 
 def batch_to_atoms(batch: Batch) -> list[Atoms]:

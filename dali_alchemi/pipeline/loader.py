@@ -27,7 +27,7 @@ from dali_alchemi.pipeline.iterator import WindowIterator
 from dali_alchemi.pipeline.source import BLOB_OUTPUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
 from dali_alchemi.plan import PlanArguments, build_plan, pad_shape, restore, store_chunking
 from dali_alchemi.store.multi import MultiReader, open_source
-from dali_alchemi.store.protocol import select_fields
+from dali_alchemi.store.protocol import as_field_names, select_fields
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
@@ -194,7 +194,7 @@ class DALIDataLoader:
         self.augmentations = check_augmentations(augmentations)
         self.config = LoaderConfig(
             batches_per_window=batches_per_window, num_workers=num_workers, device=str(device),
-            fields=None if fields is None else ((fields,) if isinstance(fields, str) else tuple(fields)),
+            fields=None if fields is None else as_field_names(fields),
             read_ahead=read_ahead, start_method=start_method, queue_depth=queue_depth, cache_bytes=cache_bytes,
             layout=layout,
         )  # fmt: skip

@@ -32,7 +32,7 @@ from dali_alchemi.errors import (
     UnknownFieldError,
 )
 from dali_alchemi.store.packed import PackedSamples
-from dali_alchemi.store.protocol import FieldSpec, PackedReader
+from dali_alchemi.store.protocol import FieldSpec, PackedReader, as_field_names
 from dali_alchemi.store.reader import open_reader
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ class MultiReader:
             raise ConfigError(f"MultiReader needs a non-empty list of stores or readers, got {sources!r}")
         if names is not None and len(names) != len(sources):
             raise ConfigError(f"names= has {len(names)} entries for {len(sources)} members")
-        wanted = None if fields is None else ((fields,) if isinstance(fields, str) else tuple(fields))
+        wanted = None if fields is None else as_field_names(fields)
         member_fields = None if wanted is None else tuple(f for f in wanted if f not in ADDED_FIELDS) or None
         self._options = {"fields": wanted, "names": None if names is None else list(names), "cache_bytes": cache_bytes}
         self._members: list[PackedReader] = []
@@ -260,7 +260,7 @@ class MultiReader:
         are computed, not read.
         """
         self._check_open()
-        names = tuple(self._specs) if fields is None else tuple(fields)
+        names = tuple(self._specs) if fields is None else as_field_names(fields)
         unknown = sorted(set(names) - set(self._specs))
         if unknown:
             raise UnknownFieldError(f"Unknown fields {unknown}; the reader returns {list(self._specs)}")

@@ -100,6 +100,11 @@ class ChunkedReader(Protocol):
     def cache_bytes(self) -> int: ...
 
 
+def as_field_names(fields: str | Iterable[str]) -> tuple[str, ...]:
+    """``fields=`` as a tuple of names: a string is one name, not its letters."""
+    return (fields,) if isinstance(fields, str) else tuple(fields)
+
+
 def select_fields(reader: PackedReader, fields: str | Iterable[str] | None) -> tuple[str, ...]:
     """The fields a loader reads from ``reader``: all of them (``None``), one name, or a subset.
 
@@ -115,7 +120,7 @@ def select_fields(reader: PackedReader, fields: str | Iterable[str] | None) -> t
     available = tuple(reader.field_specs)
     if fields is None:
         return available
-    names = (fields,) if isinstance(fields, str) else tuple(fields)
+    names = as_field_names(fields)
     if not names:
         raise ConfigError("fields must name at least one field (or be None for all of them)")
     unknown = sorted(set(names) - set(available))

@@ -41,7 +41,7 @@ from dali_alchemi.store.generation import read_token
 from dali_alchemi.store.indices import checked_indices
 from dali_alchemi.store.location import StoreLike, StoreLocation, resolve_store
 from dali_alchemi.store.packed import PackedSamples
-from dali_alchemi.store.protocol import FieldSpec, PackedReader
+from dali_alchemi.store.protocol import FieldSpec, PackedReader, as_field_names
 from dali_alchemi.store.snapshot import Snapshot, incompatibility, open_snapshot
 from dali_alchemi.store.validate import memory_budget
 from dali_alchemi.types import PerLevel
@@ -69,7 +69,8 @@ class AtomicDataZarrReader:
         Return pinned tensors from :meth:`read`/:meth:`read_many` (one pinned copy per field per call).
         Needs CUDA; raises ``RuntimeError`` at construction otherwise.
     fields
-        Read only these fields (core or custom). ``None`` reads every array, as nvalchemi does.
+        Read only these fields (core or custom; one name, or several). ``None`` reads every array, as
+        nvalchemi does.
     cache_bytes
         Budget of the decoded-chunk cache shared by every array (default 1 GiB; 0 disables it).
     num_threads
@@ -94,7 +95,7 @@ class AtomicDataZarrReader:
         store: StoreLike,
         *,
         pin_memory: bool = False,
-        fields: Iterable[str] | None = None,
+        fields: str | Iterable[str] | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         num_threads: int | None = None,
         fetch: FetchConfig | None = None,
@@ -105,7 +106,7 @@ class AtomicDataZarrReader:
         self._store_arg = store
         self._options: dict[str, Any] = {
             "pin_memory": pin_memory,
-            "fields": None if fields is None else tuple(fields),
+            "fields": None if fields is None else as_field_names(fields),
             "cache_bytes": cache_bytes,
             "num_threads": num_threads,
             "fetch": fetch,
@@ -256,7 +257,7 @@ class AtomicDataZarrReader:
 
     # -- the packed fast path -----------------------------------------------------------------------
     def read_packed(
-        self, indices: int | Sequence[int] | NDArray[Any], *, fields: Iterable[str] | None = None
+        self, indices: int | Sequence[int] | NDArray[Any], *, fields: str | Iterable[str] | None = None
     ) -> PackedSamples:
         """Read a window of samples as one flat array per field, in request order.
 
@@ -365,8 +366,8 @@ class AtomicDataZarrReader:
             f"[{int(ptr[physical[sample]])}, {int(ptr[physical[sample] + 1])})"
         )
 
-    def _select(self, fields: Iterable[str]) -> tuple[str, ...]:
-        names = tuple(fields)
+    def _select(self, fields: str | Iterable[str]) -> tuple[str, ...]:
+        names = as_field_names(fields)
         unknown = sorted(set(names) - set(self._fields))
         if unknown:
             raise UnknownFieldError(f"Unknown fields {unknown}; this reader returns {list(self._fields)}")

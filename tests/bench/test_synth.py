@@ -30,6 +30,19 @@ def test_synthetic_samples_are_deterministic_and_valid() -> None:
     assert a.fields["cell"].shape == (20, 3, 3) and a.fields["pbc"].all()
 
 
+def test_synthetic_energies_are_float64_and_the_rest_keeps_its_dtypes() -> None:
+    a = synthetic_samples(30, seed=7)
+    dtypes = {name: values.dtype for name, values in a.fields.items()}
+    assert dtypes["energy"] == np.float64 and dtypes["positions"] == dtypes["forces"] == dtypes["cell"] == np.float32
+    rng = np.random.default_rng(7)  # the same values as float32 draws: the stream is unchanged
+    total_atoms, total_edges = int(a.n_atoms.sum()), int(a.n_edges.sum())
+    rng.integers(1, 20, size=total_atoms, dtype=np.int64)
+    rng.random((total_edges, 2))
+    for shape in ((total_atoms, 3), (total_atoms, 3), (total_edges, 3)):
+        rng.standard_normal(shape, dtype=np.float32)
+    assert a.fields["energy"].tolist() == rng.standard_normal((30, 1), dtype=np.float32).tolist()
+
+
 def test_bad_sizes() -> None:
     with pytest.raises(ValueError, match="min_atoms"):
         size_plan(3, min_atoms=5, max_atoms=4)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -42,23 +44,28 @@ def extxyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.dali
 def test_extxyz_through_convert_loader_and_back_to_atoms(extxyz: Path, tmp_path: Path) -> None:
+    import torch
+
     from dali_alchemi import DALIDataLoader
 
     store = tmp_path / "cu.zarr"
-    report = convert([extxyz], store, cutoff=3.0, float_dtype=np.float64, chunk=5)
-    assert report.structures == 23 and report.custom == ["spin", "step", "temperature"]
-    assert report.dropped == {"config_type": 23}
+    report = convert([extxyz], store, cutoff=3.0, chunk=5)  # float32 per atom, float64 per structure
+    assert report.structures == 23
+    assert report.custom == ["energies", "free_energy", "spin", "step", "temperature"]  # EMT's results too
+    assert report.dropped == {"config_type": 23} and report.dropped_reasons == {"config_type": "not numeric (str)"}
     assert report.fields["stress"] == "system" and report.fields["neighbor_list"] == "edge"
     original = read(extxyz, index=":")
     with DALIDataLoader(store, batch_size=4, shuffle=True, seed=1, num_workers=0, device="cpu") as loader:
         seen = 0
         for batch in loader:
+            assert batch.positions.dtype == torch.float32 and batch.forces.dtype == torch.float32
+            assert batch.energy.dtype == torch.float64 and batch.stress.dtype == torch.float64
             for index, atoms in zip(batch.sample_indices.tolist(), to_ase(batch), strict=True):
                 want = original[index]
                 assert np.array_equal(atoms.numbers, want.numbers)
                 assert np.allclose(atoms.positions, want.positions)
                 assert np.allclose(atoms.cell.array, want.cell.array) and (atoms.pbc == want.pbc).all()
-                assert np.isclose(atoms.get_potential_energy(), want.get_potential_energy())
+                assert atoms.get_potential_energy() == want.get_potential_energy()  # float64: exact
                 assert np.allclose(atoms.get_forces(), want.get_forces())
                 assert np.allclose(atoms.get_stress(), want.get_stress())
                 assert np.allclose(atoms.arrays["spin"], want.arrays["spin"])
@@ -87,14 +94,22 @@ def test_databases_and_trajectories_stream_in(suffix: str, tmp_path: Path) -> No
 def test_molecules_without_a_cell_and_inconsistent_inputs(tmp_path: Path) -> None:
     water = molecule("H2O")
     water.info["energy"] = -14.2
-    with pytest.raises(SampleDataError, match=r"Structure 1 has no \['energy'\]"):
+    with pytest.raises(SampleDataError, match=r"'energy' is missing from 1 of 2 structures \(the first: structure 1\)"):
         write_atoms([water, molecule("H2O")], tmp_path / "b.zarr", chunk=1)
+    assert not (tmp_path / "b.zarr").exists()
     report = write_atoms([water, water.copy()], tmp_path / "c.zarr", cutoff=1.2)
     assert report.edges == 2 * 4  # two O-H bonds each way, per molecule
     with pytest.raises(SampleDataError, match="No structures"):
         write_atoms([], tmp_path / "d.zarr")
     with pytest.raises(FileNotFoundError, match=r"missing\.extxyz"):
         convert([tmp_path / "missing.extxyz"], tmp_path / "e.zarr")
+    for bad, match in (
+        ({"missing": "ignore"}, "missing must be one of error, fill, drop"),
+        ({"tolerance": -1.0}, "tolerance must be >= 0"),
+        ({"system_float_dtype": np.float16}, "system_float_dtype must be float32 or float64, got float16"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            write_atoms([water], tmp_path / "f.zarr", **bad)  # type: ignore[arg-type]
 
 
 def test_cli_convert(
@@ -106,3 +121,200 @@ def test_cli_convert(
     assert "wrote 23 structures" in out and "structures/s" in out and "config_type x23" in out
     with AtomicDataZarrReader(tmp_path / "cli.zarr") as reader:
         assert reader.read(0)[0]["positions"].dtype.is_floating_point and len(reader) == 23
+
+
+def _leftovers(folder: Path) -> list[str]:
+    """Everything in ``folder``, hidden staging and spool directories included."""
+    return sorted(p.name for p in folder.iterdir())
+
+
+def _g2() -> list[ase.Atoms]:
+    from ase.collections import g2
+
+    return list(g2)
+
+
+def test_fields_are_decided_over_the_whole_input(tmp_path: Path) -> None:
+    g2 = _g2()
+    magnetic = ["initial_magmoms" in atoms.arrays for atoms in g2]
+    assert sum(magnetic) == 43 and not magnetic[0]  # the first structure has no magnetic moments
+    report = write_atoms(g2, tmp_path / "fill.zarr", missing="fill", chunk=60)
+    assert report.filled == {"initial_magmoms": 162 - 43}
+    assert report.fields["initial_magmoms"] == "atom" and report.fields["initial_magmoms_present"] == "system"
+    with AtomicDataZarrReader(tmp_path / "fill.zarr") as reader:
+        packed = reader.read_packed(range(162))
+        assert packed.fields["initial_magmoms_present"].tolist() == magnetic
+        for i in (magnetic.index(True), magnetic.index(False)):
+            got = reader.read(i)[0]["initial_magmoms"].numpy()
+            if magnetic[i]:
+                assert np.allclose(got, g2[i].arrays["initial_magmoms"])
+            else:
+                assert got.shape == (len(g2[i]),) and np.isnan(got).all()
+    report = write_atoms(g2, tmp_path / "drop.zarr", missing="drop", chunk=60)
+    assert "initial_magmoms" not in report.fields and report.dropped["initial_magmoms"] == 43
+    assert report.dropped_reasons["initial_magmoms"] == "missing from 119 of 162 structures (the first: structure 0)"
+
+
+def test_a_failed_convert_leaves_no_store_and_a_retry_works(tmp_path: Path) -> None:
+    g2 = _g2()
+    first = sorted(g2, key=lambda atoms: "initial_magmoms" not in atoms.arrays)  # the 43 magnetic ones first
+    out = tmp_path / "g2.zarr"
+    with pytest.raises(SampleDataError, match=r"'initial_magmoms' is missing from 119 of 162 structures.*missing="):
+        write_atoms(first, out, chunk=10)
+    assert _leftovers(tmp_path) == []
+
+    def broken() -> Iterator[ase.Atoms]:
+        yield from first[:45]
+        raise OSError("the input went away")
+
+    with pytest.raises(OSError, match="went away"):
+        write_atoms(broken(), out, chunk=10, missing="fill")
+    assert _leftovers(tmp_path) == []
+    report = write_atoms(first, out, chunk=60, missing="fill")
+    assert report.structures == 162 and _leftovers(tmp_path) == ["g2.zarr"]
+
+
+def test_what_a_killed_convert_left_is_removed_by_the_next(tmp_path: Path) -> None:
+    for suffix in ("convert-spool-0badc0de", "create-convert-0badc0de"):  # the two directories convert uses
+        (tmp_path / f".out.zarr.dali-alchemi-{suffix}" / "core").mkdir(parents=True)
+    write_atoms(_structures(3), tmp_path / "out.zarr")
+    assert _leftovers(tmp_path) == ["out.zarr"]
+
+
+def test_a_failure_while_writing_leaves_no_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dali_alchemi.store.writer import AtomicDataZarrWriter
+
+    def fail(self: AtomicDataZarrWriter, *args: object, **kwargs: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(AtomicDataZarrWriter, "append", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_atoms(_structures(7), tmp_path / "out.zarr", chunk=3)
+    assert _leftovers(tmp_path) == []
+
+
+def test_database_key_value_pairs_become_fields(tmp_path: Path) -> None:
+    from ase.collections import dcdft, s22
+
+    report = convert([s22.filename], tmp_path / "s22.zarr")
+    assert report.fields["cc_energy"] == "system" and "cc_energy" in report.custom
+    assert report.dropped == {"name": 22, "unique_id": 22}
+    assert report.dropped_reasons["name"] == "not numeric (str)"
+    with AtomicDataZarrReader(tmp_path / "s22.zarr") as reader:
+        stored = reader.read_packed(range(22)).fields["cc_energy"]
+        assert stored.dtype == np.float64
+        assert stored.tolist() == [s22.data[name]["cc_energy"] for name in s22.names]
+    report = convert([dcdft.filename], tmp_path / "dcdft.zarr", missing="drop")
+    assert {"wien2k_B", "wien2k_Bp", "wien2k_volume"} <= set(report.fields)
+    assert report.dropped["exp_volume"] == 58 and "missing from 13 of 71" in report.dropped_reasons["exp_volume"]
+    with AtomicDataZarrReader(tmp_path / "dcdft.zarr") as reader:
+        assert reader.read_packed(range(71)).fields["wien2k_volume"].tolist() == [
+            dcdft.data[name]["wien2k_volume"] for name in dcdft.names
+        ]
+
+
+def test_calculator_results_become_fields(tmp_path: Path) -> None:
+    from ase.calculators.singlepoint import SinglePointCalculator
+
+    structures = []
+    for k in range(4):
+        atoms = molecule("CH4")
+        n = len(atoms)
+        atoms.calc = SinglePointCalculator(
+            atoms, energy=-24.0 - k, free_energy=-24.1 - k, magmom=0.5 * k, magmoms=np.full(n, 0.1 * k),
+            energies=np.arange(n) + k, stresses=np.tile(np.arange(6.0), (n, 1)), forces=np.ones((n, 3)),
+        )  # fmt: skip
+        atoms.arrays["tags"] = np.arange(n, dtype=np.int64)
+        atoms.info["energy"] = 0.0  # the calculator's energy wins; this one is reported
+        structures.append(atoms)
+    report = write_atoms(structures, tmp_path / "calc.zarr")
+    assert report.custom == ["energies", "free_energy", "magmom", "magmoms", "stresses", "tags"]
+    assert report.dropped == {"energy (info)": 4}
+    assert report.dropped_reasons["energy (info)"] == "'energy' was already given by the structure or its calculator"
+    with AtomicDataZarrReader(tmp_path / "calc.zarr") as reader:
+        sample = {k: v.numpy() for k, v in reader.read(3)[0].items()}
+    assert sample["free_energy"].tolist() == [-27.1] and sample["free_energy"].dtype == np.float64
+    assert sample["energy"].tolist() == [[-27.0]] and sample["magmom"].tolist() == [1.5]
+    assert np.allclose(sample["magmoms"], 0.3) and sample["energies"].tolist() == [3, 4, 5, 6, 7]
+    assert sample["stresses"].shape == (5, 3, 3) and sample["stresses"][0].tolist() == [
+        [0.0, 5.0, 4.0], [5.0, 1.0, 3.0], [4.0, 3.0, 2.0],
+    ]  # fmt: skip
+    assert sample["tags"].dtype == np.int64 and sample["tags"].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_fill_values_per_dtype_and_fields_that_cannot_be_one_array(tmp_path: Path) -> None:
+    structures = [molecule("H2O") for _ in range(3)]
+    structures[0].arrays["tags"] = np.array([1, 2, 3])
+    structures[0].info["flag"] = True
+    structures[0].info["vector"] = np.arange(3.0)
+    structures[2].info["vector"] = np.arange(5.0)
+    with pytest.raises(SampleDataError, match=r"'vector' cannot be one array:.* shape \(5,\) in structure 2"):
+        write_atoms(structures, tmp_path / "a.zarr")
+    report = write_atoms(structures, tmp_path / "b.zarr", missing="fill")
+    assert "vector" not in report.fields and report.dropped_reasons["vector"].startswith("cannot be one array")
+    assert report.dropped["vector"] == 2
+    del structures[2].info["vector"]
+    report = write_atoms(structures, tmp_path / "c.zarr", missing="fill")
+    assert report.filled == {"tags": 2, "flag": 2, "vector": 2}
+    with AtomicDataZarrReader(tmp_path / "c.zarr") as reader:
+        packed = reader.read_packed([0, 1, 2]).fields
+    assert packed["tags"].tolist() == [1, 2, 3] + [-1] * 6 and packed["tags"].dtype == np.int64
+    assert packed["flag"].tolist() == [True, False, False] and packed["flag_present"].tolist() == [True, False, False]
+    assert packed["vector"][0].tolist() == [0.0, 1.0, 2.0] and np.isnan(packed["vector"][1:]).all()
+
+
+def test_energies_are_float64_by_default_and_float32_warns(tmp_path: Path) -> None:
+    from ase.calculators.singlepoint import SinglePointCalculator
+
+    from dali_alchemi.errors import PrecisionLossWarning
+
+    energies = [-98765.4321 + 0.0013 * k for k in range(5)]
+    structures = []
+    for energy in energies:
+        atoms = bulk("Cu", "fcc", a=3.6)
+        atoms.calc = SinglePointCalculator(atoms, energy=energy, forces=np.zeros((1, 3)))
+        structures.append(atoms)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # float32 positions and forces lose nothing beyond the tolerance
+        report = write_atoms(structures, tmp_path / "default.zarr")
+    assert report.precision == {}
+    with AtomicDataZarrReader(tmp_path / "default.zarr") as reader:
+        fields = reader.read_packed(range(5)).fields
+    assert fields["energy"].dtype == np.float64 and fields["energy"][:, 0].tolist() == energies
+    assert fields["positions"].dtype == np.float32 and fields["cell"].dtype == np.float32
+    with pytest.warns(PrecisionLossWarning, match=r"'energy' as float32 changed 5 values by more than 0.0001"):
+        report = write_atoms(structures, tmp_path / "narrow.zarr", system_float_dtype=np.float32)
+    assert report.precision["energy"].over == 5 and 1e-3 < report.precision["energy"].worst < 4e-3
+    with AtomicDataZarrReader(tmp_path / "narrow.zarr") as reader:
+        assert len(set(reader.read_packed(range(5)).fields["energy"][:, 0].tolist())) < 5  # collapsed, as warned
+
+
+def test_cli_convert_policy_report_and_precision(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ase.calculators.singlepoint import SinglePointCalculator
+    from ase.collections import g2
+
+    monkeypatch.setenv("COLUMNS", "40")
+    out = tmp_path / "g2.zarr"
+    assert main(["convert", g2.filename, str(out), "--chunk", "10"]) == 2
+    text = capsys.readouterr().out
+    assert text.startswith("error: SampleDataError: The structures do not all have the same fields")
+    assert "'initial_magmoms' is missing from 119 of 162" in text and _leftovers(tmp_path) == []
+    assert main(["convert", g2.filename, str(out), "--missing", "fill"]) == 0
+    text = capsys.readouterr().out
+    assert "filled: initial_magmoms for 119 structures without it (see initial_magmoms_present)" in text
+    assert "dropped: name x162 (not numeric (str))" in text and "dropped: unique_id x162" in text
+    big = tmp_path / "big.extxyz"
+    structures = [bulk("Cu", "fcc", a=3.6) for _ in range(5)]
+    for k, atoms in enumerate(structures):
+        atoms.calc = SinglePointCalculator(atoms, energy=-98765.4321 + 0.0013 * k)
+    write(big, structures)
+    assert main(["convert", str(big), str(tmp_path / "big.zarr")]) == 0
+    assert "precision" not in capsys.readouterr().out
+    assert main(["convert", str(big), str(tmp_path / "narrow.zarr"), "--system-float32", "--float64"]) == 0
+    text = capsys.readouterr().out
+    assert "precision: float32 changed 5 values of energy by more than 0.0001 (at most 0.00" in text
+    with AtomicDataZarrReader(tmp_path / "narrow.zarr") as reader:
+        fields = reader.read_packed(range(5)).fields
+        assert fields["energy"].dtype == np.float32 and fields["positions"].dtype == np.float64

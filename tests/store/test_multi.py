@@ -105,6 +105,8 @@ def test_a_window_from_one_member_and_an_empty_window(multi: MultiReader) -> Non
         only_ids.fields["dataset_id"].tolist() == [0, 1]
         and only_ids.n_atoms.tolist() == multi.sample_sizes([0, 300])[0].tolist()
     )
+    one_name = multi.read_packed([0, 300], fields="energy")  # a string is one field, not its letters
+    assert list(one_name.fields) == ["energy"]
 
 
 def test_fields_default_to_those_every_member_shares(small_store: Path, other_store: Path) -> None:

@@ -144,6 +144,14 @@ def test_fields_projection(small_store: Path, truth: list) -> None:
         AtomicDataZarrReader(small_store, fields=["nope"])
 
 
+def test_a_single_field_name_is_one_field(small_store: Path) -> None:
+    with AtomicDataZarrReader(small_store, fields="positions") as r:
+        assert r.field_names == ("positions",)
+        assert set(r.read(0)[0]) == {"positions"}
+    with AtomicDataZarrReader(small_store) as r:
+        assert r.read_packed([0, 1], fields="energy").fields.keys() == {"energy"}
+
+
 def test_sharded_store_reads_the_same(sharded_store: Path, reader: AtomicDataZarrReader) -> None:
     order = np.random.default_rng(3).integers(-N_SMALL, N_SMALL, 200)
     with AtomicDataZarrReader(sharded_store, cache_bytes=0) as sharded:

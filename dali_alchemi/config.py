@@ -30,7 +30,9 @@ def _codec_from_json(spec: Mapping[str, Any]) -> BytesBytesCodec:
     """Build a compressor from zarr v3 JSON (``{"name": "zstd", "configuration": {...}}``)."""
     name = spec.get("name")
     conf = dict(spec.get("configuration", {}))
-    codecs: dict[str, type[BytesBytesCodec]] = {"zstd": ZstdCodec, "blosc": BloscCodec, "gzip": GzipCodec}
+    codecs: dict[str, type[BytesBytesCodec]] = {
+        "zstd": ZstdCodec, "blosc": BloscCodec, "gzip": GzipCodec, "crc32c": Crc32cCodec,
+    }  # fmt: skip
     if name not in codecs:
         raise ConfigError(f"Unsupported compressor {name!r}: expected one of {sorted(codecs)}")
     return codecs[str(name)](**conf)

@@ -28,6 +28,7 @@ import numpy as np
 from zarr.storage import LocalStore
 
 from dali_alchemi.csr import concat_aranges
+from dali_alchemi.errors import ChunkDecodeError
 from dali_alchemi.store.cache import BlockCache, CacheStats
 from dali_alchemi.store.codecs import ArrayCodec, BlockPayloads, fetch_blocks
 from dali_alchemi.store.fetch import ByteFetcher, LocalFetcher, StoreFetcher
@@ -214,7 +215,7 @@ class BlockEngine:
             if plan.total == 0:
                 continue
             if handle.codec is None:
-                outputs[name][plan.dest] = handle.array.get_orthogonal_selection((plan.rows,))
+                outputs[name][plan.dest] = _read_through_zarr(handle, plan.rows)
                 continue
             whole = self.cache.get((name, RESIDENT)) if self.cache.peek((name, RESIDENT)) is not None else None
             if whole is not None:
@@ -306,6 +307,17 @@ def _balanced_groups(jobs: list[_BlockJob], n_groups: int) -> list[list[_BlockJo
         groups[g].append(jobs[i])
         loads[g] += sizes[i]
     return [g for g in groups if g]
+
+
+def _read_through_zarr(handle: ArrayHandle, rows: NDArray[np.int64]) -> NDArray[Any]:
+    """Rows of an array the fast decoder does not take, read by zarr (which checks crc32c too)."""
+    try:
+        return handle.array.get_orthogonal_selection((rows,))  # type: ignore[no-any-return]
+    except Exception as err:  # codecs raise many types; all mean the stored bytes are unusable
+        name = handle.array.path or handle.name
+        raise ChunkDecodeError(
+            f"Array {name!r} could not be read through zarr: {type(err).__name__}: {err}", array=name
+        ) from err
 
 
 def _rows_view(arr: NDArray[Any]) -> NDArray[Any]:

@@ -88,7 +88,7 @@ class _Chain:
                 raw = np.frombuffer(data, dtype=np.uint8)
                 if raw.size < 4:
                     raise ValueError("payload shorter than its crc32c checksum")
-                computed = np.uint32(google_crc32c.value(raw[:-4].tobytes())).tobytes()
+                computed = np.uint32(google_crc32c.value(raw[:-4])).tobytes()  # the view, not a copy
                 if raw[-4:].tobytes() != computed:
                     raise ValueError("crc32c checksum mismatch")
                 data = raw[:-4]

@@ -19,7 +19,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ from zarr.storage import LocalStore
 
 from dali_alchemi.errors import ChunkDecodeError, StoreFormatError, UnsupportedCodecError
 from dali_alchemi.store import layout
+from dali_alchemi.store.checks import Findings, OnBlock, Problem, mask_check, neighbor_check, owners, pointer_ok
 from dali_alchemi.store.codecs import ArrayCodec, fetch_blocks
 from dali_alchemi.store.engine import default_threads
 from dali_alchemi.store.fetch import ByteFetcher, LocalFetcher, StoreFetcher
@@ -48,23 +49,6 @@ BLOCKS_PER_THREAD = 4
 
 Progress = Callable[[int, int], None]
 """Called with (chunks done, chunks in all) as the check goes."""
-
-OnBlock = Callable[[int, "NDArray[Any]", str], None]
-"""Called with (first row, decoded rows, chunk key) for every block of an array that decoded."""
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """One thing wrong with a store: what kind, a message, and where (array, chunk key, structure)."""
-
-    kind: str
-    """``journal``, ``format``, ``missing-array``, ``missing-chunk``, ``corrupt-chunk``, ``no-checksum``,
-    ``shape``, ``pointer``, ``mask`` or ``neighbor-list``."""
-    message: str
-    array: str | None = None
-    chunk: str | None = None
-    sample: int | None = None
-    """The structure's physical index (deleted ones counted), where one is concerned."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,25 +87,6 @@ class VerifyReport:
         return out
 
 
-@dataclass
-class _Findings:
-    limit: int
-    problems: list[Problem] = field(default_factory=list)
-    left_out: int = 0
-    reported: set[tuple[str | None, str | None, str]] = field(default_factory=set)
-
-    def add(self, kind: str, message: str, *, array: str | None = None, chunk: str | None = None,
-            sample: int | None = None) -> None:  # fmt: skip
-        if chunk is not None:
-            if (array, chunk, kind) in self.reported:
-                return  # a shard index read once per block of its shard is one problem
-            self.reported.add((array, chunk, kind))
-        if len(self.problems) >= self.limit:
-            self.left_out += 1
-            return
-        self.problems.append(Problem(kind=kind, message=message, array=array, chunk=chunk, sample=sample))
-
-
 def _has_crc32c(metadata: Any) -> bool:
     codecs = tuple(getattr(metadata, "codecs", ()))
     if len(codecs) == 1 and isinstance(codecs[0], ShardingCodec):
@@ -137,7 +102,7 @@ value, and the error."""
 class _Walker:
     """Decodes every chunk of one array after another, on a thread pool, recording what fails."""
 
-    def __init__(self, store: Any, complete: bool, findings: _Findings, threads: int, progress: Progress | None):
+    def __init__(self, store: Any, complete: bool, findings: Findings, threads: int, progress: Progress | None):
         self.complete = complete
         self.findings = findings
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="dali-alchemi-verify")
@@ -177,7 +142,7 @@ class _Walker:
                     kind = "missing-chunk" if "is missing" in str(err) else "corrupt-chunk"
                     first = block * codec.block_rows
                     last = first + codec.block_shape(block)[0] - 1
-                    where, sample = _owners(first, last, ptr, self.n_samples)
+                    where, sample = owners(first, last, ptr, self.n_samples)
                     self.findings.add(kind, f"{err}{where}", array=codec.name, chunk=err.chunk, sample=sample)
                 if data is None:
                     clean = False
@@ -243,22 +208,6 @@ class _Walker:
             self.progress(self.done, self.total)
 
 
-def _owners(first: int, last: int, ptr: NDArray[np.int64] | None, n_samples: int) -> tuple[str, int | None]:
-    """Text naming the structures that own rows ``first..last``, and the first of them."""
-    if ptr is None:
-        if n_samples < 0:
-            return f" (rows {first}-{last})", None
-        return f" (rows {first}-{last}: structures {first}-{min(last, n_samples - 1)})", first
-    lo, hi = (int(v) for v in np.searchsorted(ptr, [first, last], side="right") - 1)
-    return f" (rows {first}-{last}: structures {lo}-{hi}, physical indices)", lo
-
-
-def _row_owner(ptr: NDArray[np.int64], first: int, count: int) -> NDArray[np.int64]:
-    """The structure that owns each of rows ``first .. first + count`` under pointer ``ptr``."""
-    rows = np.arange(first, first + count, dtype=np.int64)
-    return np.searchsorted(ptr, rows, side="right").astype(np.int64) - 1
-
-
 def verify_store(
     store: StoreLike,
     *,
@@ -278,7 +227,7 @@ def verify_store(
         raise ValueError(f"max_problems must be >= 1, got {max_problems}")
     loc = resolve_store(store, read_only=True, must_exist=True, storage_options=storage_options)
     started = time.perf_counter()
-    found = _Findings(limit=max_problems)
+    found = Findings(limit=max_problems)
     try:
         op = read_journal(loc)
         if op is not None:
@@ -334,7 +283,7 @@ def verify_store(
 
 
 def _check(
-    store: str, schema: layout.StoreSchema, arrays: dict[str, Any], walker: _Walker, found: _Findings
+    store: str, schema: layout.StoreSchema, arrays: dict[str, Any], walker: _Walker, found: Findings
 ) -> tuple[int, int]:
     """Decode the meta arrays whole and check them, then stream every other array; (samples, live)."""
     meta: dict[str, NDArray[Any]] = {}
@@ -363,7 +312,7 @@ def _check(
     ptrs: dict[str, NDArray[np.int64]] = {}
     for name in (layout.ATOMS_PTR, layout.EDGES_PTR):
         ptr = meta.get(name)
-        if ptr is not None and _pointer_ok(name, ptr, n, found):
+        if ptr is not None and pointer_ok(name, ptr, n, found):
             ptrs[name] = ptr.astype(np.int64)
     rows: dict[str, int] = {"system": n}
     if layout.ATOMS_PTR in ptrs:
@@ -374,11 +323,11 @@ def _check(
     mask_bool = mask.astype(np.bool_)
     for mask_name, ptr_name in ((layout.ATOMS_MASK, layout.ATOMS_PTR), (layout.EDGES_MASK, layout.EDGES_PTR)):
         if ptr_name in ptrs:
-            checks[f"meta/{mask_name}"] = _mask_check(f"meta/{mask_name}", ptrs[ptr_name], mask_bool, found)
+            checks[f"meta/{mask_name}"] = mask_check(f"meta/{mask_name}", ptrs[ptr_name], mask_bool, found)
     if layout.ATOMS_PTR in ptrs and layout.EDGES_PTR in ptrs:
         for name in layout.ATOM_INDEX_FIELDS:
             path = f"{schema.group_of(name)}/{name}"
-            checks[path] = _neighbor_check(path, ptrs[layout.ATOMS_PTR], ptrs[layout.EDGES_PTR], mask_bool, found)
+            checks[path] = neighbor_check(path, ptrs[layout.ATOMS_PTR], ptrs[layout.EDGES_PTR], mask_bool, found)
     levels: dict[str, str | None] = {}
     for path, arr in arrays.items():
         group, name = path.split("/", 1)
@@ -414,61 +363,7 @@ def _walk_rest(
             walker.walk(path, arr, checks.get(path), (owners or {}).get(path))
 
 
-def _pointer_ok(name: str, ptr: NDArray[Any], n: int, found: _Findings) -> bool:
-    path = f"meta/{name}"
-    if ptr.size != n + 1:
-        found.add("pointer", f"{path} has {ptr.size} entries; expected {n + 1} for {n} samples in samples_mask",
-                  array=path)  # fmt: skip
-        return False
-    if ptr.dtype.kind not in "iu":
-        found.add("pointer", f"{path} has dtype {ptr.dtype}; expected integers", array=path)
-        return False
-    ok = True
-    if int(ptr[0]) != 0:
-        found.add("pointer", f"{path} starts at {int(ptr[0])}, not 0", array=path, sample=0)
-        ok = False
-    for k in np.flatnonzero(np.diff(ptr.astype(np.int64)) < 0)[: found.limit].tolist():
-        found.add("pointer", f"{path} decreases at sample {k}: entry {k + 1} ({int(ptr[k + 1])}) < entry {k} "
-                  f"({int(ptr[k])})", array=path, sample=int(k))  # fmt: skip
-        ok = False
-    return ok
-
-
-def _mask_check(path: str, ptr: NDArray[np.int64], samples_mask: NDArray[np.bool_], found: _Findings) -> OnBlock:
-    """Rows of live structures must be True in an atoms/edges mask, rows of deleted ones False."""
-
-    def check(first: int, data: NDArray[Any], key: str) -> None:
-        owner = _row_owner(ptr, first, data.shape[0])
-        wrong = np.flatnonzero(data.astype(np.bool_) != samples_mask[np.clip(owner, 0, samples_mask.size - 1)])
-        for sample in np.unique(owner[wrong])[: found.limit].tolist():
-            state = "live" if samples_mask[sample] else "deleted"
-            found.add("mask", f"{path} disagrees with samples_mask for {state} sample {sample}", array=path,
-                      chunk=key, sample=int(sample))  # fmt: skip
-
-    return check
-
-
-def _neighbor_check(
-    path: str, atoms_ptr: NDArray[np.int64], edges_ptr: NDArray[np.int64], mask: NDArray[np.bool_], found: _Findings
-) -> OnBlock:
-    """Every stored (store-global) index of a live structure's edges must be one of its own atom rows."""
-
-    def check(first: int, data: NDArray[Any], key: str) -> None:
-        owner = np.clip(_row_owner(edges_ptr, first, data.shape[0]), 0, mask.size - 1)
-        lo, hi = atoms_ptr[owner], atoms_ptr[owner + 1]
-        values = data.reshape(data.shape[0], -1).astype(np.int64)
-        bad = mask[owner] & ((values < lo[:, None]) | (values >= hi[:, None])).any(axis=1)
-        rows = np.flatnonzero(bad)
-        samples, at = np.unique(owner[rows], return_index=True)
-        for sample, row in zip(samples[: found.limit].tolist(), rows[at][: found.limit].tolist(), strict=True):
-            found.add("neighbor-list", f"sample {sample}: {path} row {first + row} holds {values[row].tolist()}, "
-                      f"outside the sample's atom rows [{int(atoms_ptr[sample])}, {int(atoms_ptr[sample + 1])})",
-                      array=path, chunk=key, sample=int(sample))  # fmt: skip
-
-    return check
-
-
-def _report(store: str, found: _Findings, started: float, *, samples: int, live: int, arrays: int,
+def _report(store: str, found: Findings, started: float, *, samples: int, live: int, arrays: int,
             walker: _Walker | None, integrity: layout.Integrity, unchecksummed: tuple[str, ...]) -> VerifyReport:  # fmt: skip
     return VerifyReport(
         store=store, samples=samples, live=live, arrays=arrays,

@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zarr
 
@@ -150,3 +151,26 @@ def test_unfinished_operations_and_missing_stores(store: Path, tmp_path: Path) -
     write_journal(resolve_store(store, read_only=False, must_exist=True), DeleteOp(physical=(0,)))
     report = verify_store(store)
     assert report.problems[0].kind == "journal" and "interrupted delete" in report.problems[0].message
+
+
+def test_row_owners_match_a_search_of_the_pointer() -> None:
+    from dali_alchemi.store.checks import row_owner as _row_owner
+
+    rng = np.random.default_rng(3)
+    ptr = np.concatenate([[0], np.cumsum(rng.integers(0, 5, size=50))]).astype(np.int64)
+    for first in range(0, int(ptr[-1]), 7):
+        count = min(13, int(ptr[-1]) - first)
+        expected = np.searchsorted(ptr, np.arange(first, first + count), side="right") - 1
+        assert np.array_equal(_row_owner(ptr, first, count), expected), first
+
+
+def test_findings_list_each_place_once_and_count_the_rest() -> None:
+    from dali_alchemi.store.checks import Findings
+
+    found = Findings(limit=3)
+    for _ in range(2):  # a corrupt shard index met once per block of its shard
+        found.add("corrupt-chunk", "index", array="core/x", chunk="core/x/c/0")
+    found.add("mask", "a", array="meta/atoms_mask", chunk="meta/atoms_mask/c/0", sample=1)
+    found.add("mask", "b", array="meta/atoms_mask", chunk="meta/atoms_mask/c/0", sample=2)
+    found.add("mask", "c", array="meta/atoms_mask", chunk="meta/atoms_mask/c/0", sample=3)
+    assert [p.message for p in found.problems] == ["index", "a", "b"] and found.left_out == 1

@@ -130,6 +130,5 @@ def _copy_live(
                 targets[name][lo:hi] = values
         phase("copied-window")
     schema = layout.StoreSchema(num_samples=int(live.size), core=meta.schema.core, custom=meta.schema.custom)
-    new_root.attrs.update(
-        {**schema.to_attributes(), **bumped(root.attrs.asdict()), **promise(configs).to_attributes()}
-    )
+    attributes = {**schema.to_attributes(), **bumped(root.attrs.asdict())}
+    new_root.attrs.update({**attributes, **promise(configs).to_attributes(attributes)})

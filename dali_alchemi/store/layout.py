@@ -28,8 +28,9 @@ META_ARRAYS = (ATOMS_PTR, EDGES_PTR, SAMPLES_MASK, ATOMS_MASK, EDGES_MASK)
 NUM_SAMPLES_ATTR = "num_samples"
 FIELDS_ATTR = "fields"
 INTEGRITY_ATTR = "dali_alchemi"
-"""Root attribute where stores written here record what they promise about their chunks (nvalchemi's
-own attributes are left as nvalchemi writes them; its reader ignores this one)."""
+"""Root attribute where stores written here record what they promise about their chunks, beside the
+writer's generation counter (:mod:`~dali_alchemi.store.generation`); nvalchemi's own attributes are
+left as nvalchemi writes them, and its reader ignores this one."""
 CHECKSUM_CRC32C = "crc32c"
 
 # Per-field levels of nvalchemi's AtomicData (store-format.md section 5). Fields outside these sets
@@ -170,9 +171,12 @@ class Integrity:
     complete_chunks: bool = False
     checksums: str | None = None
 
-    def to_attributes(self) -> dict[str, Any]:
-        """The root attribute that records the promise."""
-        return {INTEGRITY_ATTR: {"complete_chunks": self.complete_chunks, "checksums": self.checksums}}
+    def to_attributes(self, attributes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The root attribute that records the promise, keeping what else ``attributes`` hold in it."""
+        kept = (attributes or {}).get(INTEGRITY_ATTR)
+        state = dict(kept) if isinstance(kept, Mapping) else {}
+        state.update(complete_chunks=self.complete_chunks, checksums=self.checksums)
+        return {INTEGRITY_ATTR: state}
 
 
 def parse_integrity(attributes: Mapping[str, Any], *, store: str) -> Integrity:

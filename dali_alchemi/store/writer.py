@@ -339,7 +339,8 @@ class AtomicDataZarrWriter:
         )
         attributes = schema.to_attributes()
         if meta.integrity.checksums is not None and not cfg.checksum:  # the new array breaks that promise
-            attributes.update(layout.Integrity(complete_chunks=meta.integrity.complete_chunks).to_attributes())
+            promise_now = layout.Integrity(complete_chunks=meta.integrity.complete_chunks)
+            attributes.update(promise_now.to_attributes(root.attrs.asdict()))
         root.attrs.update(attributes)
         self._phase("fields")
         write_journal(self._location, journal.with_state(AddCustomState.COMMITTED))

@@ -29,6 +29,8 @@ _EXPORTS = {
     "WriteConfig": "dali_alchemi.config",
     "ArrayConfig": "dali_alchemi.config",
     "FetchConfig": "dali_alchemi.config",
+    "verify_store": "dali_alchemi.store.verify",
+    "VerifyReport": "dali_alchemi.store.verify",
     # planning epochs
     "Plan": "dali_alchemi.plan",
     "EpochPlan": "dali_alchemi.plan",
@@ -119,6 +121,7 @@ if TYPE_CHECKING:
     from dali_alchemi.store.packed import PackedSamples
     from dali_alchemi.store.protocol import ChunkedReader, FieldSpec, PackedReader
     from dali_alchemi.store.reader import AtomicDataZarrReader
+    from dali_alchemi.store.verify import VerifyReport, verify_store
     from dali_alchemi.store.writer import AtomicDataZarrWriter
 
 

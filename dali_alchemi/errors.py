@@ -30,7 +30,13 @@ class StoreFormatError(DaliAlchemiError, ValueError):
 
 
 class ChunkDecodeError(StoreFormatError):
-    """A chunk's bytes could not be decoded (corrupted or truncated); names the array and the chunk key."""
+    """A chunk is corrupted, truncated, fails its checksum, or is missing from a store that promises
+    every chunk; names the array and the chunk key (also as the ``array`` and ``chunk`` attributes)."""
+
+    def __init__(self, message: str, *, array: str | None = None, chunk: str | None = None) -> None:
+        super().__init__(message)
+        self.array = array
+        self.chunk = chunk
 
 
 class ReadTooLargeError(DaliAlchemiError, MemoryError):

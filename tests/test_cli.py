@@ -113,7 +113,7 @@ CHECK_HELP = f"""
 import contextlib, io, sys
 from dali_alchemi.cli import build_parser
 parser = build_parser()
-for command in ("synth", "inspect", "bench", "h2d", "convert", "augment-cost"):
+for command in ("synth", "inspect", "verify", "bench", "h2d", "convert", "augment-cost"):
     with contextlib.redirect_stdout(io.StringIO()) as text, contextlib.suppress(SystemExit):
         parser.parse_args([command, "--help"])
     assert text.getvalue().startswith("usage: dali-alchemi " + command), text.getvalue()
@@ -143,3 +143,36 @@ def test_augment_cost_writes_its_medians(tmp_path: Path, capsys: pytest.CaptureF
     assert [r["augmentation"] for r in records] == ["rotation", "position noise", "translation", "all three"]
     assert all(r["device"] == "cpu" and r["batch_size"] == 4 and r["ms_per_batch"] > 0 for r in records)
     assert "ms per batch" in capsys.readouterr().out
+
+
+def test_verify_reports_damage_and_exits_non_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "40")
+    store = tmp_path / "s.zarr"
+    assert main(["synth", str(store), "--n", "30", "--seed", "2"]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "30 structures (30 live)" in out and "ok: no problems found" in out and "checksums: crc32c" in out
+    chunk = store / "core" / "forces" / "c" / "0" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:-40])  # truncated: inspect still exits 0 on this
+    assert main(["inspect", str(store)]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(store)]) == 1
+    out = capsys.readouterr().out
+    _no_line_cut(out, "corrupt-chunk", "core/forces/c/0/0", "1 problem found")
+    assert "starting" not in out and "verifying" not in out, "no progress bar off a terminal"
+    assert main(["verify", str(store), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and report["samples"] == 30
+    assert [(p["kind"], p["array"], p["chunk"]) for p in report["problems"]] == [
+        ("corrupt-chunk", "core/forces", "core/forces/c/0/0")
+    ]
+
+
+def test_verify_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], small_store: Path) -> None:
+    assert main(["verify", str(tmp_path / "missing.zarr")]) == 2
+    assert "StoreNotFoundError" in capsys.readouterr().out
+    assert main(["verify", str(small_store), "--max-problems", "0"]) == 2
+    assert capsys.readouterr().out.startswith("error: --max-problems")

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 CODECS = ("lz4", "zstd", "zstd3", "none")
 
 
-def _store_config(codec: str, chunk_size: int | None, shard_size: int | None) -> WriteConfig:
+def _store_config(codec: str, chunk_size: int | None, shard_size: int | None, checksum: bool = True) -> WriteConfig:
     """The write config of the benchmark's synthetic store from its command-line options."""
     from zarr.codecs import ZstdCodec
 
@@ -31,8 +31,10 @@ def _store_config(codec: str, chunk_size: int | None, shard_size: int | None) ->
         "zstd3": (ZstdCodec(level=3),),
         "none": (),
     }[codec]
-    core = ArrayConfig(compressors=compressors, chunk_size=chunk_size, shard_size=shard_size)
-    return WriteConfig(core=core)
+    core = ArrayConfig(compressors=compressors, chunk_size=chunk_size, shard_size=shard_size, checksum=checksum)
+    if checksum:
+        return WriteConfig(core=core)
+    return WriteConfig(core=core, meta=ArrayConfig(checksum=False), custom=ArrayConfig(checksum=False))
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
@@ -61,7 +63,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         else:
             store = str(Path(scratch) / "synthetic.zarr")
             console.print(f"writing a synthetic store of {args.n} structures (seed {args.seed}) ...")
-            write_config = _store_config(args.codec, args.chunk_size, args.shard_size)
+            write_config = _store_config(args.codec, args.chunk_size, args.shard_size, checksum=not args.no_checksum)
             write_synthetic_store(store, args.n, seed=args.seed, config=write_config)
             store_info = {
                 "synthetic": True,
@@ -270,6 +272,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     bench.add_argument("--chunk-size", type=int, help="rows per chunk of the synthetic store (default: 4 MiB chunks)")
     bench.add_argument("--shard-size", type=int, help="rows per shard of the synthetic store (default: unsharded)")
+    bench.add_argument(
+        "--no-checksum", action="store_true", help="write the synthetic store without crc32c checksums (default: with)"
+    )
     bench.add_argument(
         "--http-latency-ms", type=float,
         help="serve the (local) store over HTTP on loopback with this latency per request and read it from there",

@@ -23,8 +23,14 @@ def cmd_synth(args: argparse.Namespace, console: Console) -> int:
             args.out, args.n, seed=args.seed, min_atoms=args.min_atoms, max_atoms=args.max_atoms
         )
     else:
+        config = None
+        if args.no_checksum:
+            from dali_alchemi.config import ArrayConfig, WriteConfig
+
+            plain = ArrayConfig(checksum=False)
+            config = WriteConfig(meta=plain, core=plain, custom=plain)
         path = write_synthetic_store(
-            args.out, args.n, seed=args.seed, min_atoms=args.min_atoms, max_atoms=args.max_atoms
+            args.out, args.n, seed=args.seed, min_atoms=args.min_atoms, max_atoms=args.max_atoms, config=config
         )
     console.print(f"wrote {args.n} synthetic structures (seed {args.seed}) to {path}")
     return 0
@@ -125,6 +131,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     synth.add_argument(
         "--format", choices=("zarr", "extxyz"), default="zarr", help="a store, or an extxyz file (needs ase)"
     )
+    synth.add_argument("--no-checksum", action="store_true", help="write no crc32c checksums (default: one per chunk)")
     synth.set_defaults(func=cmd_synth)
 
     inspect = sub.add_parser("inspect", help="print a store's counts, arrays, chunks and codecs")

@@ -1,7 +1,9 @@
 """Creating, extending and truncating zarr arrays along dim 0, with explicit chunks and codecs.
 
-Chunks and shards only ever split dim 0; trailing dims stay whole. Nothing here knows about samples,
-levels or pointers.
+Chunks and shards only ever split dim 0; trailing dims stay whole. Every chunk is written, even one
+that holds only the fill value (zarr would otherwise leave it implicit, and a chunk deleted by damage
+would then read back as zeros undetected); :func:`complete` gives an opened array that behaviour.
+Nothing here knows about samples, levels or pointers.
 """
 
 from __future__ import annotations
@@ -11,7 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dali_alchemi.store import layout
+
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from numpy.typing import NDArray
 
     from dali_alchemi.config import ArrayConfig
@@ -29,9 +35,26 @@ def create_array(group: Any, name: str, shape: tuple[int, ...], dtype: np.dtype[
         dtype=dtype,
         chunks=chunks,
         shards=shards,
-        compressors=cfg.compressors or None,
+        compressors=cfg.codecs or None,
         fill_value=False if dtype == np.bool_ else 0,
+        config=WRITE_EVERY_CHUNK,
     )
+
+
+WRITE_EVERY_CHUNK = {"write_empty_chunks": True}
+"""zarr runtime config of every array the writer writes to: no chunk is left implicit."""
+
+
+def promise(configs: Iterable[ArrayConfig]) -> layout.Integrity:
+    """What a store whose every array was created here with ``configs`` promises: every chunk written,
+    and crc32c checksums when every one of those configs has ``checksum`` on."""
+    checked = all(cfg.checksum for cfg in configs)
+    return layout.Integrity(complete_chunks=True, checksums=layout.CHECKSUM_CRC32C if checked else None)
+
+
+def complete(arr: Any) -> Any:
+    """``arr`` (an opened zarr array) set to write every chunk it touches, fill-valued ones included."""
+    return arr.with_config(WRITE_EVERY_CHUNK)
 
 
 def write_array(group: Any, name: str, data: NDArray[Any], cfg: ArrayConfig) -> Any:
@@ -43,11 +66,11 @@ def write_array(group: Any, name: str, data: NDArray[Any], cfg: ArrayConfig) -> 
 
 
 def extend_array(arr: Any, values: NDArray[Any], start: int) -> None:
-    """Resize ``arr`` to ``start + len(values)`` rows and write ``values`` there."""
+    """Resize ``arr`` to ``start + len(values)`` rows and write ``values`` there (every chunk written)."""
     new_len = start + values.shape[0]
     arr.resize((new_len, *arr.shape[1:]))
     if values.shape[0]:
-        arr[start:new_len] = values
+        complete(arr)[start:new_len] = values
 
 
 def truncate_array(arr: Any, rows: int) -> None:

@@ -10,6 +10,7 @@ reported as unsupported, and the reader then falls back to zarr for that array.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ import numpy as np
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
 
 from dali_alchemi.errors import ChunkDecodeError, UnsupportedCodecError
+from dali_alchemi.store.fetch import ByteFetcher, ByteRequest
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -86,7 +88,7 @@ class _Chain:
                 raw = np.frombuffer(data, dtype=np.uint8)
                 if raw.size < 4:
                     raise ValueError("payload shorter than its crc32c checksum")
-                computed = np.uint32(google_crc32c.value(raw[:-4].tobytes())).tobytes()
+                computed = np.uint32(google_crc32c.value(raw[:-4])).tobytes()  # the view, not a copy
                 if raw[-4:].tobytes() != computed:
                     raise ValueError("crc32c checksum mismatch")
                 data = raw[:-4]
@@ -124,9 +126,10 @@ class ArrayCodec:
     every trailing dim whole, which is what the reader caches.
     """
 
-    def __init__(self, *, name: str, path: str, metadata: Any) -> None:
+    def __init__(self, *, name: str, path: str, metadata: Any, complete: bool = False) -> None:
         self.name = name
         self.path = path
+        self.complete = complete  # the store promises every chunk: a missing one is an error, not fill
         self.shape: tuple[int, ...] = tuple(int(s) for s in metadata.shape)
         self.dtype: np.dtype[Any] = np.dtype(metadata.dtype.to_native_dtype()).newbyteorder("=")
         self.fill_value = metadata.fill_value
@@ -197,8 +200,14 @@ class ArrayCodec:
         try:
             index = self._index_chain.decode(payload, (math.prod(self.chunks_per_shard), 2), None)
         except Exception as err:  # numcodecs raises several types; all mean corrupt bytes
-            raise ChunkDecodeError(f"Array {self.name!r}: shard index of {key!r} is corrupt: {err}") from err
+            raise ChunkDecodeError(
+                f"Array {self.name!r}: shard index of {key!r} is corrupt: {err}", array=self.name, chunk=key
+            ) from err
         return index
+
+    def missing_index(self) -> NDArray[np.uint64]:
+        """Shard index of a shard that does not exist: every inner chunk missing."""
+        return np.full((math.prod(self.chunks_per_shard), 2), MISSING_CHUNK, dtype=np.uint64)
 
     def shard_payload_range(self, index: NDArray[np.uint64], inner: int) -> tuple[int, int] | None:
         """Byte range ``(start, stop)`` of inner chunk ``inner``, or ``None`` if it was never written.
@@ -237,6 +246,12 @@ class ArrayCodec:
         self, payload: Any | None, key: str, shape: tuple[int, ...], out: NDArray[Any] | None
     ) -> NDArray[Any]:
         if payload is None:
+            if self.complete:
+                raise ChunkDecodeError(
+                    f"Array {self.name!r}: chunk {key!r} is missing, but the store promises that every chunk "
+                    f"was written (a deleted or lost file); it would read as the fill value {np.asarray(self.fill_value).item()!r}",
+                    array=self.name, chunk=key,
+                )  # fmt: skip
             if out is None:
                 return np.full(shape, self.fill_value, dtype=self.dtype)
             out[...] = self.fill_value
@@ -244,4 +259,64 @@ class ArrayCodec:
         try:
             return self._chain.decode(payload, shape, out)
         except Exception as err:  # numcodecs raises several types; all mean corrupt or truncated bytes
-            raise ChunkDecodeError(f"Array {self.name!r}: chunk {key!r} could not be decoded: {err}") from err
+            raise ChunkDecodeError(
+                f"Array {self.name!r}: chunk {key!r} could not be decoded: {err}", array=self.name, chunk=key
+            ) from err
+
+
+BlockPayloads = tuple[list[Any | None], list[str]]
+"""What :func:`fetch_blocks` gives per row block: each inner chunk's bytes (``None``: not stored) and key."""
+
+
+def fetch_blocks(
+    fetcher: ByteFetcher,
+    blocks: Sequence[tuple[ArrayCodec, int]],
+    shard_indexes: dict[tuple[str, str], NDArray[np.uint64]],
+) -> tuple[list[BlockPayloads], int]:
+    """Fetch every chunk payload of the given row blocks in one concurrent batch (two for shards).
+
+    ``shard_indexes`` caches the shard indexes already read, by ``(array name, shard key)``; the
+    missing ones are fetched together first and added. Returns the payloads per block and the number
+    of chunk payloads fetched.
+
+    Raises
+    ------
+    ChunkDecodeError
+        If a shard index is corrupt.
+    """
+    locations = [codec.chunks_of_block(block) for codec, block in blocks]
+    index_requests: dict[tuple[str, str], tuple[ArrayCodec, ByteRequest]] = {}
+    for (codec, _), locs in zip(blocks, locations, strict=True):
+        if not codec.sharded:
+            continue
+        for _, loc in locs:
+            ikey = (codec.name, loc.key)
+            if ikey not in shard_indexes and ikey not in index_requests:
+                request = (
+                    ByteRequest(loc.key, suffix=codec.index_nbytes)
+                    if codec.index_at_end
+                    else ByteRequest(loc.key, start=0, stop=codec.index_nbytes)
+                )
+                index_requests[ikey] = (codec, request)
+    if index_requests:
+        raw = fetcher.fetch([req for _, req in index_requests.values()])
+        for (ikey, (codec, _)), payload in zip(index_requests.items(), raw, strict=True):
+            shard_indexes[ikey] = (
+                codec.missing_index() if payload is None else codec.parse_shard_index(ikey[1], payload)
+            )
+    requests: list[ByteRequest | None] = []
+    for (codec, _), locs in zip(blocks, locations, strict=True):
+        for _, loc in locs:
+            if not codec.sharded:
+                requests.append(ByteRequest(loc.key))
+                continue
+            span = codec.shard_payload_range(shard_indexes[(codec.name, loc.key)], loc.inner_index)
+            requests.append(None if span is None else ByteRequest(loc.key, start=span[0], stop=span[1]))
+    present = [r for r in requests if r is not None]
+    fetched = iter(fetcher.fetch(present))
+    result: list[BlockPayloads] = []
+    wanted = iter(requests)
+    for locs in locations:
+        chunk_payloads = [None if next(wanted) is None else next(fetched) for _ in locs]
+        result.append((chunk_payloads, [loc.key for _, loc in locs]))
+    return result, len(present)

@@ -21,7 +21,7 @@ import zarr
 
 from dali_alchemi.csr import exclusive_cumsum
 from dali_alchemi.store import layout
-from dali_alchemi.store.arrays import create_array, write_array
+from dali_alchemi.store.arrays import create_array, promise, write_array
 from dali_alchemi.store.encode import disk_arrays
 from dali_alchemi.store.generation import bumped
 from dali_alchemi.store.journal import (
@@ -104,15 +104,17 @@ def _copy_live(
         layout.ATOMS_MASK: np.ones(int(atoms_ptr[-1]), dtype=np.bool_),
         layout.EDGES_MASK: np.ones(int(edges_ptr[-1]), dtype=np.bool_),
     }
-    for name, values in meta_arrays.items():
-        write_array(new_meta, name, values, config.for_array(layout.META_GROUP, name))
+    configs = [config.for_array(layout.META_GROUP, name) for name in meta_arrays]
+    for (name, values), cfg in zip(meta_arrays.items(), configs, strict=True):
+        write_array(new_meta, name, values, cfg)
     totals = PerLevel(atom=int(atoms_ptr[-1]), edge=int(edges_ptr[-1]), system=int(live.size))
     targets: dict[str, Any] = {}
     for name, level in meta.schema.field_levels.items():
         group = meta.schema.group_of(name)
         old = root[f"{group}/{name}"]
+        configs.append(config.for_array(group, name))
         targets[name] = create_array(
-            groups[group], name, (totals[level], *old.shape[1:]), np.dtype(old.dtype), config.for_array(group, name)
+            groups[group], name, (totals[level], *old.shape[1:]), np.dtype(old.dtype), configs[-1]
         )
     for start in range(0, live.size, window):
         stop = min(start + window, live.size)
@@ -128,4 +130,5 @@ def _copy_live(
                 targets[name][lo:hi] = values
         phase("copied-window")
     schema = layout.StoreSchema(num_samples=int(live.size), core=meta.schema.core, custom=meta.schema.custom)
-    new_root.attrs.update({**schema.to_attributes(), **bumped(root.attrs.asdict())})
+    attributes = {**schema.to_attributes(), **bumped(root.attrs.asdict())}
+    new_root.attrs.update({**attributes, **promise(configs).to_attributes(attributes)})

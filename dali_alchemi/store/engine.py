@@ -28,9 +28,10 @@ import numpy as np
 from zarr.storage import LocalStore
 
 from dali_alchemi.csr import concat_aranges
+from dali_alchemi.errors import ChunkDecodeError
 from dali_alchemi.store.cache import BlockCache, CacheStats
-from dali_alchemi.store.codecs import MISSING_CHUNK, ArrayCodec
-from dali_alchemi.store.fetch import ByteFetcher, ByteRequest, LocalFetcher, StoreFetcher
+from dali_alchemi.store.codecs import ArrayCodec, BlockPayloads, fetch_blocks
+from dali_alchemi.store.fetch import ByteFetcher, LocalFetcher, StoreFetcher
 from dali_alchemi.store.gather import LevelPlan, plan_rows, plan_system_rows
 from dali_alchemi.types import PerLevel
 
@@ -214,7 +215,7 @@ class BlockEngine:
             if plan.total == 0:
                 continue
             if handle.codec is None:
-                outputs[name][plan.dest] = handle.array.get_orthogonal_selection((plan.rows,))
+                outputs[name][plan.dest] = _read_through_zarr(handle, plan.rows)
                 continue
             whole = self.cache.get((name, RESIDENT)) if self.cache.peek((name, RESIDENT)) is not None else None
             if whole is not None:
@@ -274,48 +275,10 @@ class BlockEngine:
             self.cache.pop((name, block))
         self.cache.put((name, RESIDENT), whole)
 
-    def _fetch_blocks(self, blocks: list[tuple[ArrayCodec, int]]) -> list[tuple[list[Any | None], list[str]]]:
+    def _fetch_blocks(self, blocks: list[tuple[ArrayCodec, int]]) -> list[BlockPayloads]:
         """Fetch every chunk payload of the given row blocks in one concurrent batch (two for shards)."""
-        fetcher = self._io_fetcher()
-        locations = [codec.chunks_of_block(block) for codec, block in blocks]
-        # Sharded arrays: make sure every needed shard index is known, fetching the missing ones together.
-        index_requests: dict[tuple[str, str], tuple[ArrayCodec, ByteRequest]] = {}
-        for (codec, _), locs in zip(blocks, locations, strict=True):
-            if not codec.sharded:
-                continue
-            for _, loc in locs:
-                ikey = (codec.name, loc.key)
-                if ikey not in self._shard_indexes and ikey not in index_requests:
-                    request = (
-                        ByteRequest(loc.key, suffix=codec.index_nbytes)
-                        if codec.index_at_end
-                        else ByteRequest(loc.key, start=0, stop=codec.index_nbytes)
-                    )
-                    index_requests[ikey] = (codec, request)
-        if index_requests:
-            raw = fetcher.fetch([req for _, req in index_requests.values()])
-            for (ikey, (codec, _)), payload in zip(index_requests.items(), raw, strict=True):
-                if payload is None:
-                    self._shard_indexes[ikey] = _missing_index(codec)
-                else:
-                    self._shard_indexes[ikey] = codec.parse_shard_index(ikey[1], payload)
-        requests: list[ByteRequest | None] = []
-        for (codec, _), locs in zip(blocks, locations, strict=True):
-            for _, loc in locs:
-                if not codec.sharded:
-                    requests.append(ByteRequest(loc.key))
-                    continue
-                index = self._shard_indexes[(codec.name, loc.key)]
-                span = codec.shard_payload_range(index, loc.inner_index)
-                requests.append(None if span is None else ByteRequest(loc.key, start=span[0], stop=span[1]))
-        present = [r for r in requests if r is not None]
-        fetched = iter(fetcher.fetch(present))
-        self._chunks_fetched += len(present)
-        result: list[tuple[list[Any | None], list[str]]] = []
-        wanted = iter(requests)
-        for locs in locations:
-            chunk_payloads = [None if next(wanted) is None else next(fetched) for _ in locs]
-            result.append((chunk_payloads, [loc.key for _, loc in locs]))
+        result, fetched = fetch_blocks(self._io_fetcher(), blocks, self._shard_indexes)
+        self._chunks_fetched += fetched
         return result
 
 
@@ -346,10 +309,15 @@ def _balanced_groups(jobs: list[_BlockJob], n_groups: int) -> list[list[_BlockJo
     return [g for g in groups if g]
 
 
-def _missing_index(codec: ArrayCodec) -> NDArray[np.uint64]:
-    """Shard index of a shard that does not exist: every inner chunk missing (fill value)."""
-    n_inner = int(np.prod(codec.chunks_per_shard))
-    return np.full((n_inner, 2), MISSING_CHUNK, dtype=np.uint64)
+def _read_through_zarr(handle: ArrayHandle, rows: NDArray[np.int64]) -> NDArray[Any]:
+    """Rows of an array the fast decoder does not take, read by zarr (which checks crc32c too)."""
+    try:
+        return handle.array.get_orthogonal_selection((rows,))  # type: ignore[no-any-return]
+    except Exception as err:  # codecs raise many types; all mean the stored bytes are unusable
+        name = handle.array.path or handle.name
+        raise ChunkDecodeError(
+            f"Array {name!r} could not be read through zarr: {type(err).__name__}: {err}", array=name
+        ) from err
 
 
 def _rows_view(arr: NDArray[Any]) -> NDArray[Any]:

@@ -27,6 +27,11 @@ META_ARRAYS = (ATOMS_PTR, EDGES_PTR, SAMPLES_MASK, ATOMS_MASK, EDGES_MASK)
 
 NUM_SAMPLES_ATTR = "num_samples"
 FIELDS_ATTR = "fields"
+INTEGRITY_ATTR = "dali_alchemi"
+"""Root attribute where stores written here record what they promise about their chunks, beside the
+writer's generation counter (:mod:`~dali_alchemi.store.generation`); nvalchemi's own attributes are
+left as nvalchemi writes them, and its reader ignores this one."""
+CHECKSUM_CRC32C = "crc32c"
 
 # Per-field levels of nvalchemi's AtomicData (store-format.md section 5). Fields outside these sets
 # need an explicit level: there is no silent fallback.
@@ -152,6 +157,47 @@ def parse_schema(attributes: Mapping[str, Any], *, store: str) -> StoreSchema:
             levels[str(name)] = level  # type: ignore[assignment]
         groups[group] = levels
     return StoreSchema(num_samples=raw_n, core=groups[CORE_GROUP], custom=groups[CUSTOM_GROUP])
+
+
+@dataclass(frozen=True, slots=True)
+class Integrity:
+    """What a store promises about its chunks (root attribute ``dali_alchemi``).
+
+    ``complete_chunks``: every chunk of every array was written, none left implicit at the fill value,
+    so a missing chunk is damage, not zeros. ``checksums``: ``"crc32c"`` when every array's chunks end
+    in zarr v3's crc32c codec. Stores written elsewhere promise neither (the defaults).
+    """
+
+    complete_chunks: bool = False
+    checksums: str | None = None
+
+    def to_attributes(self, attributes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The root attribute that records the promise, keeping what else ``attributes`` hold in it."""
+        kept = (attributes or {}).get(INTEGRITY_ATTR)
+        state = dict(kept) if isinstance(kept, Mapping) else {}
+        state.update(complete_chunks=self.complete_chunks, checksums=self.checksums)
+        return {INTEGRITY_ATTR: state}
+
+
+def parse_integrity(attributes: Mapping[str, Any], *, store: str) -> Integrity:
+    """The chunk promise a store's root attributes record; none when the attribute is absent.
+
+    Raises
+    ------
+    StoreFormatError
+        If the attribute is present but malformed.
+    """
+    raw = attributes.get(INTEGRITY_ATTR)
+    if raw is None:
+        return Integrity()
+    complete = raw.get("complete_chunks", False) if isinstance(raw, Mapping) else None
+    checksums = raw.get("checksums") if isinstance(raw, Mapping) else None
+    if not isinstance(complete, bool) or checksums not in (None, CHECKSUM_CRC32C):
+        raise StoreFormatError(
+            f"Store {store}: root attribute {INTEGRITY_ATTR!r} must be "
+            f'{{"complete_chunks": true|false, "checksums": "crc32c"|null}}, found {raw!r}'
+        )
+    return Integrity(complete_chunks=complete, checksums=checksums)
 
 
 # Cheap metadata checks for well-known fields: allowed numpy dtype kinds and the trailing shape.

@@ -19,7 +19,7 @@ import numpy as np
 
 from dali_alchemi.csr import concat_aranges
 from dali_alchemi.store import layout
-from dali_alchemi.store.arrays import truncate_array
+from dali_alchemi.store.arrays import complete, truncate_array
 from dali_alchemi.store.journal import (
     DEFRAGMENT_NEW,
     DEFRAGMENT_OLD,
@@ -92,14 +92,15 @@ def apply_delete(root: Any, meta: MetaInfo, physical: NDArray[np.int64], phase: 
         system=physical,
     )
     meta_group = root[layout.META_GROUP]
-    meta_group[layout.SAMPLES_MASK].set_orthogonal_selection((physical,), False)
+    # complete(): a chunk that becomes all False or all zeros is rewritten, not deleted (zarr's default)
+    complete(meta_group[layout.SAMPLES_MASK]).set_orthogonal_selection((physical,), False)
     phase("samples_mask")
     for mask, level_rows in ((layout.ATOMS_MASK, rows.atom), (layout.EDGES_MASK, rows.edge)):
         if level_rows.size:
-            meta_group[mask].set_orthogonal_selection((level_rows,), False)
+            complete(meta_group[mask]).set_orthogonal_selection((level_rows,), False)
     phase("masks")
     for name, level in meta.schema.field_levels.items():
-        arr = root[f"{meta.schema.group_of(name)}/{name}"]
+        arr = complete(root[f"{meta.schema.group_of(name)}/{name}"])
         if rows[level].size:
             arr.set_orthogonal_selection((rows[level],), np.zeros((), dtype=arr.dtype))
     phase("data")

@@ -168,6 +168,8 @@ def _open_arrays(
                 else root[f"{layout.CUSTOM_GROUP}/{key}"]
             )
             arrays.append((layout.CUSTOM_GROUP, key, old, {key: view.replaced_level}))
+    _check_fields_present(meta, arrays, loc.display, hidden=key)
+    complete = meta.integrity.complete_chunks
     handles: dict[str, ArrayHandle] = {}
     for group_name, name, arr, recorded in arrays:
         level = check_data_array(
@@ -178,13 +180,36 @@ def _open_arrays(
         codec: ArrayCodec | None = None
         if arr.store_path.store is loc.store:  # arrays moved aside are read through zarr
             try:
-                codec = ArrayCodec(name=f"{group_name}/{name}", path=arr.store_path.path, metadata=arr.metadata)
+                codec = ArrayCodec(
+                    name=f"{group_name}/{name}", path=arr.store_path.path, metadata=arr.metadata, complete=complete
+                )
             except UnsupportedCodecError as err:
                 logger.info("array %s/%s read through zarr: %s", group_name, name, err)
         handles[name] = ArrayHandle(
             name=name, level=level, shape=tuple(arr.shape), dtype=np.dtype(arr.dtype), codec=codec, array=arr
         )
     return handles
+
+
+def _check_fields_present(
+    meta: MetaInfo, arrays: list[tuple[str, str, Any, dict[str, Level]]], store: str, *, hidden: str | None
+) -> None:
+    """Every field the root ``fields`` attribute lists must be an array of its group.
+
+    A deleted array directory, or one whose ``zarr.json`` is gone, is not listed by zarr at all; without
+    this check the field would silently vanish from every sample. ``hidden`` is the custom array an
+    unfinished ``add_custom`` is writing (not part of the state being read).
+    """
+    found = {(group, name) for group, name, _, _ in arrays}
+    if hidden is not None:
+        found.add((layout.CUSTOM_GROUP, hidden))
+    for group, recorded in ((layout.CORE_GROUP, meta.schema.core), (layout.CUSTOM_GROUP, meta.schema.custom)):
+        for name in sorted(recorded):
+            if (group, name) not in found:
+                raise StoreFormatError(
+                    f"Store {store}: field {name!r} is listed in the root 'fields' attribute but array "
+                    f"{group}/{name} is missing (its directory or its zarr.json is gone)"
+                )
 
 
 def _effective_location(loc: StoreLocation, view: ReadView) -> StoreLocation:

@@ -8,14 +8,16 @@ reader decodes them.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from zarr.errors import BaseZarrError
 
-from dali_alchemi.errors import StoreFormatError
+from dali_alchemi.errors import StoreFormatError, UnsupportedCodecError
 from dali_alchemi.store import layout
+from dali_alchemi.store.codecs import ArrayCodec, fetch_blocks
+from dali_alchemi.store.fetch import StoreFetcher
 from dali_alchemi.store.journal import AS_IS, ReadView
 from dali_alchemi.store.location import open_group
 from dali_alchemi.types import PerLevel
@@ -37,6 +39,7 @@ class MetaInfo:
     samples_mask: NDArray[np.bool_]
     groups: frozenset[str]
     growing: bool = False  # an append is in progress: data arrays may be longer than the pointers say
+    integrity: layout.Integrity = field(default_factory=layout.Integrity)  # what the store promises of its chunks
 
     @property
     def n_physical(self) -> int:
@@ -68,8 +71,23 @@ def _read_meta_array(meta: Any, name: str, store: str) -> Any:
         raise StoreFormatError(f"Store {store}: missing array meta/{name}") from err
 
 
-def _read_prefix(arr: Any, rows: int, name: str, store: str) -> NDArray[Any]:
-    """The first ``rows`` entries of a meta array; any failure to decode them means corrupt bytes."""
+def _read_prefix(arr: Any, rows: int, name: str, store: str, complete: bool = False) -> NDArray[Any]:
+    """The first ``rows`` entries of a meta array; any failure to decode them means corrupt bytes.
+
+    In a store that promises every chunk (``complete``) they are read through the chunk decoder, which
+    refuses a missing chunk (zarr would return the fill value: a lost ``samples_mask`` chunk would read
+    as deleted samples) and checks crc32c checksums.
+    """
+    if complete and rows:
+        try:
+            codec = ArrayCodec(name=f"meta/{name}", path=arr.store_path.path, metadata=arr.metadata, complete=True)
+        except UnsupportedCodecError:
+            codec = None
+        if codec is not None:
+            blocks = [(codec, b) for b in range(-(-rows // codec.block_rows))]
+            payloads, _ = fetch_blocks(StoreFetcher(arr.store_path.store), blocks, {})
+            parts = [codec.decode_block(b, *p) for (_, b), p in zip(blocks, payloads, strict=True)]
+            return np.concatenate(parts)[:rows]
     try:
         return np.asarray(arr[:rows])
     except Exception as err:  # codecs raise many types; all mean the stored bytes are unusable
@@ -130,7 +148,10 @@ def check_meta(root: Any, *, store: str, view: ReadView = AS_IS) -> MetaInfo:
     for required in (layout.META_GROUP, layout.CORE_GROUP):
         if required not in groups:
             raise StoreFormatError(f"Store {store} is missing the {required!r} group")
-    schema = layout.parse_schema(root.attrs.asdict(), store=store)
+    attributes = root.attrs.asdict()
+    schema = layout.parse_schema(attributes, store=store)
+    integrity = layout.parse_integrity(attributes, store=store)
+    complete = integrity.complete_chunks
     meta = root[layout.META_GROUP]
     arrays = {name: _read_meta_array(meta, name, store) for name in layout.META_ARRAYS}
     mask_arr = arrays[layout.SAMPLES_MASK]
@@ -152,12 +173,12 @@ def check_meta(root: Any, *, store: str, view: ReadView = AS_IS) -> MetaInfo:
                 f"expected ({n + 1},) for {n} samples in samples_mask"
             )
     _check_meta_sizes(n, store)
-    samples_mask = np.asarray(_read_prefix(mask_arr, n, layout.SAMPLES_MASK, store), dtype=np.bool_)
+    samples_mask = np.asarray(_read_prefix(mask_arr, n, layout.SAMPLES_MASK, store, complete), dtype=np.bool_)
     atoms_ptr = _check_pointer(
-        _read_prefix(arrays[layout.ATOMS_PTR], n + 1, layout.ATOMS_PTR, store), layout.ATOMS_PTR, n, store
+        _read_prefix(arrays[layout.ATOMS_PTR], n + 1, layout.ATOMS_PTR, store, complete), layout.ATOMS_PTR, n, store
     )
     edges_ptr = _check_pointer(
-        _read_prefix(arrays[layout.EDGES_PTR], n + 1, layout.EDGES_PTR, store), layout.EDGES_PTR, n, store
+        _read_prefix(arrays[layout.EDGES_PTR], n + 1, layout.EDGES_PTR, store, complete), layout.EDGES_PTR, n, store
     )
     for mask_name, ptr, what in ((layout.ATOMS_MASK, atoms_ptr, "atoms"), (layout.EDGES_MASK, edges_ptr, "edges")):
         shape = tuple(arrays[mask_name].shape)
@@ -176,7 +197,7 @@ def check_meta(root: Any, *, store: str, view: ReadView = AS_IS) -> MetaInfo:
         samples_mask[doomed[(doomed >= 0) & (doomed < n)]] = False
     return MetaInfo(
         schema=schema, atoms_ptr=atoms_ptr, edges_ptr=edges_ptr, samples_mask=samples_mask, groups=groups,
-        growing=appending,
+        growing=appending, integrity=integrity,
     )  # fmt: skip
 
 

@@ -36,7 +36,7 @@ from dali_alchemi.errors import (
     UnsupportedStoreError,
 )
 from dali_alchemi.store import layout
-from dali_alchemi.store.arrays import extend_array, write_array
+from dali_alchemi.store.arrays import extend_array, promise, write_array
 from dali_alchemi.store.defragment import DEFAULT_DEFRAGMENT_WINDOW
 from dali_alchemi.store.defragment import defragment as run_defragment
 from dali_alchemi.store.encode import Samples, check_neighbor_list, disk_arrays, field_names, to_packed
@@ -190,17 +190,20 @@ class AtomicDataZarrWriter:
             layout.ATOMS_MASK: np.ones(int(atoms_ptr[-1]), dtype=np.bool_),
             layout.EDGES_MASK: np.ones(int(edges_ptr[-1]), dtype=np.bool_),
         }
+        configs = []
         for name, values in meta_arrays.items():
-            write_array(meta, name, values, self.config.for_array(layout.META_GROUP, name))
+            configs.append(self.config.for_array(layout.META_GROUP, name))
+            write_array(meta, name, values, configs[-1])
         for name, values in disk_arrays(packed, 0).items():
             group = layout.CUSTOM_GROUP if name in custom else layout.CORE_GROUP
-            write_array(groups[group], name, values, self.config.for_array(group, name))
+            configs.append(self.config.for_array(group, name))
+            write_array(groups[group], name, values, configs[-1])
         schema = layout.StoreSchema(
             num_samples=len(packed),
             core={k: v for k, v in packed.levels.items() if k not in custom},
             custom={k: v for k, v in packed.levels.items() if k in custom},
         )
-        root.attrs.update(schema.to_attributes())
+        root.attrs.update({**schema.to_attributes(), **promise(configs).to_attributes()})
 
     # -- append -------------------------------------------------------------------------------------
     def append(self, samples: Samples, *, levels: Mapping[str, str] | None = None) -> None:
@@ -334,7 +337,11 @@ class AtomicDataZarrWriter:
         schema = layout.StoreSchema(
             num_samples=meta.n_physical, core=meta.schema.core, custom={**meta.schema.custom, key: checked}
         )
-        root.attrs.update(schema.to_attributes())
+        attributes = schema.to_attributes()
+        if meta.integrity.checksums is not None and not cfg.checksum:  # the new array breaks that promise
+            promise_now = layout.Integrity(complete_chunks=meta.integrity.complete_chunks)
+            attributes.update(promise_now.to_attributes(root.attrs.asdict()))
+        root.attrs.update(attributes)
         self._phase("fields")
         write_journal(self._location, journal.with_state(AddCustomState.COMMITTED))
         self._finish_add_custom(key)

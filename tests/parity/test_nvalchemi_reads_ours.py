@@ -39,6 +39,39 @@ def test_nvalchemi_reads_a_store_we_wrote_appended_and_extended(tmp_path: Path, 
     assert theirs.field_levels == ours.field_levels
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_nvalchemi_reads_our_checksummed_complete_stores_after_every_operation(tmp_path: Path, sharded: bool) -> None:
+    import json
+
+    config = WriteConfig(core=ArrayConfig(chunk_size=32, shard_size=128 if sharded else None))
+    samples = synthetic_samples(30, seed=9)
+    samples.fields["forces"][: int(samples.atoms_ptr[10])] = 0.0  # all-zero chunks: written all the same
+    parts = samples.split()
+    path = tmp_path / "ours.zarr"
+    writer = AtomicDataZarrWriter(path, config)
+    writer.write(parts[:20])
+    root = json.loads((path / "zarr.json").read_text())["attributes"]
+    assert {k: root["dali_alchemi"][k] for k in ("complete_chunks", "checksums")} == {
+        "complete_chunks": True,
+        "checksums": "crc32c",
+    }
+    codecs = json.loads((path / "core" / "forces" / "zarr.json").read_text())["codecs"]
+    inner = codecs[0]["configuration"]["codecs"] if sharded else codecs
+    assert inner[-1] == {"name": "crc32c"}
+    writer.append(parts[20:])
+    writer.add_custom("tag", np.arange(30, dtype=np.int32), "system")
+    writer.delete([0, 1, 2])
+    for stage in ("operations", "defragmented"):
+        theirs = nv_zarr.AtomicDataZarrReader(str(path))
+        ours = AtomicDataZarrReader(path)
+        assert len(theirs) == len(ours) == 27, stage
+        for (a, _), (b, _) in zip(theirs.read_many(range(27)), ours.read_many(range(27)), strict=True):
+            assert set(a) == set(b), stage
+            for key in a:
+                assert np.array_equal(a[key].numpy(), b[key].numpy()), (stage, key)
+        writer.defragment()
+
+
 def test_we_read_a_store_nvalchemi_wrote(tmp_path: Path) -> None:
     import torch
     from nvalchemi.data import AtomicData
@@ -52,3 +85,19 @@ def test_we_read_a_store_nvalchemi_wrote(tmp_path: Path) -> None:
     for (a, _), (b, _) in zip(theirs.read_many(range(12)), ours.read_many(range(12)), strict=True):
         for key in a:
             assert np.array_equal(a[key].numpy(), b[key].numpy()), key
+
+
+def test_verify_on_a_store_nvalchemi_wrote_checks_what_it_can(tmp_path: Path) -> None:
+    import torch
+    from nvalchemi.data import AtomicData
+
+    from dali_alchemi import verify_store
+
+    samples = synthetic_samples(12, seed=6).split()
+    data = [AtomicData(**{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in s.items()}) for s in samples]
+    path = tmp_path / "theirs.zarr"
+    nv_zarr.AtomicDataZarrWriter(str(path)).write(data)
+    report = verify_store(path)
+    assert report.ok, report.problems
+    assert not report.complete_chunks and report.checksums is None
+    assert "core/positions" in report.unchecksummed and "meta/samples_mask" in report.unchecksummed

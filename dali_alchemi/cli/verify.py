@@ -1,0 +1,74 @@
+"""``dali-alchemi verify STORE``: decode every chunk once and check the store whole before a long job.
+
+Exit status 0 when nothing is wrong, 1 when problems were found (each listed with its array, chunk
+key and structure), 2 for usage errors (no store at that path, bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING
+
+from dali_alchemi.cli.console import human_bytes, make_table
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+def cmd_verify(args: argparse.Namespace, console: Console) -> int:
+    from rich.console import Console as RichConsole
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dali_alchemi.cli.console import CommandError
+    from dali_alchemi.store.verify import verify_store
+
+    if args.max_problems < 1:
+        raise CommandError(f"--max-problems must be at least 1, got {args.max_problems}")
+    # the bar goes to stderr, so that --json output on stdout stays clean; none off a terminal
+    status = RichConsole(stderr=True)
+    with Progress(TextColumn("verifying"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} chunks"),
+                  TimeElapsedColumn(), console=status, transient=True, disable=not status.is_terminal) as bar:  # fmt: skip
+        task = bar.add_task("verifying", total=None)
+        report = verify_store(
+            args.store,
+            max_problems=args.max_problems,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return 0 if report.ok else 1
+    rate = report.samples / report.seconds if report.seconds > 0 and report.samples > 0 else 0.0
+    console.print(
+        f"[bold]{report.store}[/bold]: {max(report.samples, 0):,} structures ({report.live:,} live), "
+        f"{report.arrays} arrays, {report.chunks:,} chunks, {human_bytes(report.bytes_decoded)} decoded "
+        f"in {report.seconds:.2f} s ({rate:,.0f} structures/s)"
+    )
+    promise = "every chunk written" if report.complete_chunks else "chunks may be implicit (store written elsewhere)"
+    console.print(f"promise: {promise}; checksums: {report.checksums or 'none promised'}")
+    if report.unchecksummed:
+        console.print("arrays without checksums: " + ", ".join(report.unchecksummed))
+    if report.implicit_chunks:
+        console.print(f"{report.implicit_chunks:,} chunks are not stored and read as the fill value")
+    if report.ok:
+        console.print("[green]ok[/green]: no problems found")
+        return 0
+    table = make_table("kind", "array", "chunk", "structure", "problem")
+    for p in report.problems:
+        table.add_row(p.kind, p.array or "-", p.chunk or "-", "-" if p.sample is None else str(p.sample), p.message)
+    console.print(table)
+    more = f" (and {report.problems_left_out:,} more not listed)" if report.problems_left_out else ""
+    n = len(report.problems) + report.problems_left_out
+    console.print(f"[red]{n:,} problem{'' if n == 1 else 's'} found[/red]{more}")
+    return 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``verify`` to the ``dali-alchemi`` parser."""
+    verify = sub.add_parser(
+        "verify", help="decode every chunk once and check checksums, pointers, masks and neighbor lists"
+    )
+    verify.add_argument("store", help="path or URL of the store")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    verify.add_argument("--max-problems", type=int, default=100, help="problems listed one by one (default 100)")
+    verify.set_defaults(func=cmd_verify)

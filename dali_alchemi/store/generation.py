@@ -30,14 +30,11 @@ if TYPE_CHECKING:
 TOKEN_KEYS = ("zarr.json", f"{layout.META_GROUP}/{layout.ATOMS_PTR}/zarr.json")
 """The objects whose bytes make up a store's token."""
 
-WRITER_ATTR = "dali_alchemi"
-"""Root attribute holding what this project's writer records (nvalchemi's reader ignores it)."""
-
 GENERATION_KEY = "generation"
-"""Counter in :data:`WRITER_ATTR` bumped by every delete, defragment and ``add_custom``."""
+"""Counter in :data:`~dali_alchemi.store.layout.WRITER_ATTR` bumped by every delete, defragment and ``add_custom``."""
 
 REWRITTEN_KEY = "rewritten"
-"""Map in :data:`WRITER_ATTR` from a custom field to the generation that last replaced it."""
+"""Map in :data:`~dali_alchemi.store.layout.WRITER_ATTR` from a custom field to the generation that last replaced it."""
 
 
 def read_token(loc: StoreLocation) -> bytes:
@@ -61,7 +58,7 @@ def read_token(loc: StoreLocation) -> bytes:
 
 def writer_state(attributes: Mapping[str, Any]) -> tuple[int, dict[str, int]]:
     """``(generation, {custom field: generation that replaced it})`` from the root attributes."""
-    state = attributes.get(WRITER_ATTR)
+    state = attributes.get(layout.WRITER_ATTR)
     if not isinstance(state, Mapping):
         return 0, {}
     generation = state.get(GENERATION_KEY, 0)
@@ -73,10 +70,10 @@ def writer_state(attributes: Mapping[str, Any]) -> tuple[int, dict[str, int]]:
 
 
 def bumped(attributes: Mapping[str, Any], *, rewritten: str | None = None) -> dict[str, Any]:
-    """The :data:`WRITER_ATTR` entry after one more operation (that replaced custom ``rewritten``)."""
-    state = dict(attributes.get(WRITER_ATTR) or {})
+    """The :data:`~dali_alchemi.store.layout.WRITER_ATTR` entry after one more operation (that replaced custom ``rewritten``)."""
+    state = dict(attributes.get(layout.WRITER_ATTR) or {})
     generation, replaced = writer_state(attributes)
     state[GENERATION_KEY] = generation + 1
     if rewritten is not None:
         state[REWRITTEN_KEY] = {**replaced, rewritten: generation + 1}
-    return {WRITER_ATTR: state}
+    return {layout.WRITER_ATTR: state}

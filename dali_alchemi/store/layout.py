@@ -27,10 +27,10 @@ META_ARRAYS = (ATOMS_PTR, EDGES_PTR, SAMPLES_MASK, ATOMS_MASK, EDGES_MASK)
 
 NUM_SAMPLES_ATTR = "num_samples"
 FIELDS_ATTR = "fields"
-INTEGRITY_ATTR = "dali_alchemi"
-"""Root attribute where stores written here record what they promise about their chunks, beside the
-writer's generation counter (:mod:`~dali_alchemi.store.generation`); nvalchemi's own attributes are
-left as nvalchemi writes them, and its reader ignores this one."""
+WRITER_ATTR = "dali_alchemi"
+"""Root attribute where this project's writer records what it promises about the chunks and its
+generation counter (:mod:`~dali_alchemi.store.generation`); nvalchemi's own attributes are left as
+nvalchemi writes them, and its reader ignores this one."""
 CHECKSUM_CRC32C = "crc32c"
 
 # Per-field levels of nvalchemi's AtomicData (store-format.md section 5). Fields outside these sets
@@ -173,10 +173,10 @@ class Integrity:
 
     def to_attributes(self, attributes: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The root attribute that records the promise, keeping what else ``attributes`` hold in it."""
-        kept = (attributes or {}).get(INTEGRITY_ATTR)
+        kept = (attributes or {}).get(WRITER_ATTR)
         state = dict(kept) if isinstance(kept, Mapping) else {}
         state.update(complete_chunks=self.complete_chunks, checksums=self.checksums)
-        return {INTEGRITY_ATTR: state}
+        return {WRITER_ATTR: state}
 
 
 def parse_integrity(attributes: Mapping[str, Any], *, store: str) -> Integrity:
@@ -187,14 +187,14 @@ def parse_integrity(attributes: Mapping[str, Any], *, store: str) -> Integrity:
     StoreFormatError
         If the attribute is present but malformed.
     """
-    raw = attributes.get(INTEGRITY_ATTR)
+    raw = attributes.get(WRITER_ATTR)
     if raw is None:
         return Integrity()
     complete = raw.get("complete_chunks", False) if isinstance(raw, Mapping) else None
     checksums = raw.get("checksums") if isinstance(raw, Mapping) else None
     if not isinstance(complete, bool) or checksums not in (None, CHECKSUM_CRC32C):
         raise StoreFormatError(
-            f"Store {store}: root attribute {INTEGRITY_ATTR!r} must be "
+            f"Store {store}: root attribute {WRITER_ATTR!r} must be "
             f'{{"complete_chunks": true|false, "checksums": "crc32c"|null}}, found {raw!r}'
         )
     return Integrity(complete_chunks=complete, checksums=checksums)

@@ -27,6 +27,8 @@ _EXPORTS = {
     "WriteConfig": "dali_alchemi.config",
     "ArrayConfig": "dali_alchemi.config",
     "FetchConfig": "dali_alchemi.config",
+    "repair_store": "dali_alchemi.store.repair_apply",
+    "RepairReport": "dali_alchemi.store.repair_apply",
     # planning epochs
     "Plan": "dali_alchemi.plan",
     "EpochPlan": "dali_alchemi.plan",
@@ -57,6 +59,8 @@ _EXPORTS = {
     "LoaderError": "dali_alchemi.errors",
     "DeviceError": "dali_alchemi.errors",
     "PlanError": "dali_alchemi.errors",
+    "RepairError": "dali_alchemi.errors",
+    "AmbiguousRepairError": "dali_alchemi.errors",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -66,6 +70,7 @@ if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
     from dali_alchemi.config import ArrayConfig, FetchConfig, WriteConfig
     from dali_alchemi.errors import (
+        AmbiguousRepairError,
         ChunkDecodeError,
         ConfigError,
         DaliAlchemiError,
@@ -77,6 +82,7 @@ if TYPE_CHECKING:
         ReaderClosedError,
         ReadTooLargeError,
         RemoteReadError,
+        RepairError,
         SampleDataError,
         SampleIndexError,
         StoreExistsError,
@@ -91,6 +97,7 @@ if TYPE_CHECKING:
     from dali_alchemi.store.packed import PackedSamples
     from dali_alchemi.store.protocol import FieldSpec, PackedReader
     from dali_alchemi.store.reader import AtomicDataZarrReader
+    from dali_alchemi.store.repair_apply import RepairReport, repair_store
     from dali_alchemi.store.writer import AtomicDataZarrWriter
 
 

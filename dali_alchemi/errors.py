@@ -94,3 +94,18 @@ class LoaderError(DaliAlchemiError, RuntimeError):
     def __init__(self, message: str, *, original_type: str | None = None) -> None:
         super().__init__(message)
         self.original_type = original_type
+
+
+class RepairError(DaliAlchemiError, ValueError):
+    """A store's neighbor lists cannot be repaired: some samples fit no way they could have been stored.
+
+    ``samples`` lists the physical indices of those samples.
+    """
+
+    def __init__(self, message: str, samples: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.samples = samples
+
+
+class AmbiguousRepairError(RepairError):
+    """Several ways a sample's neighbor list could have been stored fit its values; repair refuses to guess."""

@@ -18,11 +18,11 @@ from collections.abc import Sequence
 
 from rich.markup import escape
 
-from dali_alchemi.cli import bench, store
+from dali_alchemi.cli import bench, repair, store
 from dali_alchemi.cli.console import CommandError, make_console
 from dali_alchemi.errors import DaliAlchemiError
 
-COMMAND_MODULES = (store, bench)
+COMMAND_MODULES = (store, repair, bench)
 """The modules whose commands make up ``dali-alchemi``, in the order ``--help`` lists them."""
 
 

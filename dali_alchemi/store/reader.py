@@ -51,6 +51,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+NOT_REBASED_HINT = (
+    "The likely cause: it was written by an append that did not re-base neighbor lists to store-global "
+    "indices (nvalchemi 0.2.0's append of a list, a Batch or a single AtomicData, and its dynamics ZarrData "
+    "sink, do this). Fix: `dali-alchemi repair {store}` (--dry-run shows what changes; --out DIR writes a "
+    "repaired copy of a store you cannot write), or AtomicDataZarrWriter(store).repair()"
+)
+"""What the out-of-range error adds: the usual cause, and the fix."""
+
 INDEX_PLAN_BYTES = 16
 """Bytes of the row plan per atom or edge row of a read (a source and a destination int64)."""
 
@@ -319,7 +327,7 @@ class AtomicDataZarrReader:
         raise StoreFormatError(
             f"Store {self.source}: {name} of sample {int(logical[sample])} (physical {int(physical[sample])}) holds "
             f"{(values[edge] + ptr[physical[sample]]).tolist()}, outside its atom rows "
-            f"[{int(ptr[physical[sample]])}, {int(ptr[physical[sample] + 1])})"
+            f"[{int(ptr[physical[sample]])}, {int(ptr[physical[sample] + 1])}). {NOT_REBASED_HINT.format(store=self.source)}"
         )
 
     def _select(self, fields: Iterable[str]) -> tuple[str, ...]:

@@ -134,7 +134,8 @@ def _open_arrays(
     """Check every core and custom array and prepare its decoder.
 
     A custom array that an unfinished ``add_custom`` is writing is not part of the store yet; if it
-    replaces an older array, that older one (possibly moved aside) is read instead.
+    replaces an older array, that older one (possibly moved aside) is read instead. While a repair
+    swaps its rewritten core array in, the rewritten one is read wherever it is.
     """
     arrays: list[tuple[str, str, Any, dict[str, Level]]] = []
     for group_name, recorded in ((layout.CORE_GROUP, meta.schema.core), (layout.CUSTOM_GROUP, meta.schema.custom)):
@@ -157,6 +158,12 @@ def _open_arrays(
                 else root[f"{layout.CUSTOM_GROUP}/{key}"]
             )
             arrays.append((layout.CUSTOM_GROUP, key, old, {key: view.replaced_level}))
+    if view.staged_core is not None and requested.local_root is not None:
+        name, suffix = view.staged_core
+        staged = sibling(requested, suffix)
+        if staged.exists():  # a repair swapping its rewritten array in: that one is the store's new state
+            arrays = [a for a in arrays if not (a[0] == layout.CORE_GROUP and a[1] == name)]
+            arrays.append((layout.CORE_GROUP, name, zarr.open_array(str(staged), mode="r"), meta.schema.core))
     handles: dict[str, ArrayHandle] = {}
     for group_name, name, arr, recorded in arrays:
         level = check_data_array(

@@ -109,3 +109,7 @@ class RepairError(DaliAlchemiError, ValueError):
 
 class AmbiguousRepairError(RepairError):
     """Several ways a sample's neighbor list could have been stored fit its values; repair refuses to guess."""
+
+
+class StoreSchemaWarning(UserWarning):
+    """A store holds arrays whose level this version cannot interpret (a newer writer's); they are not read."""

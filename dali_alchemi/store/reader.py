@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from types import TracebackType
@@ -32,6 +33,7 @@ from dali_alchemi.errors import (
     ReadTooLargeError,
     SampleIndexError,
     StoreFormatError,
+    StoreSchemaWarning,
     UnknownFieldError,
 )
 from dali_alchemi.store import layout
@@ -40,6 +42,7 @@ from dali_alchemi.store.engine import BlockEngine, ReadStats
 from dali_alchemi.store.location import StoreLike, StoreLocation, resolve_store
 from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.protocol import FieldSpec, PackedReader
+from dali_alchemi.store.repair import NOT_REBASED_HINT
 from dali_alchemi.store.snapshot import Snapshot, open_snapshot
 from dali_alchemi.store.validate import memory_budget
 from dali_alchemi.types import PerLevel
@@ -50,14 +53,6 @@ if TYPE_CHECKING:
     from dali_alchemi.types import CountArray, IndexArray, Level
 
 logger = logging.getLogger(__name__)
-
-NOT_REBASED_HINT = (
-    "The likely cause: it was written by an append that did not re-base neighbor lists to store-global "
-    "indices (nvalchemi 0.2.0's append of a list, a Batch or a single AtomicData, and its dynamics ZarrData "
-    "sink, do this). Fix: `dali-alchemi repair {store}` (--dry-run shows what changes; --out DIR writes a "
-    "repaired copy of a store you cannot write), or AtomicDataZarrWriter(store).repair()"
-)
-"""What the out-of-range error adds: the usual cause, and the fix."""
 
 INDEX_PLAN_BYTES = 16
 """Bytes of the row plan per atom or edge row of a read (a source and a destination int64)."""
@@ -141,6 +136,13 @@ class AtomicDataZarrReader:
         self._check_open()
         snapshot = open_snapshot(self._location)
         requested = self._options["fields"]
+        uninterpretable = [name for name in (requested or ()) if name in snapshot.skipped]
+        if uninterpretable:
+            raise StoreFormatError(snapshot.skipped[uninterpretable[0]])
+        if requested is None and snapshot.skipped:
+            skipped = sorted(snapshot.skipped)
+            message = f"Store {snapshot.location.display}: not reading {skipped}: their level is a newer writer's"
+            warnings.warn(message, StoreSchemaWarning, stacklevel=3)
         if requested is not None:
             unknown = sorted(set(requested) - set(snapshot.handles))
             if unknown:
@@ -186,6 +188,11 @@ class AtomicDataZarrReader:
     def field_names(self) -> tuple[str, ...]:
         """The fields this reader returns (all arrays, or the ``fields=`` selection), in store order."""
         return self._fields
+
+    @property
+    def skipped_fields(self) -> dict[str, str]:
+        """Arrays this version cannot interpret (a newer writer's levels) and why; ``fields=[one]`` raises that."""
+        return dict(self._snapshot.skipped)
 
     @property
     def field_levels(self) -> dict[str, Level]:
@@ -333,6 +340,9 @@ class AtomicDataZarrReader:
     def _select(self, fields: Iterable[str]) -> tuple[str, ...]:
         names = tuple(fields)
         unknown = sorted(set(names) - set(self._fields))
+        uninterpretable = [name for name in unknown if name in self._snapshot.skipped]
+        if uninterpretable:
+            raise StoreFormatError(self._snapshot.skipped[uninterpretable[0]])
         if unknown:
             raise UnknownFieldError(f"Unknown fields {unknown}; this reader returns {list(self._fields)}")
         if not names:

@@ -13,7 +13,7 @@ import json
 import logging
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +69,8 @@ class Snapshot:
     """Physical index of each logical (live) sample."""
     handles: Mapping[str, ArrayHandle]
     """Every core and custom array by name (custom wins on a collision, as in nvalchemi)."""
+    skipped: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Arrays this version cannot interpret (no level it knows), by name: why, as an error would say."""
 
     @property
     def n_physical(self) -> int:
@@ -101,7 +103,7 @@ def open_snapshot(requested: StoreLocation) -> Snapshot:
                 warnings.simplefilter("ignore", ZarrUserWarning)
                 root = open_root(loc)
                 meta = check_meta(root, store=loc.display, view=view)
-                handles = _open_arrays(root, meta, loc, requested, view)
+                handles, skipped = _open_arrays(root, meta, loc, requested, view)
         except (StoreFormatError, BaseZarrError, KeyError, TypeError, json.JSONDecodeError) as err:
             if attempt + 1 < LOAD_ATTEMPTS and read_journal(requested) != op:
                 continue  # a write started or finished under us: read again
@@ -109,11 +111,11 @@ def open_snapshot(requested: StoreLocation) -> Snapshot:
                 raise
             raise StoreFormatError(f"Store {loc.display}: unreadable metadata: {type(err).__name__}: {err}") from err
         if read_journal(requested) == op:
-            return _freeze(loc, meta, handles)
+            return _freeze(loc, meta, handles, skipped)
     raise StoreFormatError(f"Store {requested.display} kept changing while it was opened; try again")
 
 
-def _freeze(loc: StoreLocation, meta: MetaInfo, handles: dict[str, ArrayHandle]) -> Snapshot:
+def _freeze(loc: StoreLocation, meta: MetaInfo, handles: dict[str, ArrayHandle], skipped: dict[str, str]) -> Snapshot:
     active: IndexArray = np.flatnonzero(meta.samples_mask).astype(np.int64)
     for arr in (meta.atoms_ptr, meta.edges_ptr, meta.samples_mask, active):
         arr.flags.writeable = False
@@ -125,18 +127,21 @@ def _freeze(loc: StoreLocation, meta: MetaInfo, handles: dict[str, ArrayHandle])
         samples_mask=meta.samples_mask,
         active=active,
         handles=MappingProxyType(handles),
+        skipped=MappingProxyType(skipped),
     )
 
 
 def _open_arrays(
     root: Any, meta: MetaInfo, loc: StoreLocation, requested: StoreLocation, view: ReadView
-) -> dict[str, ArrayHandle]:
+) -> tuple[dict[str, ArrayHandle], dict[str, str]]:
     """Check every core and custom array and prepare its decoder.
 
     A custom array that an unfinished ``add_custom`` is writing is not part of the store yet; if it
     replaces an older array, that older one (possibly moved aside) is read instead. While a repair
-    swaps its rewritten core array in, the rewritten one is read wherever it is.
+    swaps its rewritten core array in, the rewritten one is read wherever it is. Arrays with no level
+    this version knows (a newer writer's) are returned apart, with the reason, instead of failing.
     """
+    skipped: dict[str, str] = {}
     arrays: list[tuple[str, str, Any, dict[str, Level]]] = []
     for group_name, recorded in ((layout.CORE_GROUP, meta.schema.core), (layout.CUSTOM_GROUP, meta.schema.custom)):
         if group_name not in meta.groups:
@@ -166,6 +171,16 @@ def _open_arrays(
             arrays.append((layout.CORE_GROUP, name, zarr.open_array(str(staged), mode="r"), meta.schema.core))
     handles: dict[str, ArrayHandle] = {}
     for group_name, name, arr, recorded in arrays:
+        key = f"{group_name}/{name}"
+        if key in meta.schema.unknown_levels:
+            skipped[name] = layout.unknown_level_message(loc.display, key, meta.schema.unknown_levels[key])
+            continue
+        if name not in recorded and layout.default_level(name) is None:
+            skipped[name] = (
+                f"Store {loc.display}: array {key} has no level in the 'fields' attribute and is not a known "
+                f"AtomicData field, so this version cannot interpret it"
+            )
+            continue
         level = check_data_array(
             arr, name=name, group=group_name, recorded=recorded, expected_rows=meta.rows,
             store=loc.display, growing=meta.growing,
@@ -180,7 +195,9 @@ def _open_arrays(
         handles[name] = ArrayHandle(
             name=name, level=level, shape=tuple(arr.shape), dtype=np.dtype(arr.dtype), codec=codec, array=arr
         )
-    return handles
+    for name in handles:
+        skipped.pop(name, None)
+    return handles, skipped
 
 
 def _effective_location(loc: StoreLocation, view: ReadView) -> StoreLocation:

@@ -58,7 +58,7 @@ from dali_alchemi.store.location import StoreLike, StoreLocation, open_group, re
 from dali_alchemi.store.packed import PackedSamples, SupportsPacked
 from dali_alchemi.store.recovery import apply_delete, recover
 from dali_alchemi.store.repair_apply import RepairReport, repair_copy, run_repair
-from dali_alchemi.store.validate import MetaInfo, check_meta, open_root
+from dali_alchemi.store.validate import MetaInfo, check_every_array_known, check_meta, open_root
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -117,14 +117,21 @@ class AtomicDataZarrWriter:
     def _root(self) -> Any:
         return open_group(self._location, mode="r+")
 
-    def _open(self) -> tuple[Any, MetaInfo]:
-        """Recover an interrupted operation if there is one, then open the store for writing."""
+    def _open(self, *, every_array_known: bool = True) -> tuple[Any, MetaInfo]:
+        """Recover an interrupted operation if there is one, then open the store for writing.
+
+        Operations that must keep every array consistent with the pointers (``every_array_known``)
+        refuse a store holding arrays this version cannot interpret (levels of a newer writer).
+        """
         self.recover()
         if not self._exists():
             raise StoreNotFoundError(f"Zarr store does not exist at {self._location.display}")
         open_root(self._location)  # checks that it is a zarr v3 group
         root = self._root()
-        return root, check_meta(root, store=self._location.display)
+        meta = check_meta(root, store=self._location.display)
+        if every_array_known:
+            check_every_array_known(root, meta, store=self._location.display)
+        return root, meta
 
     # -- write --------------------------------------------------------------------------------------
     def write(self, samples: Samples, *, levels: Mapping[str, str] | None = None, custom: Sequence[str] = ()) -> None:
@@ -426,7 +433,7 @@ class AtomicDataZarrWriter:
         if out is not None and not dry_run:
             self.recover()
             return repair_copy(self._location, Path(out), self._phase)
-        root, meta = self._open()
+        root, meta = self._open(every_array_known=False)  # only neighbor_list changes
         report = run_repair(self._location, root, meta, dry_run=dry_run, phase=self._phase)
         if report.applied:
             self._phase("done")

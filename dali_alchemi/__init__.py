@@ -61,6 +61,7 @@ _EXPORTS = {
     "PlanError": "dali_alchemi.errors",
     "RepairError": "dali_alchemi.errors",
     "AmbiguousRepairError": "dali_alchemi.errors",
+    "StoreSchemaWarning": "dali_alchemi.errors",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -88,6 +89,7 @@ if TYPE_CHECKING:
         StoreExistsError,
         StoreFormatError,
         StoreNotFoundError,
+        StoreSchemaWarning,
         UnknownFieldError,
         UnsupportedStoreError,
     )

@@ -259,3 +259,23 @@ def test_a_repair_killed_at_any_phase_leaves_old_or_new(nv_fixture: Path, tmp_pa
         assert all(np.array_equal(g, t) for g, t in zip(_neighbor_lists(trial), truth, strict=True))
     else:  # the store takes the repair again
         assert AtomicDataZarrWriter(trial).repair().applied
+
+
+def test_sharded_int32_store_with_deleted_samples(tmp_path: Path) -> None:
+    """Whole shards are rewritten; soft-deleted samples (zeroed, as nvalchemi's delete leaves them) stay as they are."""
+    packed = synthetic_samples(60, seed=9, min_atoms=4, max_atoms=12)
+    packed.fields["neighbor_list"] = packed.fields["neighbor_list"].astype(np.int32)
+    path = tmp_path / "sharded.zarr"
+    config = WriteConfig(core=ArrayConfig(chunk_size=16, shard_size=64), meta=ArrayConfig(chunk_size=32))
+    AtomicDataZarrWriter(path, config).write(packed)
+    AtomicDataZarrWriter(path).delete([3, 41])
+    _as_appended(path, [20, 21, 40])
+    report = AtomicDataZarrWriter(path).repair()
+    assert report.plan.counts["deleted"] == 2 and report.plan.changed.size == 60 - 20 - 1  # 41 is deleted
+    with AtomicDataZarrReader(path) as reader:
+        got = reader.read_packed(np.arange(len(reader)), fields=["neighbor_list"])
+    live = np.setdiff1d(np.arange(60), [3, 41])
+    local = np.split(packed.fields["neighbor_list"], np.cumsum(packed.n_edges)[:-1])
+    assert got.fields["neighbor_list"].dtype == np.int32
+    assert np.array_equal(got.fields["neighbor_list"], np.concatenate([local[i] for i in live]))
+    assert zarr.open_array(path / "core" / "neighbor_list").shards == (64, 2)

@@ -110,11 +110,7 @@ def repair_in_place(
 
     ``phase`` hears ``journal``, ``staged``, ``swapping``, ``retired``, ``swapped`` and ``committed``.
     """
-    if loc.local_root is None:
-        raise UnsupportedStoreError(
-            f"repair rewrites local directory stores in place; {loc.display} is not one: "
-            f"write a repaired copy with out=DIR (dali-alchemi repair STORE --out DIR)"
-        )
+    assert loc.local_root is not None, "repair rewrites local directory stores in place"
     group = meta.schema.group_of(NEIGHBOR_LIST)
     target = loc.local_root / group / NEIGHBOR_LIST
     staged = sibling(loc, REPAIR_NEW)
@@ -145,6 +141,11 @@ def run_repair(
 
     ``dry_run`` only infers. A store that needs nothing is left untouched.
     """
+    if not dry_run and loc.local_root is None:
+        raise UnsupportedStoreError(
+            f"repair rewrites local directory stores in place; {loc.display} is not one: "
+            f"write a repaired copy with out=DIR (dali-alchemi repair STORE --out DIR)"
+        )
     plan = infer(root, meta, store=loc.display)
     if dry_run:
         return RepairReport(plan=plan, applied=False, written_to=None)

@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=20000)
     parser.add_argument("--batch", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--prefer", choices=("sample-local", "batch-local", "global"), help="passed to repair")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = write_synthetic_store(Path(tmp) / "grown.zarr", args.n, seed=args.seed)
@@ -49,7 +50,7 @@ def main() -> None:
             truth = reader.read_packed(np.arange(len(reader)), fields=["neighbor_list"]).fields["neighbor_list"]
         appended = as_appended(path, args.batch)
         started = time.perf_counter()
-        plan = repair_store(path, dry_run=True).plan
+        plan = repair_store(path, dry_run=True, prefer=args.prefer).plan
         dry = time.perf_counter() - started
         result: dict[str, object] = {
             "structures": args.n, "appended": appended, "edges": int(plan.edges_ptr[-1]), "kinds": plan.counts,
@@ -57,10 +58,10 @@ def main() -> None:
         }  # fmt: skip
         if not plan.refused:
             started = time.perf_counter()
-            repair_store(path, out=Path(tmp) / "copy.zarr")
+            repair_store(path, out=Path(tmp) / "copy.zarr", prefer=args.prefer)
             result["copy_s"] = round(time.perf_counter() - started, 3)
             started = time.perf_counter()
-            AtomicDataZarrWriter(path).repair()
+            AtomicDataZarrWriter(path).repair(prefer=args.prefer)
             result["in_place_s"] = round(time.perf_counter() - started, 3)
             for name in (path, Path(tmp) / "copy.zarr"):
                 with AtomicDataZarrReader(name) as reader:

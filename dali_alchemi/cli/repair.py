@@ -17,7 +17,7 @@ def cmd_repair(args: argparse.Namespace, console: Console) -> int:
     from dali_alchemi.store.repair import summary_lines
     from dali_alchemi.store.repair_apply import repair_store
 
-    report = repair_store(args.store, out=args.out, dry_run=args.dry_run)
+    report = repair_store(args.store, out=args.out, dry_run=args.dry_run, prefer=args.prefer)
     for line in summary_lines(report.plan):
         console.print(escape(line))
     if args.dry_run:
@@ -39,4 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     repair.add_argument("store", help="path or URL of the store (a URL needs --out or --dry-run)")
     repair.add_argument("--dry-run", action="store_true", help="report what would change; write nothing")
     repair.add_argument("--out", help="write a repaired copy to this new directory; the store is only read")
+    repair.add_argument(
+        "--prefer", choices=("sample-local", "batch-local", "global"),
+        help="settle ambiguous structures this way (how you know the store was grown, e.g. sample-local "
+        "for one AtomicData per append)",
+    )  # fmt: skip
     repair.set_defaults(func=cmd_repair)

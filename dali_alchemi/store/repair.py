@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dali_alchemi.csr import concat_aranges
-from dali_alchemi.errors import AmbiguousRepairError, RepairError
+from dali_alchemi.errors import AmbiguousRepairError, ConfigError, RepairError
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -166,12 +166,23 @@ def stored_extents(arr: Any, meta: MetaInfo, window: int = INFER_WINDOW_EDGES) -
     return lo, hi
 
 
-def infer(root: Any, meta: MetaInfo, *, store: str, window: int = INFER_WINDOW_EDGES) -> RepairPlan:
+PREFERENCES = ("global", "batch-local", "sample-local")
+"""What ``prefer=`` may name: how the user knows the store was grown, to settle ambiguous samples."""
+
+
+def infer(
+    root: Any, meta: MetaInfo, *, store: str, window: int = INFER_WINDOW_EDGES, prefer: str | None = None
+) -> RepairPlan:
     """Infer, for every live sample, how its neighbor list was stored and the offset that re-bases it.
 
     Reads ``core/neighbor_list`` once, ``window`` edge rows at a time; see the module docstring for the
-    rule. A store without a neighbor list gives a plan that changes nothing.
+    rule. A store without a neighbor list gives a plan that changes nothing. ``prefer`` settles a
+    sample that several interpretations fit when one of them is that one: ``"sample-local"`` (the
+    store grew one AtomicData at a time), ``"batch-local"`` (it continues the call of the structure
+    before it) or ``"global"``; the user says so, the data cannot.
     """
+    if prefer is not None and prefer not in PREFERENCES:
+        raise ConfigError(f"prefer must be one of {', '.join(PREFERENCES)} or None, got {prefer!r}")
     n = meta.n_physical
     a_ptr, e_ptr = meta.atoms_ptr, meta.edges_ptr
     kinds = np.full(n, NO_EDGES, np.int8)
@@ -233,7 +244,17 @@ def infer(root: Any, meta: MetaInfo, *, store: str, window: int = INFER_WINDOW_E
     else:
         settled = loose & (n_valid == 1)
         offsets[settled] = chosen[settled]
-        kinds[loose & (n_valid > 1)] = AMBIGUOUS
+        if prefer is not None:
+            ambiguous = loose & (n_valid > 1)
+            if prefer == "global":
+                pick, preferred = ambiguous & global_ok, np.zeros(n, np.int64)
+            else:
+                preferred = a.copy() if prefer == "sample-local" else c_exact[np.maximum(prev_exact, 0)]
+                match = ok & (value == preferred[owner])
+                pick = ambiguous & (np.bincount(owner[match], minlength=n) > 0)
+            offsets[pick] = preferred[pick]
+            settled |= pick
+        kinds[loose & ~settled & (n_valid > 1)] = AMBIGUOUS
         kinds[loose & (n_valid == 0)] = UNDETERMINED
         model_ok = exact | settled
     kinds[broken] = UNDETERMINED

@@ -135,18 +135,20 @@ def repair_in_place(
 
 
 def run_repair(
-    loc: StoreLocation, root: Any, meta: MetaInfo, *, dry_run: bool, phase: Callable[[str], None] = _phase_none
-) -> RepairReport:
+    loc: StoreLocation, root: Any, meta: MetaInfo, *, dry_run: bool, prefer: str | None = None,
+    phase: Callable[[str], None] = _phase_none,
+) -> RepairReport:  # fmt: skip
     """Infer the repair of the store open as ``root`` (checked as ``meta``) and apply it in place.
 
-    ``dry_run`` only infers. A store that needs nothing is left untouched.
+    ``dry_run`` only infers. A store that needs nothing is left untouched. ``prefer``: see
+    :func:`~dali_alchemi.store.repair.infer`.
     """
     if not dry_run and loc.local_root is None:
         raise UnsupportedStoreError(
             f"repair rewrites local directory stores in place; {loc.display} is not one: "
             f"write a repaired copy with out=DIR (dali-alchemi repair STORE --out DIR)"
         )
-    plan = infer(root, meta, store=loc.display)
+    plan = infer(root, meta, store=loc.display, prefer=prefer)
     if dry_run:
         return RepairReport(plan=plan, applied=False, written_to=None)
     plan.check()
@@ -185,7 +187,9 @@ async def _copy_objects(loc: StoreLocation, keys: list[str], dest: LocalStore) -
     await asyncio.gather(*(one(k) for k in keys))
 
 
-def repair_copy(loc: StoreLocation, out: Path, phase: Callable[[str], None] = _phase_none) -> RepairReport:
+def repair_copy(
+    loc: StoreLocation, out: Path, phase: Callable[[str], None] = _phase_none, *, prefer: str | None = None
+) -> RepairReport:
     """Copy the store at ``loc`` (any kind, read-only is enough) to the new directory ``out``, repaired.
 
     Raises
@@ -205,7 +209,7 @@ def repair_copy(loc: StoreLocation, out: Path, phase: Callable[[str], None] = _p
         )
     root = open_root(loc)
     meta = check_meta(root, store=loc.display)
-    plan = infer(root, meta, store=loc.display)
+    plan = infer(root, meta, store=loc.display, prefer=prefer)
     plan.check()
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.with_name(f".{out.name}.dali-alchemi-{CREATE_PREFIX}{uuid.uuid4().hex[:8]}")
@@ -227,13 +231,15 @@ def repair_copy(loc: StoreLocation, out: Path, phase: Callable[[str], None] = _p
 
 
 def repair_store(
-    store: Any, *, out: str | os.PathLike[str] | None = None, dry_run: bool = False,
+    store: Any, *, out: str | os.PathLike[str] | None = None, dry_run: bool = False, prefer: str | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> RepairReport:  # fmt: skip
     """Repair the neighbor lists of ``store`` in place, into a copy at ``out``, or report only (``dry_run``).
 
     A dry run and a copy need only read access (any path, URL or zarr Store); an in-place repair
-    first finishes or rolls back an interrupted write, as every writer operation does.
+    first finishes or rolls back an interrupted write, as every writer operation does. ``prefer``
+    settles ambiguous samples the way the user knows the store was grown
+    (:func:`~dali_alchemi.store.repair.infer`).
 
     Raises
     ------
@@ -247,14 +253,14 @@ def repair_store(
         recover(loc)
         open_root(loc)  # a zarr v3 group
         root = open_group(loc, mode="r+")
-        return run_repair(loc, root, check_meta(root, store=loc.display), dry_run=False)
+        return run_repair(loc, root, check_meta(root, store=loc.display), dry_run=False, prefer=prefer)
     loc = resolve_store(store, read_only=True, must_exist=True, storage_options=storage_options)
     if out is not None and not dry_run:
-        return repair_copy(loc, Path(out))
+        return repair_copy(loc, Path(out), prefer=prefer)
     if read_journal(loc) is not None:
         raise StoreFormatError(
             f"Store {loc.display} has an unfinished write operation; open it with a writer to finish it first"
         )
     root = open_root(loc)
-    return RepairReport(plan=infer(root, check_meta(root, store=loc.display), store=loc.display), applied=False,
-                        written_to=None)  # fmt: skip
+    plan = infer(root, check_meta(root, store=loc.display), store=loc.display, prefer=prefer)
+    return RepairReport(plan=plan, applied=False, written_to=None)

@@ -414,12 +414,16 @@ class AtomicDataZarrWriter:
         logger.info("defragmented %s: %d -> %d samples", loc.display, meta.n_physical, int(meta.samples_mask.sum()))
 
     # -- repair -------------------------------------------------------------------------------------
-    def repair(self, *, out: str | os.PathLike[str] | None = None, dry_run: bool = False) -> RepairReport:
+    def repair(
+        self, *, out: str | os.PathLike[str] | None = None, dry_run: bool = False, prefer: str | None = None
+    ) -> RepairReport:
         """Re-base neighbor lists that nvalchemi 0.2.0's append (or defragment) stored un-rebased.
 
         Infers how each sample's ``neighbor_list`` was stored and rewrites it store-global
         (:mod:`dali_alchemi.store.repair`), in place and crash-safely, or into a new store at ``out``.
-        ``dry_run`` only reports. The report's plan says what was found per sample.
+        ``dry_run`` only reports. The report's plan says what was found per sample. ``prefer``
+        (``"sample-local"``, ``"batch-local"``, ``"global"``) settles samples that several
+        interpretations fit, the way the user knows the store was grown.
 
         Raises
         ------
@@ -432,9 +436,9 @@ class AtomicDataZarrWriter:
         """
         if out is not None and not dry_run:
             self.recover()
-            return repair_copy(self._location, Path(out), self._phase)
+            return repair_copy(self._location, Path(out), self._phase, prefer=prefer)
         root, meta = self._open(every_array_known=False)  # only neighbor_list changes
-        report = run_repair(self._location, root, meta, dry_run=dry_run, phase=self._phase)
+        report = run_repair(self._location, root, meta, dry_run=dry_run, prefer=prefer, phase=self._phase)
         if report.applied:
             self._phase("done")
             logger.info("repaired %s: %d samples re-based", self._location.display, report.plan.changed.size)

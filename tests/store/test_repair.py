@@ -21,7 +21,13 @@ from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter, StoreFormat
 from dali_alchemi.bench.http_server import StoreServer
 from dali_alchemi.bench.synth import synthetic_samples
 from dali_alchemi.config import ArrayConfig, WriteConfig
-from dali_alchemi.errors import AmbiguousRepairError, RepairError, StoreExistsError, UnsupportedStoreError
+from dali_alchemi.errors import (
+    AmbiguousRepairError,
+    ConfigError,
+    RepairError,
+    StoreExistsError,
+    UnsupportedStoreError,
+)
 from dali_alchemi.store.location import resolve_store
 from dali_alchemi.store.repair import KINDS
 from dali_alchemi.store.repair_apply import repair_store
@@ -173,6 +179,13 @@ def test_ambiguous_samples_are_refused_and_listed(tmp_path: Path) -> None:
         AtomicDataZarrWriter(path).repair()
     assert err.value.samples == (2,) and isinstance(err.value, ValueError)
     assert _files(path) == before
+    with pytest.raises(AmbiguousRepairError):  # sample 2 does not continue sample 0's call: no batch to prefer
+        AtomicDataZarrWriter(path).repair(prefer="batch-local")
+    with pytest.raises(ConfigError, match="prefer must be one of global, batch-local, sample-local"):
+        AtomicDataZarrWriter(path).repair(prefer="local")
+    report = AtomicDataZarrWriter(path).repair(prefer="sample-local")  # the user knows: one structure per append
+    assert report.plan.counts == {"global": 1, "no-edges": 1, "sample-local": 1}
+    assert [nl.tolist() for nl in _neighbor_lists(path)] == [[[0, 1], [1, 2], [2, 0]], [], [[3, 4]]]
 
 
 def test_partial_neighbor_lists_are_repaired_or_refused_never_wrong(tmp_path: Path) -> None:

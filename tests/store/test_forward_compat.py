@@ -96,3 +96,12 @@ def test_extra_groups_and_attributes_alone_keep_the_store_writable(small_store: 
         assert len(reader) == 299 and reader.skipped_fields == {}
     assert json.loads((path / "zarr.json").read_text())["attributes"]["created_by"]["tool"] == "newer"
     assert (path / "provenance" / "run" / "zarr.json").exists()
+
+
+def test_inspect_shows_the_level_it_does_not_read(newer_store: Path) -> None:
+    from dali_alchemi.store.summary import summarize
+
+    levels = {f"{a.group}/{a.name}": a.level for a in summarize(newer_store).arrays}
+    assert levels["core/group_energy"] == "group (not read)"
+    assert levels["custom/mystery"] == "?" and levels["core/positions"] == "atom"
+    assert levels["meta/groups_ptr"] == "meta"

@@ -237,10 +237,13 @@ def _raw_neighbor_list(path: Path) -> np.ndarray:
     return np.asarray(snap.handles["neighbor_list"].array[:])
 
 
-def _child(path: str, kill_at: str) -> None:
+def _child(path: str, kill_at: str | None, log: str | None = None) -> None:
     writer = AtomicDataZarrWriter(path)
 
     def on_phase(phase: str) -> None:
+        if log is not None:
+            with open(log, "a") as fh:
+                fh.write(phase + "\n")
         if phase == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -292,3 +295,37 @@ def test_sharded_int32_store_with_deleted_samples(tmp_path: Path) -> None:
     assert got.fields["neighbor_list"].dtype == np.int32
     assert np.array_equal(got.fields["neighbor_list"], np.concatenate([local[i] for i in live]))
     assert zarr.open_array(path / "core" / "neighbor_list").shards == (64, 2)
+
+
+@pytest.mark.slow
+def test_a_repair_killed_at_random_moments_leaves_old_or_new(nv_fixture: Path, tmp_path: Path) -> None:
+    import random
+    import time
+
+    base = _copy(nv_fixture, "list", tmp_path / "base")
+    old = _raw_neighbor_list(base)
+    after = _copy(nv_fixture, "list", tmp_path / "after")
+    started = time.perf_counter()
+    proc = multiprocessing.get_context("fork").Process(target=_child, args=(str(after), None))
+    proc.start()
+    proc.join(60)
+    duration = time.perf_counter() - started
+    new = _raw_neighbor_list(after)
+    rng, reached = random.Random(7), set()
+    for k in range(10):
+        trial = _copy(nv_fixture, "list", tmp_path / f"random-{k}")
+        log = tmp_path / f"random-{k}.phases"
+        proc = multiprocessing.get_context("fork").Process(target=_child, args=(str(trial), None, str(log)))
+        proc.start()
+        time.sleep(rng.uniform(0, duration * 1.1))
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        proc.join(60)
+        reached.add(log.read_text().split()[-1] if log.exists() else "start")
+        seen = _raw_neighbor_list(trial)
+        assert np.array_equal(seen, old) or np.array_equal(seen, new), f"trial {k}: neither old nor new"
+        AtomicDataZarrWriter(trial).recover()
+        seen = _raw_neighbor_list(trial)
+        assert np.array_equal(seen, old) or np.array_equal(seen, new), f"trial {k}: after recovery"
+        assert [p.name for p in trial.parent.iterdir()] == [trial.name]
+    assert len(reached) >= 2, f"random kills only interrupted after {reached}"

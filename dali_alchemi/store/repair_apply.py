@@ -30,7 +30,8 @@ from zarr.core.chunk_grids import RegularChunkGrid
 from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
-from dali_alchemi.errors import SampleDataError, StoreExistsError, StoreFormatError, UnsupportedStoreError
+from dali_alchemi.errors import RepairError, StoreExistsError, StoreFormatError, UnsupportedStoreError
+from dali_alchemi.store import layout
 from dali_alchemi.store.journal import (
     CREATE_PREFIX,
     REPAIR_NEW,
@@ -97,7 +98,7 @@ def rewrite(src: Any, dst: Any, plan: RepairPlan) -> int:
         sample = np.searchsorted(e_ptr, np.arange(lo, hi, dtype=np.int64), side="right") - 1
         values += plan.offsets[sample].reshape((-1,) + (1,) * (values.ndim - 1))
         if info is not None and (values.min() < info.min or values.max() > info.max):
-            raise SampleDataError(f"Store {plan.store}: re-based neighbor_list values do not fit its dtype {dst.dtype}")
+            raise RepairError(f"Store {plan.store}: re-based neighbor_list values do not fit its dtype {dst.dtype}")
         dst[lo:hi] = values.astype(dst.dtype)
         written += hi - lo
     return written
@@ -112,6 +113,10 @@ def repair_in_place(
     """
     assert loc.local_root is not None, "repair rewrites local directory stores in place"
     group = meta.schema.group_of(NEIGHBOR_LIST)
+    if group != layout.CORE_GROUP:
+        raise RepairError(
+            f"Store {loc.display}: neighbor_list is a custom array here; repair rewrites core/neighbor_list"
+        )
     target = loc.local_root / group / NEIGHBOR_LIST
     staged = sibling(loc, REPAIR_NEW)
     op = RepairOp(key=NEIGHBOR_LIST, samples=int(plan.changed.size), state=RepairState.STAGING)
@@ -123,6 +128,7 @@ def repair_in_place(
         rewrite(root[f"{group}/{NEIGHBOR_LIST}"], zarr.open_array(str(staged), mode="r+"), plan)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
+        clear_journal(loc)  # nothing of the store changed
         raise
     phase("staged")
     write_journal(loc, op.with_state(RepairState.SWAPPING))

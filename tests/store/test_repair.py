@@ -329,3 +329,19 @@ def test_a_repair_killed_at_random_moments_leaves_old_or_new(nv_fixture: Path, t
         assert np.array_equal(seen, old) or np.array_equal(seen, new), f"trial {k}: after recovery"
         assert [p.name for p in trial.parent.iterdir()] == [trial.name]
     assert len(reached) >= 2, f"random kills only interrupted after {reached}"
+
+
+def test_values_that_would_not_fit_the_dtype_are_refused_and_leave_nothing(tmp_path: Path) -> None:
+    packed = synthetic_samples(40, seed=2, min_atoms=4, max_atoms=8)
+    path = tmp_path / "int8.zarr"
+    AtomicDataZarrWriter(path).write(packed)
+    _as_appended(path, list(range(1, 40)))  # one structure per append: every index is sample-local, < 8
+    core = zarr.open_group(path / "core", mode="r+")
+    local = core["neighbor_list"][:].astype(np.int8)
+    del core["neighbor_list"]
+    core.create_array("neighbor_list", data=local)
+    before = _files(path)
+    with pytest.raises(RepairError, match="re-based neighbor_list values do not fit its dtype int8"):
+        AtomicDataZarrWriter(path).repair(prefer="sample-local")
+    assert _files(path) == before
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no journal, no staged copy

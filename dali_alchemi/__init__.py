@@ -31,6 +31,8 @@ _EXPORTS = {
     "FetchConfig": "dali_alchemi.config",
     "verify_store": "dali_alchemi.store.verify",
     "VerifyReport": "dali_alchemi.store.verify",
+    "repair_store": "dali_alchemi.store.repair_apply",
+    "RepairReport": "dali_alchemi.store.repair_apply",
     # planning epochs
     "Plan": "dali_alchemi.plan",
     "EpochPlan": "dali_alchemi.plan",
@@ -71,6 +73,9 @@ _EXPORTS = {
     "MetricInputError": "dali_alchemi.errors",
     "DaliAlchemiWarning": "dali_alchemi.errors",
     "PrecisionLossWarning": "dali_alchemi.errors",
+    "RepairError": "dali_alchemi.errors",
+    "AmbiguousRepairError": "dali_alchemi.errors",
+    "StoreSchemaWarning": "dali_alchemi.errors",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -80,6 +85,7 @@ if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
     from dali_alchemi.config import ArrayConfig, FetchConfig, WriteConfig
     from dali_alchemi.errors import (
+        AmbiguousRepairError,
         ChunkDecodeError,
         ConfigError,
         DaliAlchemiError,
@@ -95,12 +101,14 @@ if TYPE_CHECKING:
         ReaderClosedError,
         ReadTooLargeError,
         RemoteReadError,
+        RepairError,
         SampleDataError,
         SampleIndexError,
         StoreChangedError,
         StoreExistsError,
         StoreFormatError,
         StoreNotFoundError,
+        StoreSchemaWarning,
         UnknownFieldError,
         UnsupportedStoreError,
     )
@@ -121,6 +129,7 @@ if TYPE_CHECKING:
     from dali_alchemi.store.packed import PackedSamples
     from dali_alchemi.store.protocol import ChunkedReader, FieldSpec, PackedReader
     from dali_alchemi.store.reader import AtomicDataZarrReader
+    from dali_alchemi.store.repair_apply import RepairReport, repair_store
     from dali_alchemi.store.verify import VerifyReport, verify_store
     from dali_alchemi.store.writer import AtomicDataZarrWriter
 

@@ -123,3 +123,22 @@ class DaliAlchemiWarning(UserWarning):
 
 class PrecisionLossWarning(DaliAlchemiWarning):
     """Storing floats in a narrower dtype (float32) changed some values by more than the stated tolerance."""
+
+
+class RepairError(DaliAlchemiError, ValueError):
+    """A store's neighbor lists cannot be repaired: some samples fit no way they could have been stored.
+
+    ``samples`` lists the physical indices of those samples.
+    """
+
+    def __init__(self, message: str, samples: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.samples = samples
+
+
+class AmbiguousRepairError(RepairError):
+    """Several ways a sample's neighbor list could have been stored fit its values; repair refuses to guess."""
+
+
+class StoreSchemaWarning(DaliAlchemiWarning):
+    """A store holds arrays whose level this version cannot interpret (a newer writer's); they are not read."""

@@ -176,3 +176,31 @@ def test_verify_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "StoreNotFoundError" in capsys.readouterr().out
     assert main(["verify", str(small_store), "--max-problems", "0"]) == 2
     assert capsys.readouterr().out.startswith("error: --max-problems")
+def test_repair_dry_run_then_repair_then_nothing_left(
+    nv_fixture: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    store = tmp_path / "single.zarr"
+    shutil.copytree(nv_fixture / "nv_append_single.zarr", store)
+    assert main(["repair", str(store), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "sample-local: 8" in out and "8 samples (45 edge rows) to re-base" in out and "nothing written" in out
+    assert main(["inspect", str(store)]) == 0  # untouched: still the appended store
+    assert main(["repair", str(store)]) == 0
+    assert f"repaired: {store}" in capsys.readouterr().out
+    assert main(["repair", str(store)]) == 0
+    assert "nothing to repair" in capsys.readouterr().out
+    copy = tmp_path / "copy.zarr"
+    assert main(["repair", str(store), "--out", str(copy)]) == 0 and (copy / "zarr.json").exists()
+
+
+def test_repair_refusal_lists_the_samples_and_exits_2(
+    nv_fixture: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = nv_fixture / "nv_append_defragment_partial.zarr"
+    assert main(["repair", str(store), "--dry-run"]) == 2
+    out = capsys.readouterr().out
+    assert "undetermined samples (physical): 1, 3, 4" in out and "would refuse" in out
+    assert main(["repair", str(store), "--out", str(tmp_path / "x.zarr")]) == 2
+    assert "RepairError" in capsys.readouterr().out and not (tmp_path / "x.zarr").exists()

@@ -18,11 +18,11 @@ from collections.abc import Sequence
 
 from rich.markup import escape
 
-from dali_alchemi.cli import bench, store, verify
+from dali_alchemi.cli import bench, repair, store, verify
 from dali_alchemi.cli.console import CommandError, make_console
 from dali_alchemi.errors import DaliAlchemiError
 
-COMMAND_MODULES = (store, verify, bench)
+COMMAND_MODULES = (store, verify, repair, bench)
 """The modules whose commands make up ``dali-alchemi``, in the order ``--help`` lists them."""
 
 

@@ -31,10 +31,10 @@ TOKEN_KEYS = ("zarr.json", f"{layout.META_GROUP}/{layout.ATOMS_PTR}/zarr.json")
 """The objects whose bytes make up a store's token."""
 
 GENERATION_KEY = "generation"
-"""Counter in :data:`~dali_alchemi.store.layout.WRITER_ATTR` bumped by every delete, defragment and ``add_custom``."""
+"""Counter in :data:`~dali_alchemi.store.layout.WRITER_ATTR` bumped by every delete, defragment, ``add_custom`` and ``repair``."""
 
 REWRITTEN_KEY = "rewritten"
-"""Map in :data:`~dali_alchemi.store.layout.WRITER_ATTR` from a custom field to the generation that last replaced it."""
+"""Map in :data:`~dali_alchemi.store.layout.WRITER_ATTR` from a field to the generation that last replaced it (``add_custom``, ``repair``)."""
 
 
 def read_token(loc: StoreLocation) -> bytes:

@@ -3,9 +3,9 @@
 Every mutating writer operation first records what it is about to do in a small JSON journal,
 then changes the store in an order that never invalidates the old state, and removes the journal
 last. The journal holds one operation, a typed record here (:class:`AppendOp`, :class:`DeleteOp`,
-:class:`AddCustomOp`, :class:`DefragmentOp`). A reader that finds one reads the store as
+:class:`AddCustomOp`, :class:`DefragmentOp`, :class:`RepairOp`). A reader that finds one reads the store as
 :func:`interpret` says (the old state for an unfinished append or add_custom, the new state for a
-delete, the staged copy while a defragment swaps directories), and the next writer operation first
+delete, the staged copy while a defragment swaps directories or a repair swaps its array), and the next writer operation first
 finishes or rolls back whatever the journal describes (:mod:`dali_alchemi.store.recovery`).
 
 For a local directory store the journal and any staging directories live *beside* the store
@@ -30,6 +30,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
 from dali_alchemi.errors import StoreFormatError
+from dali_alchemi.store import layout
 from dali_alchemi.types import LEVELS, Level, PerLevel
 
 if TYPE_CHECKING:
@@ -46,6 +47,10 @@ DEFRAGMENT_OLD = "defragment-old"
 """The old store, moved aside by the swap and deleted after it."""
 CREATE_PREFIX = "create-"
 """A new store being written (``create-<random>``), renamed into place when complete."""
+REPAIR_NEW = "repair-new"
+"""The repaired copy of ``core/neighbor_list`` a repair builds, moved into place by its swap."""
+REPAIR_OLD = "repair-old"
+"""The old ``core/neighbor_list``, moved aside by a repair's swap and deleted after it."""
 
 
 def staging_suffix(key: str) -> str:
@@ -129,7 +134,31 @@ class DefragmentOp:
         return {"op": self.OP}
 
 
-Operation = AppendOp | DeleteOp | AddCustomOp | DefragmentOp
+class RepairState(StrEnum):
+    """How far a repair got: building the repaired array, swapping it in, or committed (only cleanup left)."""
+
+    STAGING = "staging"
+    SWAPPING = "swapping"
+    COMMITTED = "committed"
+
+
+@dataclass(frozen=True, slots=True)
+class RepairOp:
+    """Rewriting core array ``key`` (``neighbor_list``) to store-global indices; ``samples`` of them change."""
+
+    OP: ClassVar[str] = "repair"
+    key: str
+    samples: int
+    state: RepairState
+
+    def with_state(self, state: RepairState) -> RepairOp:
+        return replace(self, state=state)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.OP, "key": self.key, "samples": self.samples, "state": self.state.value}
+
+
+Operation = AppendOp | DeleteOp | AddCustomOp | DefragmentOp | RepairOp
 """One journaled operation."""
 
 
@@ -195,6 +224,14 @@ def parse_operation(doc: Any, *, store: str) -> Operation:
         )
     if op == DefragmentOp.OP:
         return DefragmentOp()
+    if op == RepairOp.OP:
+        key = _field(doc, "key", store)
+        if key not in layout.ATOM_INDEX_FIELDS:
+            raise _bad(doc, "key", "an atom-index field (neighbor_list)", store)
+        state = _field(doc, "state", store)
+        if state not in tuple(RepairState):
+            raise _bad(doc, "state", f"one of {', '.join(RepairState)}", store)
+        return RepairOp(key=key, samples=_count(doc, "samples", store), state=RepairState(state))
     raise StoreFormatError(f"Unknown operation {op!r} in the write journal of {store}")
 
 
@@ -225,6 +262,9 @@ class ReadView:
     fallback_dirs
         Suffixes of the paths beside a local store to read, first existing one wins, when the store
         directory itself is missing (a defragment between its two renames).
+    staged_core
+        ``(name, suffix)``: read core array ``name`` from the path beside a local store with that
+        suffix while it exists, else from the store (a repair swapping its rewritten array in).
     """
 
     rows: PerLevel[int] | None = None
@@ -233,6 +273,7 @@ class ReadView:
     replaced_level: Level | None = None
     moved_aside: str | None = None
     fallback_dirs: tuple[str, ...] = ()
+    staged_core: tuple[str, str] | None = None
 
     @property
     def growing(self) -> bool:
@@ -254,6 +295,8 @@ def interpret(op: Operation | None) -> ReadView:
       with the array it replaces (possibly moved aside). Once committed only cleanup is left.
     - A defragment is journaled once its compacted copy is complete; while the store directory is
       missing (between the two renames of the swap) the copy is read, or else the old store.
+    - A repair is read at its old state while it builds the rewritten array, and at its new state
+      (the rewritten array, beside the store or already moved in) from the moment it swaps.
     """
     if isinstance(op, AppendOp):
         return ReadView(rows=op.rows)
@@ -263,6 +306,8 @@ def interpret(op: Operation | None) -> ReadView:
         return ReadView(hidden_custom=op.key, replaced_level=op.previous, moved_aside=previous_suffix(op.key))
     if isinstance(op, DefragmentOp):
         return ReadView(fallback_dirs=(DEFRAGMENT_NEW, DEFRAGMENT_OLD))
+    if isinstance(op, RepairOp) and op.state is RepairState.SWAPPING:
+        return ReadView(staged_core=(op.key, REPAIR_NEW))
     return AS_IS
 
 

@@ -96,6 +96,9 @@ class StoreSchema:
     num_samples: int
     core: dict[str, Level] = field(default_factory=dict)
     custom: dict[str, Level] = field(default_factory=dict)
+    unknown_levels: dict[str, Any] = field(default_factory=dict)
+    """``"group/name"`` -> the recorded level of fields whose level this version cannot interpret (a level
+    added by a newer nvalchemi): they are not part of :attr:`field_levels`."""
 
     @property
     def field_levels(self) -> dict[str, Level]:
@@ -124,11 +127,14 @@ def parse_schema(attributes: Mapping[str, Any], *, store: str) -> StoreSchema:
     reader derives the count from the pointers. ``fields`` may be absent in stores written by other tools,
     in which case every array's level falls back to the nvalchemi default key sets.
 
+    Levels other than ``atom``, ``edge`` and ``system`` (a newer writer's) are kept in
+    ``unknown_levels``, not refused: a reader skips those fields unless it is asked for them. Other
+    root attributes and other keys of ``fields`` are ignored.
+
     Raises
     ------
     StoreFormatError
         If ``fields`` is not a mapping of group -> {name: level}, or ``num_samples`` is not an integer.
-        Also if a level is not one of ``atom``, ``edge``, ``system``.
     """
     raw_n = attributes.get(NUM_SAMPLES_ATTR, -1)
     if isinstance(raw_n, bool) or not isinstance(raw_n, int) or raw_n < -1:
@@ -141,6 +147,7 @@ def parse_schema(attributes: Mapping[str, Any], *, store: str) -> StoreSchema:
             f"Store {store}: root attribute {FIELDS_ATTR!r} must be a mapping, found {type(raw_fields).__name__}"
         )
     groups: dict[str, dict[str, Level]] = {}
+    unknown: dict[str, Any] = {}
     for group in (CORE_GROUP, CUSTOM_GROUP):
         entries = raw_fields.get(group, {})
         if not isinstance(entries, Mapping):
@@ -150,13 +157,21 @@ def parse_schema(attributes: Mapping[str, Any], *, store: str) -> StoreSchema:
             )
         levels: dict[str, Level] = {}
         for name, level in entries.items():
-            if not isinstance(level, str) or level not in LEVELS:
-                raise StoreFormatError(
-                    f"Store {store}: fields.{group}.{name} has level {level!r}; expected one of {', '.join(LEVELS)}"
-                )
-            levels[str(name)] = level  # type: ignore[assignment]
+            if isinstance(level, str) and level in LEVELS:
+                levels[str(name)] = level  # type: ignore[assignment]
+            else:  # a level a newer writer added: kept aside, an error only for a reader that asks for it
+                unknown[f"{group}/{name}"] = level
         groups[group] = levels
-    return StoreSchema(num_samples=raw_n, core=groups[CORE_GROUP], custom=groups[CUSTOM_GROUP])
+    return StoreSchema(num_samples=raw_n, core=groups[CORE_GROUP], custom=groups[CUSTOM_GROUP], unknown_levels=unknown)
+
+
+def unknown_level_message(store: str, key: str, level: Any) -> str:
+    """The error for a field whose recorded level this version cannot interpret."""
+    group, _, name = key.partition("/")
+    return (
+        f"Store {store}: fields.{group}.{name} has level {level!r}, which this version cannot interpret "
+        f"(it reads levels {', '.join(LEVELS)}); array {key} was written by a newer writer"
+    )
 
 
 @dataclass(frozen=True, slots=True)

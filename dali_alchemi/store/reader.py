@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from types import TracebackType
@@ -32,6 +33,7 @@ from dali_alchemi.errors import (
     ReadTooLargeError,
     StoreChangedError,
     StoreFormatError,
+    StoreSchemaWarning,
     UnknownFieldError,
 )
 from dali_alchemi.store import layout
@@ -42,6 +44,7 @@ from dali_alchemi.store.indices import checked_indices
 from dali_alchemi.store.location import StoreLike, StoreLocation, resolve_store
 from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.protocol import FieldSpec, PackedReader, as_field_names
+from dali_alchemi.store.repair import NOT_REBASED_HINT
 from dali_alchemi.store.snapshot import Snapshot, incompatibility, open_snapshot
 from dali_alchemi.store.validate import memory_budget
 from dali_alchemi.types import PerLevel
@@ -136,6 +139,13 @@ class AtomicDataZarrReader:
         self._check_open()
         snapshot = open_snapshot(self._location)
         requested = self._options["fields"]
+        uninterpretable = [name for name in (requested or ()) if name in snapshot.skipped]
+        if uninterpretable:
+            raise StoreFormatError(snapshot.skipped[uninterpretable[0]])
+        if requested is None and snapshot.skipped:
+            skipped = sorted(snapshot.skipped)
+            message = f"Store {snapshot.location.display}: not reading {skipped}: their level is a newer writer's"
+            warnings.warn(message, StoreSchemaWarning, stacklevel=3)
         if requested is not None:
             unknown = sorted(set(requested) - set(snapshot.handles))
             if unknown:
@@ -181,6 +191,11 @@ class AtomicDataZarrReader:
     def field_names(self) -> tuple[str, ...]:
         """The fields this reader returns (all arrays, or the ``fields=`` selection), in store order."""
         return self._fields
+
+    @property
+    def skipped_fields(self) -> dict[str, str]:
+        """Arrays this version cannot interpret (a newer writer's levels) and why; ``fields=[one]`` raises that."""
+        return dict(self._snapshot.skipped)
 
     @property
     def field_levels(self) -> dict[str, Level]:
@@ -363,12 +378,15 @@ class AtomicDataZarrReader:
         raise StoreFormatError(
             f"Store {self.source}: {name} of sample {int(logical[sample])} (physical {int(physical[sample])}) holds "
             f"{(values[edge] + ptr[physical[sample]]).tolist()}, outside its atom rows "
-            f"[{int(ptr[physical[sample]])}, {int(ptr[physical[sample] + 1])})"
+            f"[{int(ptr[physical[sample]])}, {int(ptr[physical[sample] + 1])}). {NOT_REBASED_HINT.format(store=self.source)}"
         )
 
     def _select(self, fields: str | Iterable[str]) -> tuple[str, ...]:
         names = as_field_names(fields)
         unknown = sorted(set(names) - set(self._fields))
+        uninterpretable = [name for name in unknown if name in self._snapshot.skipped]
+        if uninterpretable:
+            raise StoreFormatError(self._snapshot.skipped[uninterpretable[0]])
         if unknown:
             raise UnknownFieldError(f"Unknown fields {unknown}; this reader returns {list(self._fields)}")
         if not names:

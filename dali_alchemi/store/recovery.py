@@ -2,7 +2,8 @@
 
 The journal (:mod:`dali_alchemi.store.journal`) says which operation was in progress. An append, or an
 add_custom that had not committed, is rolled back to the old state; a delete is completed (it is
-idempotent, and readers already see its new state); a defragment whose swap had begun is completed.
+idempotent, and readers already see its new state); a defragment whose swap had begun is completed,
+and so is a repair whose swap had begun (one that had not is rolled back: its staged array removed).
 Whatever a killed writer left beside a local store (staging directories, copies moved aside) is then
 removed, and the journal cleared. Every writer operation runs :func:`recover` first.
 """
@@ -24,11 +25,15 @@ from dali_alchemi.store.journal import (
     DEFRAGMENT_NEW,
     DEFRAGMENT_OLD,
     JOURNAL_SUFFIX,
+    REPAIR_NEW,
+    REPAIR_OLD,
     AddCustomOp,
     AddCustomState,
     AppendOp,
     DefragmentOp,
     DeleteOp,
+    RepairOp,
+    RepairState,
     clear_journal,
     previous_suffix,
     read_journal,
@@ -75,6 +80,9 @@ def recover(loc: StoreLocation, phase: Callable[[str], None] = _no_phase) -> str
     elif isinstance(op, AddCustomOp):
         if op.state is not AddCustomState.COMMITTED:
             _roll_back_add_custom(loc, op)
+    elif isinstance(op, RepairOp):
+        if op.state is RepairState.SWAPPING:
+            finish_repair_swap(loc, op.key)
     elif isinstance(op, DeleteOp):
         root = open_group(loc, mode="r+")
         meta = check_meta(root, store=loc.display)
@@ -159,6 +167,22 @@ def _finish_defragment(loc: StoreLocation) -> None:
     if not loc.local_root.exists():
         os.rename(staging if staging.exists() else retired, loc.local_root)
     # the store in place is current now; whatever remains beside it is removed with the staging
+
+
+def finish_repair_swap(loc: StoreLocation, key: str, phase: Callable[[str], None] = _no_phase) -> None:
+    """Move a repair's rewritten core array into place (complete once the swap is journaled).
+
+    The swap is two renames: the old array aside, the rewritten one in. Whichever of them a killed
+    writer did not do is done here; the old array is removed with the other leftovers.
+    """
+    assert loc.local_root is not None
+    staged, target = sibling(loc, REPAIR_NEW), loc.local_root / layout.CORE_GROUP / key
+    if staged.exists():
+        if target.exists():
+            os.rename(target, sibling(loc, REPAIR_OLD))
+            phase("retired")
+        os.rename(staged, target)
+        phase("swapped")
 
 
 def remove_staging(loc: StoreLocation) -> None:

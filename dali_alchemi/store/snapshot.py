@@ -74,6 +74,8 @@ class Snapshot:
     """What :func:`~dali_alchemi.store.generation.read_token` read as this state was opened."""
     rewritten: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     """The writer's generation that last replaced each custom field (see :mod:`~dali_alchemi.store.generation`)."""
+    skipped: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Arrays this version cannot interpret (no level it knows), by name: why, as an error would say."""
 
     @property
     def n_physical(self) -> int:
@@ -107,7 +109,7 @@ def open_snapshot(requested: StoreLocation) -> Snapshot:
                 warnings.simplefilter("ignore", ZarrUserWarning)
                 root = open_root(loc)
                 meta = check_meta(root, store=loc.display, view=view)
-                handles = _open_arrays(root, meta, loc, requested, view)
+                handles, skipped = _open_arrays(root, meta, loc, requested, view)
                 _, rewritten = writer_state(root.attrs.asdict())
         except (StoreFormatError, BaseZarrError, KeyError, TypeError, json.JSONDecodeError) as err:
             if attempt + 1 < LOAD_ATTEMPTS and read_journal(requested) != op:
@@ -116,12 +118,17 @@ def open_snapshot(requested: StoreLocation) -> Snapshot:
                 raise
             raise StoreFormatError(f"Store {loc.display}: unreadable metadata: {type(err).__name__}: {err}") from err
         if read_journal(requested) == op and read_token(requested) == token:
-            return _freeze(loc, meta, handles, token, rewritten)
+            return _freeze(loc, meta, handles, token, rewritten, skipped)
     raise StoreFormatError(f"Store {requested.display} kept changing while it was opened; try again")
 
 
 def _freeze(
-    loc: StoreLocation, meta: MetaInfo, handles: dict[str, ArrayHandle], token: bytes, rewritten: dict[str, int]
+    loc: StoreLocation,
+    meta: MetaInfo,
+    handles: dict[str, ArrayHandle],
+    token: bytes,
+    rewritten: dict[str, int],
+    skipped: dict[str, str],
 ) -> Snapshot:
     active: IndexArray = np.flatnonzero(meta.samples_mask).astype(np.int64)
     for arr in (meta.atoms_ptr, meta.edges_ptr, meta.samples_mask, active):
@@ -136,17 +143,21 @@ def _freeze(
         handles=MappingProxyType(handles),
         token=token,
         rewritten=MappingProxyType(rewritten),
+        skipped=MappingProxyType(skipped),
     )
 
 
 def _open_arrays(
     root: Any, meta: MetaInfo, loc: StoreLocation, requested: StoreLocation, view: ReadView
-) -> dict[str, ArrayHandle]:
+) -> tuple[dict[str, ArrayHandle], dict[str, str]]:
     """Check every core and custom array and prepare its decoder.
 
     A custom array that an unfinished ``add_custom`` is writing is not part of the store yet; if it
-    replaces an older array, that older one (possibly moved aside) is read instead.
+    replaces an older array, that older one (possibly moved aside) is read instead. While a repair
+    swaps its rewritten core array in, the rewritten one is read wherever it is. Arrays with no level
+    this version knows (a newer writer's) are returned apart, with the reason, instead of failing.
     """
+    skipped: dict[str, str] = {}
     arrays: list[tuple[str, str, Any, dict[str, Level]]] = []
     for group_name, recorded in ((layout.CORE_GROUP, meta.schema.core), (layout.CUSTOM_GROUP, meta.schema.custom)):
         if group_name not in meta.groups:
@@ -168,10 +179,26 @@ def _open_arrays(
                 else root[f"{layout.CUSTOM_GROUP}/{key}"]
             )
             arrays.append((layout.CUSTOM_GROUP, key, old, {key: view.replaced_level}))
+    if view.staged_core is not None and requested.local_root is not None:
+        name, suffix = view.staged_core
+        staged = sibling(requested, suffix)
+        if staged.exists():  # a repair swapping its rewritten array in: that one is the store's new state
+            arrays = [a for a in arrays if not (a[0] == layout.CORE_GROUP and a[1] == name)]
+            arrays.append((layout.CORE_GROUP, name, zarr.open_array(str(staged), mode="r"), meta.schema.core))
     _check_fields_present(meta, arrays, loc.display, hidden=key)
     complete = meta.integrity.complete_chunks
     handles: dict[str, ArrayHandle] = {}
     for group_name, name, arr, recorded in arrays:
+        key = f"{group_name}/{name}"
+        if key in meta.schema.unknown_levels:
+            skipped[name] = layout.unknown_level_message(loc.display, key, meta.schema.unknown_levels[key])
+            continue
+        if name not in recorded and layout.default_level(name) is None:
+            skipped[name] = (
+                f"Store {loc.display}: array {key} has no level in the 'fields' attribute and is not a known "
+                f"AtomicData field, so this version cannot interpret it"
+            )
+            continue
         level = check_data_array(
             arr, name=name, group=group_name, recorded=recorded, expected_rows=meta.rows,
             store=loc.display, growing=meta.growing,
@@ -188,7 +215,9 @@ def _open_arrays(
         handles[name] = ArrayHandle(
             name=name, level=level, shape=tuple(arr.shape), dtype=np.dtype(arr.dtype), codec=codec, array=arr
         )
-    return handles
+    for name in handles:
+        skipped.pop(name, None)
+    return handles, skipped
 
 
 def _check_fields_present(
@@ -251,5 +280,5 @@ def incompatibility(old: Snapshot, new: Snapshot, fields: tuple[str, ...]) -> st
         if (after.level, after.dtype, after.shape[1:]) != (before.level, before.dtype, before.shape[1:]):
             return f"field {name!r} changed from {before.level} {before.dtype} to {after.level} {after.dtype}"
         if new.rewritten.get(name, 0) > old.rewritten.get(name, 0):
-            return f"field {name!r} was replaced (add_custom)"
+            return f"field {name!r} was replaced (add_custom, or repair)"
     return None

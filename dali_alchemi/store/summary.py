@@ -91,9 +91,12 @@ def summarize(store: StoreLike) -> StoreSummary:
         if group_name not in meta.groups:
             continue
         for name, arr in sorted(root[group_name].arrays()):
+            unread = meta.schema.unknown_levels.get(f"{group_name}/{name}")
             level = (
-                "meta" if group_name == layout.META_GROUP else recorded.get(name) or layout.default_level(name) or "?"
-            )
+                "meta" if group_name == layout.META_GROUP
+                else f"{unread} (not read)" if unread is not None
+                else recorded.get(name) or layout.default_level(name) or "?"
+            )  # fmt: skip
             arrays.append(
                 ArraySummary(
                     group=group_name,

@@ -201,6 +201,25 @@ def check_meta(root: Any, *, store: str, view: ReadView = AS_IS) -> MetaInfo:
     )  # fmt: skip
 
 
+def check_every_array_known(root: Any, meta: MetaInfo, *, store: str) -> None:
+    """Refuse to change a store holding arrays this version cannot interpret (a newer writer's levels).
+
+    An operation that keeps every array consistent with the pointers could not extend, zero or copy them.
+    """
+    unknown = sorted(meta.schema.unknown_levels)
+    for group in (layout.CORE_GROUP, layout.CUSTOM_GROUP):
+        if group in meta.groups:
+            unknown += [
+                key for key in (f"{group}/{name}" for name in root[group].array_keys() if name not in meta.schema.field_levels)
+                if key not in meta.schema.unknown_levels
+            ]  # fmt: skip
+    if unknown:
+        raise StoreFormatError(
+            f"Store {store} holds arrays this version cannot interpret ({', '.join(unknown)}: levels of a newer "
+            f"writer, or none recorded); it reads such a store but does not change it"
+        )
+
+
 ROW_SOURCES = PerLevel(atom="atoms (atoms_ptr[-1])", edge="edges (edges_ptr[-1])", system="samples (samples_mask)")
 """What fixes the row count of each level, as error messages name it."""
 

@@ -10,8 +10,9 @@ Interrupted writes (a killed process) leave a local store readable at its old or
 ``add_custom`` record a journal first (:mod:`dali_alchemi.store.journal`) and order their changes so
 that the old state stays valid until the commit point; ``defragment`` builds the compacted store
 beside the old one and swaps the directories (:mod:`dali_alchemi.store.defragment`). The next writer
-operation finishes or rolls back an interrupted one (:mod:`dali_alchemi.store.recovery`). One writer
-at a time.
+operation finishes or rolls back an interrupted one (:mod:`dali_alchemi.store.recovery`). ``repair``
+re-bases the neighbor lists of stores grown by nvalchemi's append (:mod:`dali_alchemi.store.repair`).
+One writer at a time.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ from dali_alchemi.store.journal import (
 from dali_alchemi.store.location import StoreLike, StoreLocation, open_group, resolve_store
 from dali_alchemi.store.packed import PackedSamples, SupportsPacked
 from dali_alchemi.store.recovery import apply_delete, recover
-from dali_alchemi.store.validate import MetaInfo, check_meta, open_root
+from dali_alchemi.store.repair_apply import RepairReport, repair_copy, run_repair
+from dali_alchemi.store.validate import MetaInfo, check_every_array_known, check_meta, open_root
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -116,14 +118,21 @@ class AtomicDataZarrWriter:
     def _root(self) -> Any:
         return open_group(self._location, mode="r+")
 
-    def _open(self) -> tuple[Any, MetaInfo]:
-        """Recover an interrupted operation if there is one, then open the store for writing."""
+    def _open(self, *, every_array_known: bool = True) -> tuple[Any, MetaInfo]:
+        """Recover an interrupted operation if there is one, then open the store for writing.
+
+        Operations that must keep every array consistent with the pointers (``every_array_known``)
+        refuse a store holding arrays this version cannot interpret (levels of a newer writer).
+        """
         self.recover()
         if not self._exists():
             raise StoreNotFoundError(f"Zarr store does not exist at {self._location.display}")
         open_root(self._location)  # checks that it is a zarr v3 group
         root = self._root()
-        return root, check_meta(root, store=self._location.display)
+        meta = check_meta(root, store=self._location.display)
+        if every_array_known:
+            check_every_array_known(root, meta, store=self._location.display)
+        return root, meta
 
     # -- write --------------------------------------------------------------------------------------
     def write(self, samples: Samples, *, levels: Mapping[str, str] | None = None, custom: Sequence[str] = ()) -> None:
@@ -409,6 +418,37 @@ class AtomicDataZarrWriter:
         self.config = new_config
         self._phase("done")
         logger.info("defragmented %s: %d -> %d samples", loc.display, meta.n_physical, int(meta.samples_mask.sum()))
+
+    # -- repair -------------------------------------------------------------------------------------
+    def repair(
+        self, *, out: str | os.PathLike[str] | None = None, dry_run: bool = False, prefer: str | None = None
+    ) -> RepairReport:
+        """Re-base neighbor lists that nvalchemi 0.2.0's append (or defragment) stored un-rebased.
+
+        Infers how each sample's ``neighbor_list`` was stored and rewrites it store-global
+        (:mod:`dali_alchemi.store.repair`), in place and crash-safely, or into a new store at ``out``.
+        ``dry_run`` only reports. The report's plan says what was found per sample. ``prefer``
+        (``"sample-local"``, ``"batch-local"``, ``"global"``) settles samples that several
+        interpretations fit, the way the user knows the store was grown.
+
+        Raises
+        ------
+        AmbiguousRepairError
+            If several ways of storing fit some samples; they are listed, nothing is changed.
+        RepairError
+            If no way of storing can be determined for some samples; likewise.
+        UnsupportedStoreError
+            For an in-place repair of a store that is not a local directory (use ``out``).
+        """
+        if out is not None and not dry_run:
+            self.recover()
+            return repair_copy(self._location, Path(out), self._phase, prefer=prefer)
+        root, meta = self._open(every_array_known=False)  # only neighbor_list changes
+        report = run_repair(self._location, root, meta, dry_run=dry_run, prefer=prefer, phase=self._phase)
+        if report.applied:
+            self._phase("done")
+            logger.info("repaired %s: %d samples re-based", self._location.display, report.plan.changed.size)
+        return report
 
     # -- recovery -----------------------------------------------------------------------------------
     def recover(self) -> str | None:

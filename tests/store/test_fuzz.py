@@ -29,6 +29,7 @@ from dali_alchemi import (
 from dali_alchemi.bench.synth import synthetic_samples
 from dali_alchemi.config import ArrayConfig, WriteConfig
 from dali_alchemi.store.layout import default_level
+from dali_alchemi.types import LEVELS
 
 N = 24
 
@@ -47,7 +48,11 @@ def _naive(path: Path) -> dict[str, np.ndarray]:
     atoms, edges = root["meta/atoms_ptr"][...], root["meta/edges_ptr"][...]
     live = np.flatnonzero(root["meta/samples_mask"][...])
     recorded = root.attrs.asdict().get("fields", {}).get("core", {})
-    levels = {name: recorded.get(name) or default_level(name) for name in root["core"].array_keys()}
+    levels = {
+        name: recorded.get(name) or default_level(name)
+        for name in root["core"].array_keys()
+        if name not in recorded or recorded[name] in LEVELS  # a level the reader cannot interpret is left out
+    }
     out: dict[str, np.ndarray] = {}
     for name, level in levels.items():
         arr = root[f"core/{name}"][...]

@@ -187,3 +187,22 @@ def test_records_are_frozen() -> None:
     op = AppendOp(samples=1, atoms=2, edges=3)
     with pytest.raises(AttributeError):
         op.samples = 5  # type: ignore[misc]
+
+
+def test_a_repair_record_round_trips_and_is_read_at_its_new_state_once_swapping() -> None:
+    from dali_alchemi.store.journal import REPAIR_NEW, RepairOp, RepairState
+
+    op = RepairOp(key="neighbor_list", samples=9, state=RepairState.STAGING)
+    text = journal.dumps(op)
+    assert json.loads(text) == {"op": "repair", "key": "neighbor_list", "samples": 9, "state": "staging"}
+    assert parse_operation(json.loads(text), store="s") == op
+    assert interpret(op) == AS_IS  # building the rewritten array: the old state
+    assert interpret(op.with_state(RepairState.SWAPPING)) == ReadView(staged_core=("neighbor_list", REPAIR_NEW))
+    assert interpret(op.with_state(RepairState.COMMITTED)) == AS_IS
+    for bad, message in (
+        ({"op": "repair", "key": "positions", "samples": 1, "state": "staging"}, "has key='positions'"),
+        ({"op": "repair", "key": "neighbor_list", "samples": 1, "state": "done"}, "has state='done'"),
+        ({"op": "repair", "key": "neighbor_list", "state": "staging"}, "has no 'samples'"),
+    ):
+        with pytest.raises(StoreFormatError, match=message):
+            parse_operation(bad, store="s")

@@ -60,6 +60,15 @@ class SampleIndexError(DaliAlchemiError, IndexError):
     """A sample index is out of range for the reader."""
 
 
+class NotAReaderError(DaliAlchemiError, TypeError):
+    """An object was given as a reader that has neither the packed-reader nor nvalchemi's ``read_many`` contract."""
+
+
+class ReaderOutputError(DaliAlchemiError, ValueError):
+    """A wrapped reader returned samples that break its contract: a missing field, a count, shape or dtype
+    that does not fit the others, or a neighbor index outside its structure. Names the sample and field."""
+
+
 class ReaderClosedError(DaliAlchemiError, RuntimeError):
     """An operation was attempted on a reader after :meth:`close`."""
 

@@ -20,12 +20,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dali_alchemi.batch import Batch
+from dali_alchemi.interop.read_many import as_packed_reader
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.plan import PadShape, PlanArguments, build_plan, pad_shape
 from dali_alchemi.store.protocol import select_fields
 from dali_alchemi.store.reader import open_reader
 
 if TYPE_CHECKING:
+    from dali_alchemi.interop.read_many import ReadManyReader
     from dali_alchemi.plan import EpochPlan, Plan
     from dali_alchemi.store.location import StoreLike
     from dali_alchemi.store.protocol import PackedReader
@@ -130,7 +132,7 @@ class PlanDataLoader(DataLoader[Any]):
 
 
 def plain_dataloader(
-    store_or_reader: StoreLike | PackedReader,
+    store_or_reader: StoreLike | PackedReader | ReadManyReader,
     *,
     batch_size: int | None = None,
     shuffle: bool = True,
@@ -162,7 +164,7 @@ def plain_dataloader(
     for a new order.
     """
     names = None if fields is None else ((fields,) if isinstance(fields, str) else tuple(fields))
-    reader, owns = open_reader(store_or_reader, fields=names, cache_bytes=cache_bytes)
+    reader, owns = open_reader(as_packed_reader(store_or_reader), fields=names, cache_bytes=cache_bytes)
     try:
         selected = select_fields(reader, names)
         arguments = PlanArguments(

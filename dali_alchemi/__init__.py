@@ -27,6 +27,9 @@ _EXPORTS = {
     "WriteConfig": "dali_alchemi.config",
     "ArrayConfig": "dali_alchemi.config",
     "FetchConfig": "dali_alchemi.config",
+    # readers of nvalchemi's contract
+    "NvalchemiDropInReader": "dali_alchemi.interop.nvalchemi_reader",
+    "ReadManyAdapter": "dali_alchemi.interop.read_many",
     # planning epochs
     "Plan": "dali_alchemi.plan",
     "EpochPlan": "dali_alchemi.plan",
@@ -53,6 +56,8 @@ _EXPORTS = {
     "ReadTooLargeError": "dali_alchemi.errors",
     "RemoteReadError": "dali_alchemi.errors",
     "ReaderClosedError": "dali_alchemi.errors",
+    "ReaderOutputError": "dali_alchemi.errors",
+    "NotAReaderError": "dali_alchemi.errors",
     "LoaderClosedError": "dali_alchemi.errors",
     "LoaderError": "dali_alchemi.errors",
     "DeviceError": "dali_alchemi.errors",
@@ -73,8 +78,10 @@ if TYPE_CHECKING:
         FieldLevelError,
         LoaderClosedError,
         LoaderError,
+        NotAReaderError,
         PlanError,
         ReaderClosedError,
+        ReaderOutputError,
         ReadTooLargeError,
         RemoteReadError,
         SampleDataError,
@@ -85,6 +92,8 @@ if TYPE_CHECKING:
         UnknownFieldError,
         UnsupportedStoreError,
     )
+    from dali_alchemi.interop.nvalchemi_reader import NvalchemiDropInReader
+    from dali_alchemi.interop.read_many import ReadManyAdapter
     from dali_alchemi.padding import pad_batch, unpad_batch
     from dali_alchemi.pipeline.loader import DALIDataLoader
     from dali_alchemi.plan import BudgetPlan, EpochPlan, FixedBatchPlan, Plan

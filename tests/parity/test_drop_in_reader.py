@@ -15,20 +15,15 @@ import pytest
 import torch
 import zarr
 
-from dali_alchemi.bench.synth import synthetic_samples
+from dali_alchemi.bench.synth import synthetic_samples, write_synthetic_store_nvalchemi
 from dali_alchemi.interop.nvalchemi_reader import NvalchemiDropInReader
 
 pipes = pytest.importorskip("nvalchemi.data.datapipes", reason="nvalchemi-toolkit is not installed")
 
 
 def write_nvalchemi_store(path: Path, n: int, seed: int) -> Path:
-    """``n`` synthetic structures written by nvalchemi's writer in one ``write``."""
-    from nvalchemi.data import AtomicData
-
-    samples = synthetic_samples(n, seed=seed, min_atoms=3, max_atoms=20).split()
-    data = [AtomicData(**{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in s.items()}) for s in samples]
-    pipes.AtomicDataZarrWriter(str(path)).write(data)
-    return path
+    """``n`` small synthetic structures written by nvalchemi's writer in one ``write``."""
+    return write_synthetic_store_nvalchemi(path, n, seed=seed, min_atoms=3, max_atoms=20)
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +36,17 @@ READERS: dict[str, Callable[[str], Any]] = {
     "nvalchemi": lambda store: pipes.AtomicDataZarrReader(store),
     "drop-in": lambda store: NvalchemiDropInReader(store),
 }
+
+
+def test_the_synthetic_recipe_written_by_nvalchemi_reads_the_same(tmp_path: Path) -> None:
+    path = write_synthetic_store_nvalchemi(tmp_path / "synth.zarr", 30, seed=9)
+    want = synthetic_samples(30, seed=9)
+    with NvalchemiDropInReader(str(path)) as reader:
+        got = reader.read_packed(np.arange(30))
+    for name, values in want.fields.items():
+        np.testing.assert_array_equal(got.fields[name], values, err_msg=name)
+    with pytest.raises(FileExistsError, match="already exists"):
+        write_synthetic_store_nvalchemi(path, 3)
 
 
 def _batch_tensors(batch: Any) -> dict[str, torch.Tensor]:

@@ -99,7 +99,7 @@ class ReadManyAdapter:
         known.update(self._levels_arg or {})
         specs = {}
         for name, value in sample.items():
-            if name in layout.NON_DATA_KEYS:
+            if name in layout.NON_DATA_KEYS or value is None:  # an optional field this structure lacks
                 continue
             level = layout.resolve_level(name, known)
             shape = tuple(value.shape)
@@ -217,7 +217,10 @@ class ReadManyAdapter:
         self, name: str, samples: list[Mapping[str, Any]], idx: IndexArray, counts: dict[str, CountArray]
     ) -> NDArray[Any]:
         spec = self._specs[name]
-        parts = [s[name] for s in samples]
+        parts = [s.get(name) for s in samples]
+        if spec.level == "system" and any(p is None for p in parts):
+            at = next(i for i, p in enumerate(parts) if p is None)
+            raise ReaderOutputError(f"Sample {int(idx[at])} has no field {name!r}; sample 0 has it")
         if spec.level == "system":
             parts = [p.reshape(1) if p.ndim == 0 else p for p in parts]
         try:
@@ -273,10 +276,9 @@ class ReadManyAdapter:
 
 
 def _rows(sample: Mapping[str, Any], name: str, index: int) -> int:
-    try:
-        value = sample[name]
-    except KeyError:
-        raise ReaderOutputError(f"Sample {index} has no field {name!r}; sample 0 has it") from None
+    value = sample.get(name)
+    if value is None:
+        raise ReaderOutputError(f"Sample {index} has no field {name!r}; sample 0 has it")
     if value.ndim == 0:
         raise ReaderOutputError(f"Sample {index}: field {name!r} is 0-dimensional; expected one row per atom or edge")
     return int(value.shape[0])

@@ -48,7 +48,7 @@ class SampleReader:
         self.closed = 0
 
     def _load_sample(self, index: int) -> dict[str, torch.Tensor]:
-        return {k: v.clone() for k, v in self.structures[index].items()}
+        return {k: None if v is None else v.clone() for k, v in self.structures[index].items()}
 
     def read_many(self, indices: Sequence[int]) -> list[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
         self.calls.append(list(indices))
@@ -155,6 +155,7 @@ def test_levels_from_the_reader_and_from_the_caller() -> None:
     ("break_it", "phrase"),
     [
         (lambda s: s.pop("positions"), "Sample 5 has no field 'positions'"),
+        (lambda s: s.update(energy=None), "Sample 5 has no field 'energy'"),
         (lambda s: s.update(positions=s["positions"][:-1]), "Sample 5: its atom-level fields disagree"),
         (lambda s: s.update(positions=s["positions"].double()), "Sample 5: field 'positions' is float64"),
         (lambda s: s.update(positions=s["positions"][:, :2]), "Sample 5: field 'positions' has shape"),

@@ -217,7 +217,7 @@ class ReadManyAdapter:
         self, name: str, samples: list[Mapping[str, Any]], idx: IndexArray, counts: dict[str, CountArray]
     ) -> NDArray[Any]:
         spec = self._specs[name]
-        parts = [s.get(name) for s in samples]
+        parts: list[Any] = [s.get(name) for s in samples]
         if spec.level == "system" and any(p is None for p in parts):
             at = next(i for i, p in enumerate(parts) if p is None)
             raise ReaderOutputError(f"Sample {int(idx[at])} has no field {name!r}; sample 0 has it")

@@ -162,7 +162,13 @@ class ReadManyAdapter:
             raise ReaderOutputError(
                 f"{type(self._reader).__name__}.read_many returned {len(pairs)} samples for {len(indices)} indices"
             )
-        return [data for data, _ in pairs]
+        samples = [data for data, _ in pairs]
+        if samples and not isinstance(samples[0], Mapping):
+            raise ReaderOutputError(
+                f"{type(self._reader).__name__}.read_many returned {type(samples[0]).__name__} samples, not dicts "
+                "of tensors; give the reader itself (for an nvalchemi Dataset, its .reader)"
+            )
+        return samples
 
     def read_packed(
         self, indices: int | Sequence[int] | NDArray[Any], *, fields: Iterable[str] | None = None

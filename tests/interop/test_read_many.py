@@ -184,6 +184,13 @@ def test_contract_errors() -> None:
 
     with pytest.raises(ReaderOutputError, match="returned 0 samples for 1 indices"):
         ReadManyAdapter(Short(_structures(3)))
+
+    class Objects(SampleReader):  # as nvalchemi's Dataset.read_many, which returns AtomicData objects
+        def read_many(self, indices: Sequence[int]) -> list[tuple[Any, dict[str, Any]]]:
+            return [(object(), {"index": i}) for i in indices]
+
+    with pytest.raises(ReaderOutputError, match="returned object samples, not dicts of tensors"):
+        ReadManyAdapter(Objects(_structures(3)))
     inner = SampleReader(_structures(3))
     adapter = ReadManyAdapter(inner)
     with pytest.raises(SampleIndexError, match="Index 3 out of range for reader with 3 samples"):

@@ -90,6 +90,10 @@ class ReadManyAdapter:
         self._n_edges = np.full(self._n, -1, dtype=np.int64)
         self._closed = False
         self._specs = self._probe() if self._n else {}
+        self._refs: dict[Level, str | None] = {
+            level: next((n for n, spec in self._specs.items() if spec.level == level), None)
+            for level in ("atom", "edge")
+        }
 
     # -- what the reader holds ----------------------------------------------------------------------
     def _probe(self) -> dict[str, FieldSpec]:
@@ -190,9 +194,10 @@ class ReadManyAdapter:
         names = tuple(self._specs) if fields is None else select_fields(self, fields)
         idx = self.normalize_indices(indices)
         samples = self._pairs(idx.tolist())
-        counts = {level: self._level_counts(samples, idx, level) for level in ("atom", "edge")}
-        n_atoms, n_edges = counts["atom"], counts["edge"]
-        out = {name: self._concat(name, samples, idx, counts) for name in names}
+        wanted = set(names) | {ref for ref in self._refs.values() if ref is not None}
+        parts: dict[str, list[Any]] = {name: [s.get(name) for s in samples] for name in self._specs if name in wanted}
+        n_atoms, n_edges = (self._level_counts(parts, names, idx, level) for level in ("atom", "edge"))
+        out = {name: self._concat(name, parts[name], idx) for name in names}
         for name in layout.ATOM_INDEX_FIELDS.intersection(names):
             self._check_local(name, out[name], idx, n_atoms, n_edges)
         self._n_atoms[idx], self._n_edges[idx] = n_atoms, n_edges
@@ -205,25 +210,29 @@ class ReadManyAdapter:
             levels={name: self._specs[name].level for name in names},
         )
 
-    def _level_counts(self, samples: list[Mapping[str, Any]], idx: IndexArray, level: Level) -> CountArray:
-        """Rows per sample of every field of ``level``, checked to agree; zeros if the level has none."""
-        names = [name for name, spec in self._specs.items() if spec.level == level]
-        if not names:
-            return np.zeros(len(samples), dtype=np.int64)
-        rows = np.array([[_rows(s, name, i) for name in names] for i, s in zip(idx.tolist(), samples, strict=True)])
-        rows = rows.reshape(len(samples), len(names)).astype(np.int64, copy=False)
-        bad = (rows != rows[:, :1]).any(axis=1)
-        if bad.any():
-            at = int(np.argmax(bad))
-            found = dict(zip(names, rows[at].tolist(), strict=True))
-            raise ReaderOutputError(f"Sample {int(idx[at])}: its {level}-level fields disagree on rows: {found}")
-        return rows[:, 0].copy()
+    def _level_counts(
+        self, parts: Mapping[str, list[Any]], names: Sequence[str], idx: IndexArray, level: Level
+    ) -> CountArray:
+        """Rows per sample at ``level`` (its first field's), checked against every requested field of the level."""
+        ref = self._refs[level]
+        if ref is None:
+            return np.zeros(idx.size, dtype=np.int64)
+        want = _row_counts(ref, parts[ref], idx)
+        for name in names:
+            if name == ref or self._specs[name].level != level:
+                continue
+            rows = _row_counts(name, parts[name], idx)
+            bad = rows != want
+            if bad.any():
+                at = int(np.argmax(bad))
+                raise ReaderOutputError(
+                    f"Sample {int(idx[at])}: its {level}-level fields disagree on rows: {ref!r} has "
+                    f"{int(want[at])}, {name!r} has {int(rows[at])}"
+                )
+        return want
 
-    def _concat(
-        self, name: str, samples: list[Mapping[str, Any]], idx: IndexArray, counts: dict[str, CountArray]
-    ) -> NDArray[Any]:
+    def _concat(self, name: str, parts: list[Any], idx: IndexArray) -> NDArray[Any]:
         spec = self._specs[name]
-        parts: list[Any] = [s.get(name) for s in samples]
         if spec.level == "system" and any(p is None for p in parts):
             at = next(i for i, p in enumerate(parts) if p is None)
             raise ReaderOutputError(f"Sample {int(idx[at])} has no field {name!r}; sample 0 has it")
@@ -281,13 +290,17 @@ class ReadManyAdapter:
         return f"ReadManyAdapter({type(self._reader).__name__}, {self._n} samples, {len(self._specs)} fields)"
 
 
-def _rows(sample: Mapping[str, Any], name: str, index: int) -> int:
-    value = sample.get(name)
-    if value is None:
-        raise ReaderOutputError(f"Sample {index} has no field {name!r}; sample 0 has it")
-    if value.ndim == 0:
-        raise ReaderOutputError(f"Sample {index}: field {name!r} is 0-dimensional; expected one row per atom or edge")
-    return int(value.shape[0])
+def _row_counts(name: str, parts: list[Any], idx: IndexArray) -> CountArray:
+    """Rows of each sample's value of an atom- or edge-level field; a missing or 0-d value is named."""
+    try:
+        return np.fromiter((p.shape[0] for p in parts), dtype=np.int64, count=len(parts))
+    except (AttributeError, IndexError):
+        at = next(i for i, p in enumerate(parts) if p is None or len(p.shape) == 0)
+        if parts[at] is None:
+            raise ReaderOutputError(f"Sample {int(idx[at])} has no field {name!r}; sample 0 has it") from None
+        raise ReaderOutputError(
+            f"Sample {int(idx[at])}: field {name!r} is 0-dimensional; expected one row per atom or edge"
+        ) from None
 
 
 def _numpy_dtype(value: Any) -> np.dtype[Any]:

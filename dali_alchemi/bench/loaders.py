@@ -270,6 +270,20 @@ class _NvalchemiReads(_WindowedReads):
         return len(samples), sum(int(d["atomic_numbers"].shape[0]) for d, _ in samples)
 
 
+class _ReadManyReads(_WindowedReads):
+    """This reader through nvalchemi's contract: ``read_many`` per window, joined by :class:`ReadManyAdapter`."""
+
+    def __init__(self, store: str, shuffle: bool, s: LoaderSettings) -> None:
+        from dali_alchemi.interop.read_many import ReadManyAdapter
+
+        options: dict[str, Any] = {} if s.cache_bytes is None else {"cache_bytes": s.cache_bytes}
+        super().__init__(ReadManyAdapter(_ReadManyOnly(AtomicDataZarrReader(store, **options))), shuffle, s)
+
+    def read(self, indices: np.ndarray) -> tuple[int, int]:
+        packed = self.reader.read_packed(indices)
+        return len(packed), int(packed.n_atoms.sum())
+
+
 class _PackedReads(_WindowedReads):
     """The reader's own packed windowed reads: the ceiling for anything built on top of it."""
 
@@ -299,7 +313,7 @@ _PATTERN = re.compile(
 
 _READ_MANY_PATTERN = re.compile(r"^(?P<kind>nvalchemi-dali|readmany-dali)(?:-w(?P<workers>\d+))?$")
 
-LIMITS = ("packed", "decode", "nvalchemi-reader")
+LIMITS = ("packed", "decode", "nvalchemi-reader", "readmany-reads")
 
 
 def is_plain(name: str) -> bool:
@@ -324,6 +338,8 @@ def open_loader(name: str, store: str, shuffle: bool, settings: LoaderSettings) 
         return _dali_read_many(store, shuffle, settings, count, read_many.group("kind") == "nvalchemi-dali")
     if name == "packed":
         return _PackedReads(store, shuffle, settings)
+    if name == "readmany-reads":
+        return _ReadManyReads(store, shuffle, settings)
     if name == "decode":
         return _SequentialDecode(store, shuffle, settings)
     match = _PATTERN.match(name)

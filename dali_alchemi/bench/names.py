@@ -14,7 +14,8 @@ LOADER_HELP = (
     "with its DynamicBatchSampler; needs --max-atoms), nvalchemi (nvalchemi-toolkit's "
     "DataLoader), nvalchemi-dropin (its DataLoader over NvalchemiDropInReader), nvalchemi-dali-wN (DALIDataLoader "
     "over nvalchemi's reader, through ReadManyAdapter), readmany-dali-wN (DALIDataLoader over this reader seen only "
-    "through read_many), nvalchemi-reader (its read_many per window), packed (this reader's windowed reads), decode "
+    "through read_many), readmany-reads (its read_many per window, joined by ReadManyAdapter), nvalchemi-reader "
+    "(its read_many per window), packed (this reader's windowed reads), decode "
     "(sequential decode of the whole store)"
 )
 DEFAULT_LOADERS = (

@@ -110,12 +110,16 @@ def test_read_many_loaders_deliver_what_the_native_loader_does(small_store: Path
     with pytest.raises(ValueError, match="Unknown loader 'readmany-dali-blob'"):
         validate_names(["readmany-dali-blob"])
     config = BenchConfig(
-        loaders=("packed", "readmany-dali-w0", "nvalchemi-dali-w0", "nvalchemi-dropin"),
+        loaders=("packed", "readmany-reads", "readmany-dali-w0", "nvalchemi-dali-w0", "nvalchemi-dropin"),
         orders=("shuffle",), rounds=1, epochs=1, batch_size=32,
     )  # fmt: skip
     by_name = {name: measure(name, "shuffle", str(small_store), config, torch.device("cpu")) for name in config.loaders}
     every_atom = by_name["packed"].unit_atoms  # one epoch of windows holds every structure once
     assert by_name["readmany-dali-w0"].unit_atoms == every_atom > 0 and by_name["readmany-dali-w0"].units == 10
+    assert (by_name["readmany-reads"].unit_atoms, by_name["readmany-reads"].units) == (
+        every_atom,
+        by_name["packed"].units,
+    )
     for name in ("nvalchemi-dali-w0", "nvalchemi-dropin"):
         assert by_name[name].note == "not installed" or (by_name[name].unit_atoms, by_name[name].units) == (
             every_atom,

@@ -200,7 +200,7 @@ class ReadManyAdapter:
         out = {name: self._concat(name, parts[name], idx) for name in names}
         for name in layout.ATOM_INDEX_FIELDS.intersection(names):
             self._check_local(name, out[name], idx, n_atoms, n_edges)
-        self._n_atoms[idx], self._n_edges[idx] = n_atoms, n_edges
+        self._remember_sizes(idx, n_atoms, n_edges)
         return PackedSamples(
             logical_indices=idx,
             physical_indices=idx.copy(),
@@ -209,6 +209,19 @@ class ReadManyAdapter:
             fields=out,
             levels={name: self._specs[name].level for name in names},
         )
+
+    def _remember_sizes(self, idx: IndexArray, n_atoms: CountArray, n_edges: CountArray) -> None:
+        """Record the sizes read; sizes the plan already had (``get_metadata``) must agree with them."""
+        known = self._n_atoms[idx] >= 0
+        wrong = known & ((self._n_atoms[idx] != n_atoms) | (self._n_edges[idx] != n_edges))
+        if wrong.any():
+            at = int(np.argmax(wrong))
+            i = int(idx[at])
+            raise ReaderOutputError(
+                f"Sample {i}: get_metadata gave {int(self._n_atoms[i])} atoms and {int(self._n_edges[i])} edges, "
+                f"read_many returned {int(n_atoms[at])} atoms and {int(n_edges[at])} edges"
+            )
+        self._n_atoms[idx], self._n_edges[idx] = n_atoms, n_edges
 
     def _level_counts(
         self, parts: Mapping[str, list[Any]], names: Sequence[str], idx: IndexArray, level: Level

@@ -108,6 +108,21 @@ def test_sizes_come_from_get_metadata_once_and_are_remembered() -> None:
     assert inner.metadata_calls == 53
 
 
+def test_sizes_from_get_metadata_must_match_the_data() -> None:
+    class Lying(SizedReader):
+        def get_metadata(self, index: int) -> tuple[int, int]:
+            atoms, edges = super().get_metadata(index)
+            return (atoms + 1, edges) if index == 6 else (atoms, edges)
+
+    adapter = ReadManyAdapter(Lying(_structures()))
+    adapter.sample_sizes(np.arange(53))
+    adapter.read_packed([5, 7])
+    with pytest.raises(
+        ReaderOutputError, match=r"Sample 6: get_metadata gave \d+ atoms and \d+ edges, read_many returned"
+    ):
+        adapter.read_packed([5, 6])
+
+
 def test_sizes_without_get_metadata_are_read_once_and_windows_teach_them() -> None:
     inner = SampleReader(_structures())
     adapter = ReadManyAdapter(inner)

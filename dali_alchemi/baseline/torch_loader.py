@@ -152,7 +152,8 @@ def plain_dataloader(
     prefetch_factor: int | None = None,
     cache_bytes: int | None = None,
 ) -> PlanDataLoader:
-    """A torch DataLoader yielding :class:`Batch` objects from a store or any packed reader.
+    """A torch DataLoader yielding :class:`Batch` objects from a store, any packed reader, or any reader
+    with nvalchemi's ``read_many`` contract (read through a :class:`~dali_alchemi.interop.read_many.ReadManyAdapter`).
 
     The plan arguments (``batch_size``, ``shuffle``, ``seed``, ``drop_last``, ``shard_id``,
     ``num_shards``, the budgets ``max_atoms``/``max_edges``/``oversized``, ``pad``, or ``plan``), ``fields`` and

@@ -33,6 +33,9 @@ _EXPORTS = {
     "VerifyReport": "dali_alchemi.store.verify",
     "repair_store": "dali_alchemi.store.repair_apply",
     "RepairReport": "dali_alchemi.store.repair_apply",
+    # readers of nvalchemi's contract
+    "NvalchemiDropInReader": "dali_alchemi.interop.nvalchemi_reader",
+    "ReadManyAdapter": "dali_alchemi.interop.read_many",
     # planning epochs
     "Plan": "dali_alchemi.plan",
     "EpochPlan": "dali_alchemi.plan",
@@ -65,6 +68,8 @@ _EXPORTS = {
     "ReadTooLargeError": "dali_alchemi.errors",
     "RemoteReadError": "dali_alchemi.errors",
     "ReaderClosedError": "dali_alchemi.errors",
+    "ReaderOutputError": "dali_alchemi.errors",
+    "NotAReaderError": "dali_alchemi.errors",
     "LoaderClosedError": "dali_alchemi.errors",
     "LoaderError": "dali_alchemi.errors",
     "DeviceError": "dali_alchemi.errors",
@@ -96,9 +101,11 @@ if TYPE_CHECKING:
         LoaderClosedError,
         LoaderError,
         MetricInputError,
+        NotAReaderError,
         PlanError,
         PrecisionLossWarning,
         ReaderClosedError,
+        ReaderOutputError,
         ReadTooLargeError,
         RemoteReadError,
         RepairError,
@@ -112,6 +119,8 @@ if TYPE_CHECKING:
         UnknownFieldError,
         UnsupportedStoreError,
     )
+    from dali_alchemi.interop.nvalchemi_reader import NvalchemiDropInReader
+    from dali_alchemi.interop.read_many import ReadManyAdapter
     from dali_alchemi.padding import pad_batch, unpad_batch
     from dali_alchemi.pipeline.loader import DALIDataLoader
     from dali_alchemi.plan import (

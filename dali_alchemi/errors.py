@@ -73,6 +73,15 @@ class StoreChangedError(DaliAlchemiError, RuntimeError):
     """
 
 
+class NotAReaderError(DaliAlchemiError, TypeError):
+    """An object was given as a reader that has neither the packed-reader nor nvalchemi's ``read_many`` contract."""
+
+
+class ReaderOutputError(DaliAlchemiError, ValueError):
+    """A wrapped reader returned samples that break its contract: a missing field, a count, shape or dtype
+    that does not fit the others, or a neighbor index outside its structure. Names the sample and field."""
+
+
 class ReaderClosedError(DaliAlchemiError, RuntimeError):
     """An operation was attempted on a reader after :meth:`close`."""
 

@@ -20,12 +20,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dali_alchemi.batch import Batch
+from dali_alchemi.interop.read_many import as_packed_reader
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.plan import PadShape, PlanArguments, build_plan, pad_shape, restore, store_chunking
 from dali_alchemi.store.multi import MultiReader, open_source
 from dali_alchemi.store.protocol import as_field_names, select_fields
 
 if TYPE_CHECKING:
+    from dali_alchemi.interop.read_many import ReadManyReader
     from dali_alchemi.plan import BlockShuffle, EpochPlan, Plan
     from dali_alchemi.store.location import StoreLike
     from dali_alchemi.store.protocol import PackedReader
@@ -169,7 +171,7 @@ class PlanDataLoader(DataLoader[Any]):
 
 
 def plain_dataloader(
-    store_or_reader: StoreLike | PackedReader | Sequence[StoreLike | PackedReader],
+    store_or_reader: StoreLike | PackedReader | ReadManyReader | Sequence[StoreLike | PackedReader | ReadManyReader],
     *,
     batch_size: int | None = None,
     shuffle: bool | str | BlockShuffle = True,
@@ -192,7 +194,8 @@ def plain_dataloader(
     prefetch_factor: int | None = None,
     cache_bytes: int | None = None,
 ) -> PlanDataLoader:
-    """A torch DataLoader yielding :class:`Batch` objects from a store or any packed reader.
+    """A torch DataLoader yielding :class:`Batch` objects from a store, any packed reader, or any reader
+    with nvalchemi's ``read_many`` contract (read through a :class:`~dali_alchemi.interop.read_many.ReadManyAdapter`).
 
     The plan arguments (``batch_size``, ``shuffle``, ``seed``, ``drop_last``, ``shard_id``,
     ``num_shards``, the budgets ``max_atoms``/``max_edges``/``oversized``, ``pad``, the mixture of several
@@ -205,7 +208,7 @@ def plain_dataloader(
     for a new order; ``loader.state_dict()``/``load_state_dict()`` save and restore the position.
     """
     names = None if fields is None else as_field_names(fields)
-    reader, owns = open_source(store_or_reader, fields=names, cache_bytes=cache_bytes)
+    reader, owns = open_source(as_packed_reader(store_or_reader), fields=names, cache_bytes=cache_bytes)
     try:
         selected = select_fields(reader, names)
         arguments = PlanArguments(

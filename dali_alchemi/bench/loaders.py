@@ -173,6 +173,69 @@ def _nvalchemi(store: str, shuffle: bool, s: LoaderSettings) -> Runnable:
     return _BatchLoader(loader, set_epoch, s.device, reader.close)
 
 
+def _nvalchemi_dropin(store: str, shuffle: bool, s: LoaderSettings) -> Runnable:
+    """nvalchemi's DataLoader exactly as :func:`_nvalchemi` sets it up, over :class:`NvalchemiDropInReader`."""
+    from nvalchemi.data.datapipes import DataLoader, Dataset
+
+    from dali_alchemi.interop.nvalchemi_reader import NvalchemiDropInReader
+
+    options: dict[str, Any] = {} if s.cache_bytes is None else {"cache_bytes": s.cache_bytes}
+    reader = NvalchemiDropInReader(store, **options)
+    dataset = Dataset(reader, device=s.device, skip_validation=True)
+    loader = DataLoader(
+        dataset, batch_size=s.batch_size, shuffle=shuffle, prefetch_factor=s.batches_per_window,
+        pin_memory=s.device.type == "cuda", use_streams=s.device.type == "cuda",
+    )  # fmt: skip
+
+    def set_epoch(epoch: int) -> None:
+        torch.manual_seed(s.seed + epoch)
+        loader.set_epoch(epoch)
+
+    return _BatchLoader(loader, set_epoch, s.device, reader.close)
+
+
+class _ReadManyOnly:
+    """This project's reader seen only through nvalchemi's contract (``read_many``, ``get_metadata``)."""
+
+    def __init__(self, reader: AtomicDataZarrReader) -> None:
+        self.reader = reader
+
+    def read_many(self, indices: Any) -> Any:
+        return self.reader.read_many(indices)
+
+    def get_metadata(self, index: int) -> tuple[int, int]:
+        return self.reader.get_metadata(index)
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def _dali_read_many(store: str, shuffle: bool, s: LoaderSettings, workers: int, theirs: bool) -> Runnable:
+    """``DALIDataLoader`` through :class:`ReadManyAdapter`: over nvalchemi's reader, or over this one's read_many."""
+    from dali_alchemi.pipeline.loader import DALIDataLoader
+
+    if theirs:
+        from nvalchemi.data.datapipes import AtomicDataZarrReader as NvReader
+
+        inner: Any = NvReader(_nvalchemi_store(store))
+    else:
+        options: dict[str, Any] = {} if s.cache_bytes is None else {"cache_bytes": s.cache_bytes}
+        inner = _ReadManyOnly(AtomicDataZarrReader(store, **options))
+    loader = DALIDataLoader(
+        inner, batch_size=s.plan_batch_size, shuffle=shuffle, seed=s.seed, batches_per_window=s.batches_per_window,
+        num_workers=workers, device=s.device, max_atoms=s.max_atoms, max_edges=s.max_edges,
+    )  # fmt: skip
+
+    def close() -> None:
+        loader.close()
+        inner.close()
+
+    return _BatchLoader(loader, loader.set_epoch, s.device, close)
+
+
 class _WindowedReads:
     """One read per window of ``batches_per_window`` batches, in the plan's order."""
 
@@ -207,6 +270,20 @@ class _NvalchemiReads(_WindowedReads):
         return len(samples), sum(int(d["atomic_numbers"].shape[0]) for d, _ in samples)
 
 
+class _ReadManyReads(_WindowedReads):
+    """This reader through nvalchemi's contract: ``read_many`` per window, joined by :class:`ReadManyAdapter`."""
+
+    def __init__(self, store: str, shuffle: bool, s: LoaderSettings) -> None:
+        from dali_alchemi.interop.read_many import ReadManyAdapter
+
+        options: dict[str, Any] = {} if s.cache_bytes is None else {"cache_bytes": s.cache_bytes}
+        super().__init__(ReadManyAdapter(_ReadManyOnly(AtomicDataZarrReader(store, **options))), shuffle, s)
+
+    def read(self, indices: np.ndarray) -> tuple[int, int]:
+        packed = self.reader.read_packed(indices)
+        return len(packed), int(packed.n_atoms.sum())
+
+
 class _PackedReads(_WindowedReads):
     """The reader's own packed windowed reads: the ceiling for anything built on top of it."""
 
@@ -234,7 +311,9 @@ _PATTERN = re.compile(
     r"^(?P<kind>dali|torch|torch-batched|pyg-dynamic)(?:-w(?P<workers>\d+))?(?:-(?P<layout>blob|window))?$"
 )
 
-LIMITS = ("packed", "decode", "nvalchemi-reader")
+_READ_MANY_PATTERN = re.compile(r"^(?P<kind>nvalchemi-dali|readmany-dali)(?:-w(?P<workers>\d+))?$")
+
+LIMITS = ("packed", "decode", "nvalchemi-reader", "readmany-reads")
 
 
 def is_plain(name: str) -> bool:
@@ -248,8 +327,19 @@ def open_loader(name: str, store: str, shuffle: bool, settings: LoaderSettings) 
         return _nvalchemi(store, shuffle, settings)
     if name == "nvalchemi-reader":
         return _NvalchemiReads(store, shuffle, settings)
+    if name == "nvalchemi-dropin":
+        return _nvalchemi_dropin(store, shuffle, settings)
+    read_many = _READ_MANY_PATTERN.match(name)
+    if read_many is not None:
+        from dali_alchemi.pipeline.loader import DEFAULT_NUM_WORKERS
+
+        workers = read_many.group("workers")
+        count = DEFAULT_NUM_WORKERS if workers is None else int(workers)
+        return _dali_read_many(store, shuffle, settings, count, read_many.group("kind") == "nvalchemi-dali")
     if name == "packed":
         return _PackedReads(store, shuffle, settings)
+    if name == "readmany-reads":
+        return _ReadManyReads(store, shuffle, settings)
     if name == "decode":
         return _SequentialDecode(store, shuffle, settings)
     match = _PATTERN.match(name)
@@ -277,7 +367,9 @@ def open_loader(name: str, store: str, shuffle: bool, settings: LoaderSettings) 
 def validate_names(names: list[str]) -> None:
     """Raise ``ValueError`` naming the first unknown loader."""
     for name in names:
-        if name not in ("nvalchemi", *LIMITS) and not _PATTERN.match(name):
+        if name not in ("nvalchemi", "nvalchemi-dropin", *LIMITS) and not (
+            _PATTERN.match(name) or _READ_MANY_PATTERN.match(name)
+        ):
             raise ValueError(f"Unknown loader {name!r}; choose from: {LOADER_HELP}")
 
 

@@ -12,7 +12,10 @@ LOADER_HELP = (
     "default), optionally with a DALI layout suffix -window or -blob; torch-wN (plain "
     "DataLoader, per-sample reads), torch-batched-wN (one read per batch, split into samples), pyg-dynamic-wN (PyG's DataLoader "
     "with its DynamicBatchSampler; needs --max-atoms), nvalchemi (nvalchemi-toolkit's "
-    "DataLoader), nvalchemi-reader (its read_many per window), packed (this reader's windowed reads), decode "
+    "DataLoader), nvalchemi-dropin (its DataLoader over NvalchemiDropInReader), nvalchemi-dali-wN (DALIDataLoader "
+    "over nvalchemi's reader, through ReadManyAdapter), readmany-dali-wN (DALIDataLoader over this reader seen only "
+    "through read_many), readmany-reads (its read_many per window, joined by ReadManyAdapter), nvalchemi-reader "
+    "(its read_many per window), packed (this reader's windowed reads), decode "
     "(sequential decode of the whole store)"
 )
 DEFAULT_LOADERS = (

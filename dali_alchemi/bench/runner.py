@@ -226,7 +226,7 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
         result.note = "not installed"
         return result
     budget = config.max_atoms is not None or config.max_edges is not None
-    if name == "nvalchemi" and budget:
+    if name in ("nvalchemi", "nvalchemi-dropin") and budget:
         result.note = "no atom budget"
         return result
     settings = LoaderSettings(

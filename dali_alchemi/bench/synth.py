@@ -90,6 +90,29 @@ def write_synthetic_store(
     return Path(path)
 
 
+def write_synthetic_store_nvalchemi(
+    path: str | Path, n: int, *, seed: int = 42, min_atoms: int = 10, max_atoms: int = 100
+) -> Path:
+    """The same store written by nvalchemi-toolkit's own ``AtomicDataZarrWriter``, in one ``write``.
+
+    One ``write`` of every structure, not nvalchemi's write-then-append recipe: nvalchemi 0.2.0's
+    ``append`` stores neighbor lists without re-basing them (see the store format notes), which this
+    project's reader refuses. Needs nvalchemi-toolkit.
+    """
+    import torch
+    from nvalchemi.data import AtomicData
+    from nvalchemi.data.datapipes import AtomicDataZarrWriter as NvalchemiWriter
+
+    if n < 1:
+        raise ValueError(f"a synthetic store needs at least one structure, got n={n}")
+    if Path(path).exists():
+        raise FileExistsError(f"Zarr store already exists at {path}")
+    samples = synthetic_samples(n, seed, min_atoms, max_atoms).split()
+    data = [AtomicData(**{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in s.items()}) for s in samples]
+    NvalchemiWriter(str(path)).write(data)
+    return Path(path)
+
+
 def write_synthetic_extxyz(
     path: str | Path, n: int, *, seed: int = 42, min_atoms: int = 10, max_atoms: int = 100
 ) -> Path:

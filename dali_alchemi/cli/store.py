@@ -22,6 +22,12 @@ def cmd_synth(args: argparse.Namespace, console: Console) -> int:
         path = write_synthetic_extxyz(
             args.out, args.n, seed=args.seed, min_atoms=args.min_atoms, max_atoms=args.max_atoms
         )
+    elif args.writer == "nvalchemi":
+        from dali_alchemi.bench.synth import write_synthetic_store_nvalchemi
+
+        path = write_synthetic_store_nvalchemi(
+            args.out, args.n, seed=args.seed, min_atoms=args.min_atoms, max_atoms=args.max_atoms
+        )
     else:
         config = None
         if args.no_checksum:
@@ -132,6 +138,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--format", choices=("zarr", "extxyz"), default="zarr", help="a store, or an extxyz file (needs ase)"
     )
     synth.add_argument("--no-checksum", action="store_true", help="write no crc32c checksums (default: one per chunk)")
+    synth.add_argument(
+        "--writer", choices=("dali-alchemi", "nvalchemi"), default="dali-alchemi",
+        help="write the store with this project's writer or nvalchemi-toolkit's own (one write; needs nvalchemi)",
+    )  # fmt: skip
     synth.set_defaults(func=cmd_synth)
 
     inspect = sub.add_parser("inspect", help="print a store's counts, arrays, chunks and codecs")

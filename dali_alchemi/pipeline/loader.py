@@ -20,6 +20,7 @@ import torch
 from dali_alchemi.augment import apply_augmentations, check_augmentations
 from dali_alchemi.config import LoaderConfig
 from dali_alchemi.errors import ConfigError, DeviceError, LoaderClosedError, LoaderError
+from dali_alchemi.interop.read_many import as_packed_reader
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline
 from dali_alchemi.pipeline.dali_private import close_pipeline, worker_processes
@@ -33,6 +34,7 @@ from dali_alchemi.types import PerLevel
 if TYPE_CHECKING:
     from dali_alchemi.augment import Augmentation
     from dali_alchemi.batch import Batch
+    from dali_alchemi.interop.read_many import ReadManyReader
     from dali_alchemi.plan import BlockShuffle, EpochPlan, Plan
     from dali_alchemi.store.location import StoreLike
     from dali_alchemi.store.protocol import PackedReader
@@ -90,8 +92,10 @@ class DALIDataLoader:
     store_or_reader
         A store (path, URL, zarr Store) or an open reader implementing
         :class:`~dali_alchemi.store.protocol.PackedReader` (this project's
-        :class:`~dali_alchemi.store.reader.AtomicDataZarrReader`, for one), or a list of them read as
-        one dataset (a :class:`~dali_alchemi.store.multi.MultiReader`).
+        :class:`~dali_alchemi.store.reader.AtomicDataZarrReader`, for one), any reader with
+        nvalchemi's ``read_many`` contract (read through a
+        :class:`~dali_alchemi.interop.read_many.ReadManyAdapter`), or a list of them read as one
+        dataset (a :class:`~dali_alchemi.store.multi.MultiReader`). A reader given is not closed.
     batch_size, shuffle, seed, drop_last, shard_id, num_shards
         Build the default plan, a :class:`~dali_alchemi.plan.FixedBatchPlan`: batches of ``batch_size``
         structures (default 64), shuffled each epoch by ``(seed, epoch)``, the last one dropped when
@@ -164,7 +168,7 @@ class DALIDataLoader:
 
     def __init__(
         self,
-        store_or_reader: StoreLike | PackedReader | Sequence[StoreLike | PackedReader],
+        store_or_reader: StoreLike | PackedReader | ReadManyReader | Sequence[StoreLike | PackedReader | ReadManyReader],
         *,
         batch_size: int | None = None,
         shuffle: bool | str | BlockShuffle = True,
@@ -201,7 +205,9 @@ class DALIDataLoader:
         self.layout = self.config.layout
         self.seed = seed
         self.device = resolve_device(device)
-        self.reader, self._owns_reader = open_source(store_or_reader, fields=self.config.fields, cache_bytes=cache_bytes)
+        self.reader, self._owns_reader = open_source(
+            as_packed_reader(store_or_reader), fields=self.config.fields, cache_bytes=cache_bytes
+        )
         self._sizes: tuple[Any, Any] | None = None
         try:
             self.fields = select_fields(self.reader, self.config.fields)

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from dali_alchemi.bench.loaders import validate_names
-from dali_alchemi.bench.runner import BenchConfig, run_bench
+from dali_alchemi.bench.runner import BenchConfig, measure, run_bench
 from dali_alchemi.cli import main
 
 KEYS = {
@@ -102,3 +103,25 @@ def test_plan_cost_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan-cost", "--n", "20000", "--max-atoms", "4096", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "budget max_atoms=4096" in out and "fixed batch_size=64" in out
+
+
+def test_read_many_loaders_deliver_what_the_native_loader_does(small_store: Path) -> None:
+    validate_names(["nvalchemi-dropin", "nvalchemi-dali", "nvalchemi-dali-w0", "readmany-dali-w2"])
+    with pytest.raises(ValueError, match="Unknown loader 'readmany-dali-blob'"):
+        validate_names(["readmany-dali-blob"])
+    config = BenchConfig(
+        loaders=("packed", "readmany-reads", "readmany-dali-w0", "nvalchemi-dali-w0", "nvalchemi-dropin"),
+        orders=("shuffle",), rounds=1, epochs=1, batch_size=32,
+    )  # fmt: skip
+    by_name = {name: measure(name, "shuffle", str(small_store), config, torch.device("cpu")) for name in config.loaders}
+    every_atom = by_name["packed"].unit_atoms  # one epoch of windows holds every structure once
+    assert by_name["readmany-dali-w0"].unit_atoms == every_atom > 0 and by_name["readmany-dali-w0"].units == 10
+    assert (by_name["readmany-reads"].unit_atoms, by_name["readmany-reads"].units) == (
+        every_atom,
+        by_name["packed"].units,
+    )
+    for name in ("nvalchemi-dali-w0", "nvalchemi-dropin"):
+        assert by_name[name].note == "not installed" or (by_name[name].unit_atoms, by_name[name].units) == (
+            every_atom,
+            10,
+        )

@@ -255,3 +255,21 @@ def test_both_loaders_read_an_nvalchemi_style_reader(make: str, budget: bool) ->
     finally:
         loader.close()
     assert inner.closed == 0  # the loader does not close a reader it was given
+
+
+def test_read_many_readers_can_be_members_of_several_stores() -> None:
+    first, second = _structures(20, seed=5), _structures(13, seed=6)
+    assert [type(m) for m in as_packed_reader([SampleReader(first), SizedReader(second)])] == [ReadManyAdapter] * 2
+    loader = plain_dataloader(
+        [SampleReader(first), SizedReader(second)], batch_size=8, shuffle=False, num_workers=0, batched=True
+    )
+    try:
+        batches = list(loader)
+    finally:
+        loader.close()
+    want = _expected(first + second)
+    ids = torch.cat([b.dataset_id for b in batches])
+    assert ids.tolist() == [0] * 20 + [1] * 13
+    assert torch.cat([b.dataset_index for b in batches]).tolist() == list(range(20)) + list(range(13))
+    positions = torch.cat([b["positions"] for b in batches])
+    assert torch.equal(positions, torch.from_numpy(want.fields["positions"]))

@@ -50,6 +50,10 @@ MIN_THREADS, MAX_THREADS = 2, 8
 """Bounds of the default thread count (the core count): decoding overlaps I/O even on one core, and
 more than 8 threads only contend for memory bandwidth."""
 
+DEFAULT_WORKING_SET_BYTES = 64 << 20
+"""Decoded bytes one read holds beyond the cache, by default (at least one row block): reads that touch
+more blocks than this decode them in groups, so a window never decodes the whole store at once."""
+
 TASKS_PER_THREAD = 4
 """Block jobs are grouped into this many tasks per thread, so uneven blocks still balance."""
 
@@ -66,6 +70,7 @@ class ReadStats:
     packed_reads: int
     samples_read: int
     chunks_fetched: int
+    blocks_decoded: int
     cache: CacheStats
 
 
@@ -89,10 +94,18 @@ class BlockEngine:
         Threads that fetch and decode blocks (``None``: :func:`default_threads`).
     max_concurrency
         Requests in flight at once to a non-local store.
+    working_set_bytes
+        Decoded bytes one read may hold beyond the cache (``None``: :data:`DEFAULT_WORKING_SET_BYTES`).
+        A read's decoded blocks then stay within ``cache_bytes + working_set_bytes`` (or one block).
     """
 
-    def __init__(self, *, cache_bytes: int, num_threads: int | None, max_concurrency: int) -> None:
+    def __init__(
+        self, *, cache_bytes: int, num_threads: int | None, max_concurrency: int, working_set_bytes: int | None = None
+    ) -> None:
+        if working_set_bytes is not None and working_set_bytes < 1:
+            raise ValueError(f"working_set_bytes must be >= 1, got {working_set_bytes}")
         self.cache = BlockCache(cache_bytes)
+        self.working_set_bytes = working_set_bytes or DEFAULT_WORKING_SET_BYTES
         self.num_threads = num_threads or default_threads()
         self._max_concurrency = max_concurrency
         self._snapshot: Snapshot | None = None
@@ -104,6 +117,7 @@ class BlockEngine:
         self._packed_reads = 0
         self._samples_read = 0
         self._chunks_fetched = 0
+        self._blocks_decoded = 0
 
     # -- state --------------------------------------------------------------------------------------
     def attach(self, snapshot: Snapshot) -> None:
@@ -119,6 +133,7 @@ class BlockEngine:
             packed_reads=self._packed_reads,
             samples_read=self._samples_read,
             chunks_fetched=self._chunks_fetched,
+            blocks_decoded=self._blocks_decoded,
             cache=CacheStats(**{f.name: getattr(self.cache.stats, f.name) for f in fields(CacheStats)}),
         )
 
@@ -198,11 +213,14 @@ class BlockEngine:
     ) -> None:
         """Fill ``outputs``.
 
-        Arrays held whole in the cache (*resident*) are read with one take in request order. For the
-        others, the blocks missing from the cache are fetched in one concurrent batch, then every block
-        is decoded and scattered on the thread pool (each block's rows go to disjoint output rows). An
-        array whose every block this call touched, and that fits in a quarter of the cache, is then
-        stitched into one resident array for later calls.
+        Arrays held whole in the cache (*resident*) are read with one take in request order. The other
+        arrays' row blocks are handled in groups whose decoded size stays within ``working_set_bytes``:
+        a group's blocks are looked up in the cache, the missing ones fetched in one concurrent batch,
+        then decoded and scattered on the thread pool (each block's rows go to disjoint output rows),
+        and the group is released before the next begins. So one read holds at most the cache plus one
+        group of decoded blocks, however many blocks of the store it touches. An array whose every
+        block this call touched, and that fits in a quarter of the cache, is then stitched into one
+        resident array for later calls.
         """
         block_plans: dict[tuple[Level, int], tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
         jobs: list[_BlockJob] = []
@@ -225,12 +243,38 @@ class BlockEngine:
                 block_plans[key] = plan.blocks(handle.codec.block_rows)
             blocks, bounds = block_plans[key]
             for k, block in enumerate(blocks.tolist()):
-                cached = self.cache.get((name, block))
-                jobs.append(_BlockJob(handle, block, plan, int(bounds[k]), int(bounds[k + 1]), cached))
+                jobs.append(_BlockJob(handle, block, plan, int(bounds[k]), int(bounds[k + 1]), None))
             nbytes = handle.codec.row_nbytes * handle.shape[0]
             if blocks.size == handle.codec.n_blocks and nbytes <= self.cache.capacity_bytes // 4:
                 to_stitch.append(name)
+
+        def take(item: tuple[str, NDArray[Any]]) -> None:
+            name, whole = item
+            rows = request_rows(handles[name].level)
+            np.take(_rows_view(whole), rows, out=_rows_view(outputs[name]))
+
+        groups = _working_set_groups(jobs, self.working_set_bytes)
+        for k, group in enumerate(groups):
+            self._gather_group(group, outputs, resident if k == len(groups) - 1 else [], take)
+            for job in group:  # release the group's decoded blocks (the cache keeps what fits)
+                job.data = job.payloads = None
+        if not groups and resident:
+            self._gather_group([], outputs, resident, take)
+        for name in to_stitch:
+            self._stitch(name, [job.block for job in jobs if job.handle.name == name])
+
+    def _gather_group(
+        self,
+        jobs: list[_BlockJob],
+        outputs: dict[str, NDArray[Any]],
+        resident: list[tuple[str, NDArray[Any]]],
+        take: Callable[[tuple[str, NDArray[Any]]], None],
+    ) -> None:
+        """Fetch, decode and scatter one group of block jobs (and the resident takes, if any)."""
+        for job in jobs:
+            job.data = self.cache.get((job.handle.name, job.block))
         missing = [job for job in jobs if job.data is None]
+        self._blocks_decoded += len(missing)
         if missing:
             fetched = self._fetch_blocks([(job.handle.codec, job.block) for job in missing])  # type: ignore[misc]
             for job, payloads in zip(missing, fetched, strict=True):
@@ -242,35 +286,31 @@ class BlockEngine:
                 assert codec is not None
                 if job.data is None:
                     job.data = codec.decode_block(job.block, *job.payloads)  # type: ignore[misc]
+                    job.payloads = None
                     self.cache.put((job.handle.name, job.block), job.data)
                 _scatter(outputs[job.handle.name], job.plan, job.lo, job.hi, job.data, job.block * codec.block_rows)
-
-        def take(item: tuple[str, NDArray[Any]]) -> None:
-            name, whole = item
-            rows = request_rows(handles[name].level)
-            np.take(_rows_view(whole), rows, out=_rows_view(outputs[name]))
 
         rows = sum(job.hi - job.lo for job in jobs) + sum(outputs[name].shape[0] for name, _ in resident)
         if not missing and rows <= INLINE_ROWS:
             run(jobs)  # small and cached: a thread hand-off would cost more than the copies
             for item in resident:
                 take(item)
-        else:
-            pool = self._pool()
-            tasks = [pool.submit(run, group) for group in _balanced_groups(jobs, self.num_threads * TASKS_PER_THREAD)]
-            tasks += [pool.submit(take, item) for item in resident]
-            for task in tasks:
-                task.result()
-        for name in to_stitch:
-            self._stitch(name, [job for job in jobs if job.handle.name == name])
-
-    def _stitch(self, name: str, jobs: list[_BlockJob]) -> None:
-        """Replace an array's cached blocks by one resident copy of the whole array."""
-        blocks = sorted(((job.block, job.data) for job in jobs), key=lambda item: item[0])
-        if any(data is None for _, data in blocks) or [b for b, _ in blocks] != list(range(len(blocks))):
             return
-        whole = np.concatenate([data for _, data in blocks], axis=0)  # type: ignore[misc]
-        for block, _ in blocks:
+        pool = self._pool()
+        tasks = [pool.submit(run, group) for group in _balanced_groups(jobs, self.num_threads * TASKS_PER_THREAD)]
+        tasks += [pool.submit(take, item) for item in resident]
+        for task in tasks:
+            task.result()
+
+    def _stitch(self, name: str, blocks: list[int]) -> None:
+        """Replace an array's cached blocks by one resident copy of the whole array (all must be cached)."""
+        if sorted(blocks) != list(range(len(blocks))):
+            return
+        data = [self.cache.peek((name, block)) for block in range(len(blocks))]
+        if any(d is None for d in data):
+            return
+        whole = np.concatenate(data, axis=0)  # type: ignore[arg-type]
+        for block in range(len(blocks)):
             self.cache.pop((name, block))
         self.cache.put((name, RESIDENT), whole)
 
@@ -344,6 +384,25 @@ def _balanced_groups(jobs: list[_BlockJob], n_groups: int) -> list[list[_BlockJo
         groups[g].append(jobs[i])
         loads[g] += sizes[i]
     return [g for g in groups if g]
+
+
+def _working_set_groups(jobs: list[_BlockJob], limit: int) -> list[list[_BlockJob]]:
+    """Consecutive runs of jobs whose decoded blocks add up to at most ``limit`` bytes (one job at least)."""
+    groups: list[list[_BlockJob]] = []
+    current: list[_BlockJob] = []
+    held = 0
+    for job in jobs:
+        codec = job.handle.codec
+        assert codec is not None
+        size = codec.row_nbytes * codec.block_rows
+        if current and held + size > limit:
+            groups.append(current)
+            current, held = [], 0
+        current.append(job)
+        held += size
+    if current:
+        groups.append(current)
+    return groups
 
 
 def _missing_index(codec: ArrayCodec) -> NDArray[np.uint64]:

@@ -307,9 +307,10 @@ class BlockEngine:
         if sorted(blocks) != list(range(len(blocks))):
             return
         data = [self.cache.peek((name, block)) for block in range(len(blocks))]
-        if any(d is None for d in data):
+        present = [d for d in data if d is not None]
+        if len(present) != len(data):
             return
-        whole = np.concatenate(data, axis=0)  # type: ignore[arg-type]
+        whole = np.concatenate(present, axis=0)
         for block in range(len(blocks)):
             self.cache.pop((name, block))
         self.cache.put((name, RESIDENT), whole)

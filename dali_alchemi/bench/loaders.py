@@ -41,7 +41,6 @@ class LoaderSettings:
     seed: int = 0
     cache_bytes: int | None = None
 
-
     @property
     def plan_batch_size(self) -> int | None:
         """The batch size the loaders' plans get: none (no cap) when a budget sizes the batches."""
@@ -114,9 +113,7 @@ class _PygDataset:
         sample = self.reader.read_packed([index]).split()[0]
         tensors = {name: torch.from_numpy(value) for name, value in sample.items()}
         edge_index = tensors.pop("neighbor_list").t().long() if "neighbor_list" in tensors else None
-        return Data(
-            pos=tensors.pop("positions"), z=tensors.pop("atomic_numbers"), edge_index=edge_index, **tensors
-        )
+        return Data(pos=tensors.pop("positions"), z=tensors.pop("atomic_numbers"), edge_index=edge_index, **tensors)
 
 
 def _pyg_dynamic(store: str, shuffle: bool, s: LoaderSettings, workers: int) -> Runnable:
@@ -130,7 +127,9 @@ def _pyg_dynamic(store: str, shuffle: bool, s: LoaderSettings, workers: int) -> 
 
     if not s.max_atoms:
         raise ValueError("pyg-dynamic batches by atoms: give --max-atoms")
-    reader = AtomicDataZarrReader(store) if s.cache_bytes is None else AtomicDataZarrReader(store, cache_bytes=s.cache_bytes)
+    reader = (
+        AtomicDataZarrReader(store) if s.cache_bytes is None else AtomicDataZarrReader(store, cache_bytes=s.cache_bytes)
+    )
     dataset = _PygDataset(reader)
     sampler = DynamicBatchSampler(dataset, max_num=s.max_atoms, mode="node", shuffle=shuffle)  # type: ignore[arg-type]
     loader = PygDataLoader(dataset, batch_sampler=sampler, num_workers=workers)  # type: ignore[arg-type]

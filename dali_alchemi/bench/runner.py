@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 
 from dali_alchemi.bench.loaders import LIMITS, LoaderSettings, is_plain, median, nvalchemi_available, open_loader
+from dali_alchemi.bench.memory import MB, TreeMemorySampler, tree_pss
 from dali_alchemi.store.reader import AtomicDataZarrReader
 
 ProgressCallback = Callable[[str, int, int], None]
@@ -74,7 +74,9 @@ class Measurement:
     atoms: int = 0
     seconds: float = 0.0
     first_batch_s: float = float("nan")
-    peak_rss_mb: float = 0.0
+    peak_pss_mb: float = 0.0
+    start_pss_mb: float = 0.0
+    processes: int = 0
     wait_s: float = 0.0
     step_s: float = 0.0
     batches: int = 0
@@ -88,7 +90,13 @@ class Measurement:
 
 @dataclass(slots=True)
 class Record:
-    """A row of the report: medians over rounds for one loader and order."""
+    """A row of the report: medians over rounds for one loader and order.
+
+    Memory is the PSS of the whole process tree (:mod:`dali_alchemi.bench.memory`): ``peak_pss_mb`` the
+    largest sample while the loader ran (main process, DALI and torch workers, shared pages once),
+    ``start_pss_mb`` the tree just before it opened (the process after its imports, plus what loaders
+    measured before it left behind), ``processes`` the most processes in one sample.
+    """
 
     loader: str
     order: str
@@ -98,7 +106,9 @@ class Record:
     atoms_per_s: float | None
     ratio_vs_plain: float | None
     first_batch_s: float | None
-    peak_rss_mb: float | None
+    peak_pss_mb: float | None
+    start_pss_mb: float | None
+    processes: int | None
     wait_s: float | None
     rounds: int
     note: str | None = None
@@ -140,85 +150,6 @@ class BenchRun:
         return {"meta": self.meta.to_dict(), "records": [r.to_dict() for r in self.records]}
 
 
-SAMPLE_INTERVAL_S = 0.1
-"""How often the memory of the measured process tree is sampled (each sample costs a few file reads)."""
-
-
-class _MemorySampler:
-    """Polls the memory of this process and its children; reports the peak above the start.
-
-    Memory is the proportional set size (PSS): pages shared between processes (a forked worker's
-    copy-on-write pages, shared libraries) are split between them rather than counted once per
-    process, as a plain RSS sum would. Falls back to RSS where PSS is unavailable.
-    """
-
-    def __init__(self, interval: float = SAMPLE_INTERVAL_S) -> None:
-        self.interval = interval
-        self.start = _memory_tree(os.getpid())
-        self.peak = self.start
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.peak = max(self.peak, _memory_tree(os.getpid()))
-
-    def __enter__(self) -> _MemorySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _memory_tree(os.getpid()))
-
-    @property
-    def added_mb(self) -> float:
-        return max(0.0, (self.peak - self.start) / 2**20)
-
-
-def _process_memory(pid: int, status: dict[str, str]) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as fh:
-            for line in fh:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(status.get("VmRSS", "0 kB").split()[0]) * 1024
-
-
-def _children(pid: int) -> list[int]:
-    """Direct children of ``pid`` from /proc/PID/task/*/children (no scan of every process)."""
-    kids: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return kids
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as fh:
-                kids += [int(k) for k in fh.read().split()]
-        except OSError:
-            continue
-    return kids
-
-
-def _memory_tree(pid: int) -> int:
-    """Bytes (PSS) of ``pid`` and all its descendants (Linux /proc; 0 where unavailable)."""
-    total, stack = 0, [pid]
-    while stack:
-        current = stack.pop()
-        try:
-            with open(f"/proc/{current}/status") as fh:
-                status = dict(line.split(":\t", 1) for line in fh.read().splitlines() if ":\t" in line)
-        except OSError:
-            continue
-        total += _process_memory(current, status)
-        stack.extend(_children(current))
-    return total
-
-
 def measure(name: str, order: str, store: str, config: BenchConfig, device: torch.device) -> Measurement:
     """Run one loader for ``config.epochs`` epochs over ``store`` and time it."""
     result = Measurement(loader=name, order=order)
@@ -235,7 +166,7 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
         max_atoms=config.max_atoms, max_edges=config.max_edges,
     )  # fmt: skip
     step = config.step_ms / 1000.0
-    with _MemorySampler() as memory:
+    with TreeMemorySampler() as memory:
         opened = time.perf_counter()
         runnable = open_loader(name, store, order == "shuffle", settings)
         started: float | None = None
@@ -275,7 +206,7 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
                 result.warm_samples = result.samples - first_epoch_samples
         finally:
             runnable.close()
-    result.peak_rss_mb = memory.added_mb
+    result.peak_pss_mb, result.start_pss_mb, result.processes = memory.peak_mb, memory.start_mb, memory.peak_processes
     return result
 
 
@@ -361,7 +292,9 @@ def summarize(measurements: list[Measurement], config: BenchConfig) -> list[Reco
                 ),
                 atoms_per_s=median([m.atoms / m.seconds for m in done]) if done else None,
                 ratio_vs_plain=None, first_batch_s=median([m.first_batch_s for m in done]) if done else None,
-                peak_rss_mb=median([m.peak_rss_mb for m in done]) if done else None,
+                peak_pss_mb=median([m.peak_pss_mb for m in done]) if done else None,
+                start_pss_mb=median([m.start_pss_mb for m in done]) if done else None,
+                processes=max(m.processes for m in done) if done else None,
                 wait_s=median([m.wait_s for m in done]) if done else None, rounds=len(done), note=note,
                 total_s=median([m.total_s for m in done]) if done else None,
                 **_batch_shape(done, config, loader),
@@ -380,6 +313,11 @@ def summarize(measurements: list[Measurement], config: BenchConfig) -> list[Reco
     return records
 
 
+def _pss_after_import() -> float:
+    """PSS of this process tree now, in MB: after the imports, before any loader opens."""
+    return tree_pss()[0] / MB
+
+
 def run_bench(
     store: str,
     config: BenchConfig,
@@ -389,6 +327,7 @@ def run_bench(
 ) -> BenchRun:
     """Measure every loader in every order for ``config.rounds`` interleaved rounds; return the run."""
     device = torch.device(config.device)
+    after_import = _pss_after_import()
     # The decode limit does not depend on the order: it is measured once per round, in store order.
     plan = [
         (r, name, order)
@@ -407,7 +346,7 @@ def run_bench(
     meta = BenchMeta(
         config={k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
         store=store_info,
-        machine=machine_info(device),
+        machine={**machine_info(device), "pss_after_import_mb": after_import},
         versions=package_versions(),
     )
     return BenchRun(meta=meta, records=summarize(measurements, config))

@@ -93,7 +93,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     shape = ["batches", "atoms/batch", *(["fill"] if args.max_atoms else [])] if budget else []
     sizing = f"max_atoms {args.max_atoms}, max_edges {args.max_edges}" if budget else f"batch {args.batch_size}"
     table = make_table(
-        "loader", "order", "samples/s", "warm samples/s", "atoms/s", "x plain", "first batch s", "total s", "peak mem MB",
+        "loader", "order", "samples/s", "warm samples/s", "atoms/s", "x plain", "first batch s", "total s", "peak PSS MB",
         *steps, *shape, title=f"{sizing}, {device}, {args.epochs} epochs, median of {args.rounds} rounds",
     )  # fmt: skip
     for r in run.records:
@@ -105,11 +105,15 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         table.add_row(
             r.loader, r.order, fmt(r.samples_per_s, ",.0f"), fmt(r.warm_samples_per_s, ",.0f"),
             fmt(r.atoms_per_s, ",.0f"), fmt(r.ratio_vs_plain, ".2f"), fmt(r.first_batch_s, ".2f"),
-            fmt(r.total_s, ".2f"), fmt(r.peak_rss_mb, ".0f"), *([fmt(r.wait_s, ".2f"), fmt(r.epoch_vs_steps, ".3f")] if steps else []),
+            fmt(r.total_s, ".2f"), fmt(r.peak_pss_mb, ".0f"), *([fmt(r.wait_s, ".2f"), fmt(r.epoch_vs_steps, ".3f")] if steps else []),
             *(shape_cells if shape else []),
         )  # fmt: skip
     console.print(table)
     console.print(f"opening the store (with its open-time checks) took {run.meta.store['open_s'] * 1000:.1f} ms")
+    console.print(
+        f"peak PSS: the whole process tree (workers included, shared pages once); "
+        f"{run.meta.machine['pss_after_import_mb']:.0f} MB after imports"
+    )
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,9 @@ KEYS = {
     "atoms_per_s",
     "ratio_vs_plain",
     "first_batch_s",
-    "peak_rss_mb",
+    "peak_pss_mb",
+    "start_pss_mb",
+    "processes",
     "wait_s",
 }
 META = {"config", "store", "machine", "versions"}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
@@ -28,15 +29,27 @@ import numpy as np
 from zarr.storage import LocalStore
 
 from dali_alchemi.csr import concat_aranges
+from dali_alchemi.store.blockfetch import fetch_block_payloads
 from dali_alchemi.store.cache import BlockCache, CacheStats
-from dali_alchemi.store.codecs import MISSING_CHUNK, ArrayCodec
-from dali_alchemi.store.fetch import ByteFetcher, ByteRequest, LocalFetcher, StoreFetcher
-from dali_alchemi.store.gather import LevelPlan, plan_rows, plan_system_rows
+from dali_alchemi.store.fetch import ByteFetcher, LocalFetcher, StoreFetcher
+from dali_alchemi.store.gather import (
+    BlockJob,
+    LevelPlan,
+    balanced_groups,
+    block_layout,
+    plan_rows,
+    plan_system_rows,
+    rows_view,
+    scatter,
+    working_set_groups,
+)
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
+    from dali_alchemi.store.codecs import ArrayCodec
+    from dali_alchemi.store.shared import SharedBlocks
     from dali_alchemi.store.snapshot import ArrayHandle, Snapshot
     from dali_alchemi.types import CountArray, IndexArray, Level
 
@@ -97,14 +110,28 @@ class BlockEngine:
     working_set_bytes
         Decoded bytes one read may hold beyond the cache (``None``: :data:`DEFAULT_WORKING_SET_BYTES`).
         A read's decoded blocks then stay within ``cache_bytes + working_set_bytes`` (or one block).
+    shared
+        A folder of decoded blocks shared with other processes (:mod:`dali_alchemi.store.shared`): a
+        block another process published is mapped instead of decoded, one it is decoding is waited
+        for, and blocks decoded here are published. ``None``: this process's cache only.
     """
 
     def __init__(
-        self, *, cache_bytes: int, num_threads: int | None, max_concurrency: int, working_set_bytes: int | None = None
+        self,
+        *,
+        cache_bytes: int,
+        num_threads: int | None,
+        max_concurrency: int,
+        working_set_bytes: int | None = None,
+        shared: SharedBlocks | None = None,
     ) -> None:
         if working_set_bytes is not None and working_set_bytes < 1:
             raise ValueError(f"working_set_bytes must be >= 1, got {working_set_bytes}")
-        self.cache = BlockCache(cache_bytes)
+        self.cache = BlockCache(cache_bytes, on_evict=self._evicted)
+        self._shared_root = shared
+        self._shared: SharedBlocks | None = None
+        self._published: set[tuple[str, int]] = set()
+        self._published_pid = os.getpid()
         self.working_set_bytes = working_set_bytes or DEFAULT_WORKING_SET_BYTES
         self.num_threads = num_threads or default_threads()
         self._max_concurrency = max_concurrency
@@ -124,6 +151,8 @@ class BlockEngine:
         """Read from ``snapshot`` from now on: drop the blocks, shard indexes and fetcher of the last one."""
         self._snapshot = snapshot
         self.cache.clear()
+        if self._shared_root is not None:
+            self._shared = self._shared_root.scoped(_snapshot_token(snapshot))
         self._shard_indexes.clear()
         self._fetcher = None  # follows the location, which a defragment may have moved
 
@@ -143,6 +172,19 @@ class BlockEngine:
         if self._executor is not None and self._executor_pid == os.getpid():
             self._executor.shutdown(wait=True)
         self._executor = None
+
+    def _evicted(self, key: tuple[str, int]) -> None:
+        """The cache let a block go: a block this process published leaves the shared folder too."""
+        if self._shared is not None and self._published_pid == os.getpid() and key in self._published:
+            self._published.discard(key)
+            self._shared.discard(*key)
+
+    def _shared_blocks(self) -> SharedBlocks | None:
+        """The shared folder of the current snapshot; what a parent process published is not ours."""
+        if self._published_pid != os.getpid():
+            self._published = set()
+            self._published_pid = os.getpid()
+        return self._shared
 
     def _pool(self) -> ThreadPoolExecutor:
         # Threads do not survive fork (DALI's default worker start): rebuild the pool in a new process.
@@ -223,7 +265,7 @@ class BlockEngine:
         resident array for later calls.
         """
         block_plans: dict[tuple[Level, int], tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
-        jobs: list[_BlockJob] = []
+        jobs: list[BlockJob] = []
         resident: list[tuple[str, NDArray[Any]]] = []
         to_stitch: list[str] = []
         for name in names:
@@ -243,17 +285,18 @@ class BlockEngine:
                 block_plans[key] = plan.blocks(handle.codec.block_rows)
             blocks, bounds = block_plans[key]
             for k, block in enumerate(blocks.tolist()):
-                jobs.append(_BlockJob(handle, block, plan, int(bounds[k]), int(bounds[k + 1]), None))
+                jobs.append(BlockJob(handle, block, plan, int(bounds[k]), int(bounds[k + 1]), None))
             nbytes = handle.codec.row_nbytes * handle.shape[0]
-            if blocks.size == handle.codec.n_blocks and nbytes <= self.cache.capacity_bytes // 4:
+            small = nbytes <= self.cache.capacity_bytes // 4
+            if blocks.size == handle.codec.n_blocks and small and self._shared_root is None:
                 to_stitch.append(name)
 
         def take(item: tuple[str, NDArray[Any]]) -> None:
             name, whole = item
             rows = request_rows(handles[name].level)
-            np.take(_rows_view(whole), rows, out=_rows_view(outputs[name]))
+            np.take(rows_view(whole), rows, out=rows_view(outputs[name]))
 
-        groups = _working_set_groups(jobs, self.working_set_bytes)
+        groups = working_set_groups(jobs, self.working_set_bytes)
         for k, group in enumerate(groups):
             self._gather_group(group, outputs, resident if k == len(groups) - 1 else [], take)
             for job in group:  # release the group's decoded blocks (the cache keeps what fits)
@@ -265,30 +308,88 @@ class BlockEngine:
 
     def _gather_group(
         self,
-        jobs: list[_BlockJob],
+        jobs: list[BlockJob],
         outputs: dict[str, NDArray[Any]],
         resident: list[tuple[str, NDArray[Any]]],
         take: Callable[[tuple[str, NDArray[Any]]], None],
     ) -> None:
-        """Fetch, decode and scatter one group of block jobs (and the resident takes, if any)."""
+        """Fetch, decode and scatter one group of block jobs (and the resident takes, if any).
+
+        With a shared folder, a block missing here is mapped if another process published it; of the
+        rest, this process decodes those it claims and waits for the others (decoding them itself
+        after all if their claim ends without a block).
+        """
+        shared = self._shared_blocks()
         for job in jobs:
             job.data = self.cache.get((job.handle.name, job.block))
+            if job.data is None and shared is not None:
+                job.data = shared.open(job.handle.name, job.block, *block_layout(job))
+                if job.data is not None:
+                    self.cache.put((job.handle.name, job.block), job.data)
+        theirs: list[BlockJob] = []
+        if shared is not None:
+            theirs = [job for job in jobs if job.data is None and not shared.claim(job.handle.name, job.block)]
+        waiting = {id(job) for job in theirs}
+        self._decode_blocks([job for job in jobs if id(job) not in waiting], outputs, resident, take, shared)
+        if theirs:
+            assert shared is not None
+            pool = self._pool()
+            waits = [pool.submit(self._wait_andscatter, job, outputs, shared) for job in theirs]
+            unfinished = [job for job, task in zip(theirs, waits, strict=True) if not task.result()]
+            claimed = {id(job) for job in unfinished if shared.claim(job.handle.name, job.block)}
+            self._decode_blocks([job for job in unfinished if id(job) in claimed], outputs, [], take, shared)
+            self._decode_blocks([job for job in unfinished if id(job) not in claimed], outputs, [], take, None)
+
+    def _wait_andscatter(self, job: BlockJob, outputs: dict[str, NDArray[Any]], shared: SharedBlocks) -> bool:
+        """Scatter a block another process is decoding, once published; ``False`` if it never was."""
+        job.data = shared.wait(job.handle.name, job.block, *block_layout(job))
+        if job.data is None:
+            return False
+        self.cache.put((job.handle.name, job.block), job.data)
+        codec = job.handle.codec
+        assert codec is not None
+        scatter(outputs[job.handle.name], job.plan, job.lo, job.hi, job.data, job.block * codec.block_rows)
+        return True
+
+    def _decode_blocks(
+        self,
+        jobs: list[BlockJob],
+        outputs: dict[str, NDArray[Any]],
+        resident: list[tuple[str, NDArray[Any]]],
+        take: Callable[[tuple[str, NDArray[Any]]], None],
+        shared: SharedBlocks | None,
+    ) -> None:
+        """Fetch the jobs' missing blocks in one batch, decode (and publish) them, scatter every job."""
         missing = [job for job in jobs if job.data is None]
         self._blocks_decoded += len(missing)
-        if missing:
-            fetched = self._fetch_blocks([(job.handle.codec, job.block) for job in missing])  # type: ignore[misc]
-            for job, payloads in zip(missing, fetched, strict=True):
-                job.payloads = payloads
+        try:
+            if missing:
+                fetched = self._fetch_blocks([(job.handle.codec, job.block) for job in missing])  # type: ignore[misc]
+                for job, payloads in zip(missing, fetched, strict=True):
+                    job.payloads = payloads
+        except BaseException:
+            for job in missing if shared is not None else []:
+                shared.release(job.handle.name, job.block)  # type: ignore[union-attr]
+            raise
 
-        def run(group: list[_BlockJob]) -> None:
+        def run(group: list[BlockJob]) -> None:
             for job in group:
                 codec = job.handle.codec
                 assert codec is not None
                 if job.data is None:
-                    job.data = codec.decode_block(job.block, *job.payloads)  # type: ignore[misc]
+                    key = (job.handle.name, job.block)
+                    try:
+                        job.data = codec.decode_block(job.block, *job.payloads)  # type: ignore[misc]
+                    except BaseException:
+                        if shared is not None:
+                            shared.release(*key)
+                        raise
                     job.payloads = None
-                    self.cache.put((job.handle.name, job.block), job.data)
-                _scatter(outputs[job.handle.name], job.plan, job.lo, job.hi, job.data, job.block * codec.block_rows)
+                    if shared is not None:
+                        job.data = shared.publish(*key, job.data)
+                        self._published.add(key)
+                    self.cache.put(key, job.data)
+                scatter(outputs[job.handle.name], job.plan, job.lo, job.hi, job.data, job.block * codec.block_rows)
 
         rows = sum(job.hi - job.lo for job in jobs) + sum(outputs[name].shape[0] for name, _ in resident)
         if not missing and rows <= INLINE_ROWS:
@@ -297,10 +398,20 @@ class BlockEngine:
                 take(item)
             return
         pool = self._pool()
-        tasks = [pool.submit(run, group) for group in _balanced_groups(jobs, self.num_threads * TASKS_PER_THREAD)]
+        tasks = [pool.submit(run, group) for group in balanced_groups(jobs, self.num_threads * TASKS_PER_THREAD)]
         tasks += [pool.submit(take, item) for item in resident]
+        errors = []
         for task in tasks:
-            task.result()
+            try:
+                task.result()
+            except BaseException as err:
+                errors.append(err)
+        if errors:
+            if shared is not None:
+                for job in missing:
+                    if job.data is None:
+                        shared.release(job.handle.name, job.block)
+            raise errors[0]
 
     def _stitch(self, name: str, blocks: list[int]) -> None:
         """Replace an array's cached blocks by one resident copy of the whole array (all must be cached)."""
@@ -317,111 +428,13 @@ class BlockEngine:
 
     def _fetch_blocks(self, blocks: list[tuple[ArrayCodec, int]]) -> list[tuple[list[Any | None], list[str]]]:
         """Fetch every chunk payload of the given row blocks in one concurrent batch (two for shards)."""
-        fetcher = self._io_fetcher()
-        locations = [codec.chunks_of_block(block) for codec, block in blocks]
-        # Sharded arrays: make sure every needed shard index is known, fetching the missing ones together.
-        index_requests: dict[tuple[str, str], tuple[ArrayCodec, ByteRequest]] = {}
-        for (codec, _), locs in zip(blocks, locations, strict=True):
-            if not codec.sharded:
-                continue
-            for _, loc in locs:
-                ikey = (codec.name, loc.key)
-                if ikey not in self._shard_indexes and ikey not in index_requests:
-                    request = (
-                        ByteRequest(loc.key, suffix=codec.index_nbytes)
-                        if codec.index_at_end
-                        else ByteRequest(loc.key, start=0, stop=codec.index_nbytes)
-                    )
-                    index_requests[ikey] = (codec, request)
-        if index_requests:
-            raw = fetcher.fetch([req for _, req in index_requests.values()])
-            for (ikey, (codec, _)), payload in zip(index_requests.items(), raw, strict=True):
-                if payload is None:
-                    self._shard_indexes[ikey] = _missing_index(codec)
-                else:
-                    self._shard_indexes[ikey] = codec.parse_shard_index(ikey[1], payload)
-        requests: list[ByteRequest | None] = []
-        for (codec, _), locs in zip(blocks, locations, strict=True):
-            for _, loc in locs:
-                if not codec.sharded:
-                    requests.append(ByteRequest(loc.key))
-                    continue
-                index = self._shard_indexes[(codec.name, loc.key)]
-                span = codec.shard_payload_range(index, loc.inner_index)
-                requests.append(None if span is None else ByteRequest(loc.key, start=span[0], stop=span[1]))
-        present = [r for r in requests if r is not None]
-        fetched = iter(fetcher.fetch(present))
-        self._chunks_fetched += len(present)
-        result: list[tuple[list[Any | None], list[str]]] = []
-        wanted = iter(requests)
-        for locs in locations:
-            chunk_payloads = [None if next(wanted) is None else next(fetched) for _ in locs]
-            result.append((chunk_payloads, [loc.key for _, loc in locs]))
+        result, fetched = fetch_block_payloads(self._io_fetcher(), blocks, self._shard_indexes)
+        self._chunks_fetched += fetched
         return result
 
 
-@dataclass(slots=True)
-class _BlockJob:
-    """One row block of one array in a read: where its rows go, and its data or payloads."""
-
-    handle: ArrayHandle
-    block: int
-    plan: LevelPlan
-    lo: int
-    hi: int
-    data: NDArray[Any] | None
-    payloads: tuple[list[Any | None], list[str]] | None = None
-
-
-def _balanced_groups(jobs: list[_BlockJob], n_groups: int) -> list[list[_BlockJob]]:
-    """Split jobs into at most ``n_groups`` lists of similar row counts (greedy, largest first)."""
-    if len(jobs) <= n_groups:
-        return [[job] for job in jobs]
-    sizes = np.array([job.hi - job.lo + (job.hi - job.lo if job.data is None else 0) for job in jobs])
-    loads = np.zeros(n_groups)
-    groups: list[list[_BlockJob]] = [[] for _ in range(n_groups)]
-    for i in np.argsort(-sizes, kind="stable").tolist():
-        g = int(np.argmin(loads))
-        groups[g].append(jobs[i])
-        loads[g] += sizes[i]
-    return [g for g in groups if g]
-
-
-def _working_set_groups(jobs: list[_BlockJob], limit: int) -> list[list[_BlockJob]]:
-    """Consecutive runs of jobs whose decoded blocks add up to at most ``limit`` bytes (one job at least)."""
-    groups: list[list[_BlockJob]] = []
-    current: list[_BlockJob] = []
-    held = 0
-    for job in jobs:
-        codec = job.handle.codec
-        assert codec is not None
-        size = codec.row_nbytes * codec.block_rows
-        if current and held + size > limit:
-            groups.append(current)
-            current, held = [], 0
-        current.append(job)
-        held += size
-    if current:
-        groups.append(current)
-    return groups
-
-
-def _missing_index(codec: ArrayCodec) -> NDArray[np.uint64]:
-    """Shard index of a shard that does not exist: every inner chunk missing (fill value)."""
-    n_inner = int(np.prod(codec.chunks_per_shard))
-    return np.full((n_inner, 2), MISSING_CHUNK, dtype=np.uint64)
-
-
-def _rows_view(arr: NDArray[Any]) -> NDArray[Any]:
-    """``arr`` as a 1-D array of opaque rows, so fancy indexing moves each row with one copy."""
-    if arr.ndim == 1:
-        return arr
-    row_bytes = arr.dtype.itemsize * int(np.prod(arr.shape[1:]))
-    return arr.reshape(arr.shape[0], -1).view(np.dtype((np.void, row_bytes))).reshape(arr.shape[0])
-
-
-def _scatter(out: NDArray[Any], plan: LevelPlan, lo: int, hi: int, block: NDArray[Any], first_row: int) -> None:
-    """Copy plan rows ``[lo, hi)`` (all inside one block starting at ``first_row``) to their destinations."""
-    rows = plan.rows[lo:hi] - first_row
-    dest = plan.dest[lo:hi]
-    _rows_view(out)[dest] = np.take(_rows_view(block), rows)
+def _snapshot_token(snapshot: Snapshot) -> str:
+    """A name for one state of a store: its location, sample counts and arrays (shapes and dtypes)."""
+    arrays = ";".join(f"{n}:{h.shape}:{h.dtype}" for n, h in sorted(snapshot.handles.items()))
+    text = f"{snapshot.location!r}|{snapshot.n_physical}|{int(snapshot.atoms_ptr[-1])}|{int(snapshot.edges_ptr[-1])}"
+    return f"{zlib.crc32((text + arrays).encode()):08x}"

@@ -14,8 +14,8 @@ import zarr
 
 from dali_alchemi.csr import concat_aranges
 from dali_alchemi.store.codecs import ArrayCodec
-from dali_alchemi.store.engine import RESIDENT, BlockEngine, _balanced_groups, _BlockJob
-from dali_alchemi.store.gather import LevelPlan
+from dali_alchemi.store.engine import RESIDENT, BlockEngine
+from dali_alchemi.store.gather import BlockJob, LevelPlan, balanced_groups
 from dali_alchemi.store.location import resolve_store
 from dali_alchemi.store.snapshot import Snapshot, open_snapshot
 
@@ -136,22 +136,22 @@ def test_a_forked_child_rebuilds_the_pool_and_reads(small_store: Path) -> None:
     engine.close()
 
 
-def _job(rows: int, cached: bool) -> _BlockJob:
+def _job(rows: int, cached: bool) -> BlockJob:
     plan = LevelPlan(rows=np.zeros(0, np.int64), dest=np.zeros(0, np.int64), total=0)
     data = np.zeros(1) if cached else None
-    return _BlockJob(handle=None, block=0, plan=plan, lo=0, hi=rows, data=data)  # type: ignore[arg-type]
+    return BlockJob(handle=None, block=0, plan=plan, lo=0, hi=rows, data=data)  # type: ignore[arg-type]
 
 
 def test_block_jobs_are_balanced_over_tasks() -> None:
     few = [_job(5, False), _job(9, True)]
-    assert _balanced_groups(few, 4) == [[few[0]], [few[1]]]
+    assert balanced_groups(few, 4) == [[few[0]], [few[1]]]
     rng = np.random.default_rng(0)
     jobs = [_job(int(r), bool(c)) for r, c in zip(rng.integers(1, 100, 40), rng.integers(0, 2, 40), strict=True)]
-    groups = _balanced_groups(jobs, 6)
+    groups = balanced_groups(jobs, 6)
     assert len(groups) == 6
     assert sorted(id(j) for g in groups for j in g) == sorted(id(j) for j in jobs)  # each job exactly once
 
-    def load(group: list[_BlockJob]) -> int:  # a block to decode costs twice one already decoded
+    def load(group: list[BlockJob]) -> int:  # a block to decode costs twice one already decoded
         return sum((j.hi - j.lo) * (1 if j.data is not None else 2) for j in group)
 
     loads = [load(g) for g in groups]

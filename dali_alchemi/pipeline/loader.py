@@ -26,8 +26,9 @@ from dali_alchemi.pipeline.dali_private import close_pipeline, worker_processes
 from dali_alchemi.pipeline.iterator import WindowIterator
 from dali_alchemi.pipeline.source import BLOB_OUTPUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
 from dali_alchemi.plan import PlanArguments, build_plan, pad_shape
-from dali_alchemi.store.protocol import select_fields
+from dali_alchemi.store.protocol import PackedReader, select_fields
 from dali_alchemi.store.reader import open_reader
+from dali_alchemi.store.shared import make_shared_folder, remove_shared_folder
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
     from dali_alchemi.plan import EpochPlan, Plan
     from dali_alchemi.store.location import StoreLike
-    from dali_alchemi.store.protocol import PackedReader
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +130,10 @@ class DALIDataLoader:
         DALI's pipeline prefetch queue depth (windows).
     cache_bytes
         Decoded-chunk cache of a reader the loader opens itself (per worker process).
+    shared_cache
+        With workers and a reader the loader opens itself: the workers share decoded chunks through a
+        folder on shared memory, so each chunk is decoded once per machine rather than once per
+        worker (``False``: every worker decodes what it reads).
     layout
         How a window goes through DALI: ``"window"`` (the default: one DALI sample per output), or
         ``"blob"`` (every array of the window in one byte buffer: one host-to-device copy per window
@@ -179,6 +183,7 @@ class DALIDataLoader:
         cache_bytes: int | None = None,
         layout: str = "window",
         augmentations: Sequence[Augmentation] = (),
+        shared_cache: bool = True,
     ) -> None:
         self.augmentations = check_augmentations(augmentations)
         self.config = LoaderConfig(
@@ -190,7 +195,18 @@ class DALIDataLoader:
         self.layout = self.config.layout
         self.seed = seed
         self.device = resolve_device(device)
-        self.reader, self._owns_reader = open_reader(store_or_reader, fields=self.config.fields, cache_bytes=cache_bytes)
+        # Worker processes share decoded chunks through a shared-memory folder (README: "Datasets bigger
+        # than memory"), when the loader opens the reader itself.
+        sharing = shared_cache and num_workers > 0 and not isinstance(store_or_reader, PackedReader)
+        self._shared_folder = make_shared_folder() if sharing else None
+        try:
+            self.reader, self._owns_reader = open_reader(
+                store_or_reader, fields=self.config.fields, cache_bytes=cache_bytes, shared_cache=self._shared_folder
+            )
+        except BaseException:
+            if self._shared_folder is not None:
+                remove_shared_folder(self._shared_folder)
+            raise
         self._sizes: tuple[Any, Any] | None = None
         try:
             self.fields = select_fields(self.reader, self.config.fields)
@@ -203,6 +219,8 @@ class DALIDataLoader:
         except BaseException:
             if self._owns_reader:
                 self.reader.close()
+            if self._shared_folder is not None:
+                remove_shared_folder(self._shared_folder)
             raise
         # On the CPU the batch index and neighbor-list offsets are computed where the window is read (in
         # the workers); on a GPU they are computed on the device (batch.collate).
@@ -403,6 +421,8 @@ class DALIDataLoader:
         self._discard_pipeline()
         if self._owns_reader:
             self.reader.close()
+        if self._shared_folder is not None:
+            remove_shared_folder(self._shared_folder)
 
     def __enter__(self) -> DALIDataLoader:
         return self

@@ -23,6 +23,8 @@ its blocks live in a sub-folder of their own (:meth:`SharedBlocks.scoped`).
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,7 +90,10 @@ class SharedBlocks:
         return np.ndarray(shape, dtype=dtype, buffer=data)  # a plain read-only array over the mapping
 
     def claim(self, name: str, block: int) -> bool:
-        """Claim the decode of a block: ``True`` if this process should decode and publish it."""
+        """Claim the decode of a block: ``True`` if this process should decode and publish it.
+
+        ``False`` when another process holds the claim or has published the block already.
+        """
         claim = f"{self._path(name, block)}.claim"
         try:
             fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
@@ -101,6 +106,9 @@ class SharedBlocks:
             os.write(fd, str(os.getpid()).encode())
         finally:
             os.close(fd)
+        if self._path(name, block).exists():  # published between the caller's look and this claim
+            self.release(name, block)
+            return False
         return True
 
     def _claim_is_stale(self, claim: str) -> bool:
@@ -143,3 +151,13 @@ class SharedBlocks:
     def discard(self, name: str, block: int) -> None:
         """Remove a published block (its publisher's cache let it go)."""
         self._path(name, block).unlink(missing_ok=True)
+
+
+def make_shared_folder() -> str:
+    """A new, empty folder for :class:`SharedBlocks` on shared memory (its creator removes it)."""
+    return tempfile.mkdtemp(prefix="dali-alchemi-blocks-", dir=shared_memory_root())
+
+
+def remove_shared_folder(path: str | os.PathLike[str]) -> None:
+    """Remove a folder made by :func:`make_shared_folder`, and every block still in it."""
+    shutil.rmtree(path, ignore_errors=True)

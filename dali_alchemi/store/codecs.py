@@ -161,6 +161,8 @@ class ArrayCodec:
         trailing = self.shape[1:]
         self.trailing_grid = tuple(math.ceil(s / c) for s, c in zip(trailing, self.chunk_shape[1:], strict=True))
         self.row_nbytes = int(math.prod(trailing)) * self.dtype.itemsize
+        self._whole_rows = all(g == 1 for g in self.trailing_grid)
+        self._zeros = tuple(0 for _ in self.trailing_grid)
 
     # -- addressing ---------------------------------------------------------------------------------
     @property
@@ -178,6 +180,12 @@ class ArrayCodec:
 
     def chunks_of_block(self, block: int) -> list[tuple[tuple[int, ...], ChunkLocation]]:
         """Every inner chunk of row block ``block``: its chunk coordinates and where its bytes live."""
+        if self._whole_rows:  # trailing dims whole (what the writer makes): one chunk per block
+            coords = (block, *self._zeros)
+            if not self.sharded:
+                return [(coords, ChunkLocation(key=self._key(coords)))]
+            shard = (block // self.chunks_per_shard[0], *self._zeros)
+            return [(coords, ChunkLocation(key=self._key(shard), inner_index=block % self.chunks_per_shard[0]))]
         result: list[tuple[tuple[int, ...], ChunkLocation]] = []
         for trailing in np.ndindex(*self.trailing_grid) if self.trailing_grid else [()]:
             coords = (block, *trailing)

@@ -24,6 +24,7 @@ _EXPORTS = {
     "PackedSamples": "dali_alchemi.store.packed",
     "PackedReader": "dali_alchemi.store.protocol",
     "FieldSpec": "dali_alchemi.store.protocol",
+    "ChunkedReader": "dali_alchemi.store.protocol",
     "WriteConfig": "dali_alchemi.config",
     "ArrayConfig": "dali_alchemi.config",
     "FetchConfig": "dali_alchemi.config",
@@ -32,6 +33,10 @@ _EXPORTS = {
     "EpochPlan": "dali_alchemi.plan",
     "FixedBatchPlan": "dali_alchemi.plan",
     "BudgetPlan": "dali_alchemi.plan",
+    "BlockShuffle": "dali_alchemi.plan",
+    "BlockShufflePlan": "dali_alchemi.plan",
+    "shuffle_quality": "dali_alchemi.plan",
+    "batch_ks": "dali_alchemi.plan",
     # loading
     "DALIDataLoader": "dali_alchemi.pipeline.loader",
     "plain_dataloader": "dali_alchemi.baseline",
@@ -87,9 +92,18 @@ if TYPE_CHECKING:
     )
     from dali_alchemi.padding import pad_batch, unpad_batch
     from dali_alchemi.pipeline.loader import DALIDataLoader
-    from dali_alchemi.plan import BudgetPlan, EpochPlan, FixedBatchPlan, Plan
+    from dali_alchemi.plan import (
+        BlockShuffle,
+        BlockShufflePlan,
+        BudgetPlan,
+        EpochPlan,
+        FixedBatchPlan,
+        Plan,
+        batch_ks,
+        shuffle_quality,
+    )
     from dali_alchemi.store.packed import PackedSamples
-    from dali_alchemi.store.protocol import FieldSpec, PackedReader
+    from dali_alchemi.store.protocol import ChunkedReader, FieldSpec, PackedReader
     from dali_alchemi.store.reader import AtomicDataZarrReader
     from dali_alchemi.store.writer import AtomicDataZarrWriter
 

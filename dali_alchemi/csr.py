@@ -72,3 +72,16 @@ def first_out_of_range(values: NDArray[Any], n_atoms: CountArray, n_edges: Count
     edge = int(np.argmax(bad.reshape(bad.shape[0], -1).any(axis=1)))
     sample = int(np.searchsorted(np.cumsum(n_edges), edge, side="right"))
     return edge, sample
+
+
+def block_sample_starts(ptr: PtrArray, block_rows: int, samples: NDArray[np.int64]) -> NDArray[np.int64]:
+    """Positions in ``samples`` (sorted sample indices) where a new row block of ``block_rows`` rows begins.
+
+    A sample belongs to the block its first row is in, so a sample straddling two blocks goes with the
+    first. Returns a sorted, unique int64 array that starts with 0 and ends with ``samples.size``.
+    """
+    if samples.size == 0:
+        return np.zeros(1, dtype=np.int64)
+    block = ptr[samples] // block_rows
+    starts = np.flatnonzero(np.diff(block)) + 1
+    return np.concatenate(([0], starts, [samples.size])).astype(np.int64)

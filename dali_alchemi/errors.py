@@ -94,3 +94,7 @@ class LoaderError(DaliAlchemiError, RuntimeError):
     def __init__(self, message: str, *, original_type: str | None = None) -> None:
         super().__init__(message)
         self.original_type = original_type
+
+
+class MetricInputError(DaliAlchemiError, ValueError):
+    """The inputs of a shuffle-quality metric do not fit together (an order, its batches, the values)."""

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dali_alchemi.csr import concat_aranges, exclusive_cumsum, first_out_of_range, rebase
+from dali_alchemi.csr import block_sample_starts, concat_aranges, exclusive_cumsum, first_out_of_range, rebase
 
 
 @given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 6)), max_size=30))
@@ -48,3 +48,10 @@ def test_first_out_of_range_names_the_edge_and_its_sample() -> None:
     values[0, 0] = -1
     assert first_out_of_range(values, n_atoms, n_edges) == (0, 0)
     assert first_out_of_range(np.zeros((0, 2), dtype=np.int64), n_atoms, np.zeros(3, dtype=np.int64)) is None
+
+
+def test_block_sample_starts_puts_a_straddling_sample_with_its_first_block() -> None:
+    ptr = np.array([0, 3, 9, 10, 14, 20, 21], dtype=np.int64)  # samples start at rows 0, 3, 9, 10, 14, 20
+    assert block_sample_starts(ptr, 10, np.arange(6)).tolist() == [0, 3, 5, 6]
+    assert block_sample_starts(ptr, 10, np.array([0, 2, 5])).tolist() == [0, 2, 3]  # rows 0, 9, 20
+    assert block_sample_starts(ptr, 10, np.zeros(0, dtype=np.int64)).tolist() == [0]

@@ -21,12 +21,12 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dali_alchemi.batch import Batch
 from dali_alchemi.padding import pad_batch
-from dali_alchemi.plan import PadShape, PlanArguments, build_plan, pad_shape
+from dali_alchemi.plan import PadShape, PlanArguments, build_plan, pad_shape, restore, store_chunking
 from dali_alchemi.store.protocol import select_fields
 from dali_alchemi.store.reader import open_reader
 
 if TYPE_CHECKING:
-    from dali_alchemi.plan import EpochPlan, Plan
+    from dali_alchemi.plan import BlockShuffle, EpochPlan, Plan
     from dali_alchemi.store.location import StoreLike
     from dali_alchemi.store.protocol import PackedReader
     from dali_alchemi.types import Level
@@ -85,10 +85,17 @@ class PlanBatchSampler(Sampler[list[int]]):
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.epoch = 0
+        self.start_batch = 0
+        """The batch the next iteration starts at (set by a resume; back to 0 once it starts)."""
         self._epoch_plan: EpochPlan | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+        self.start_batch = 0
+
+    def set_plan(self, plan: Plan) -> None:
+        """Take batches from ``plan`` from now on (a resume may continue with another plan)."""
+        self.plan, self._epoch_plan = plan, None
 
     def epoch_plan(self) -> EpochPlan:
         """The plan of the current epoch (computed once per epoch)."""
@@ -100,7 +107,8 @@ class PlanBatchSampler(Sampler[list[int]]):
         return self.epoch_plan().num_batches
 
     def __iter__(self) -> Iterator[list[int]]:
-        return (batch.tolist() for batch in self.epoch_plan().batches())
+        first, self.start_batch = self.start_batch, 0
+        return (batch.tolist() for batch in self.epoch_plan().batches(first))
 
 
 class PlanDataLoader(DataLoader[Any]):
@@ -116,6 +124,37 @@ class PlanDataLoader(DataLoader[Any]):
     def set_epoch(self, epoch: int) -> None:
         """Iterate ``epoch`` next (as ``DistributedSampler.set_epoch``)."""
         self.batch_sampler.set_epoch(epoch)
+        self._yielded = 0
+
+    _yielded: int = 0
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # counts the batches it yields
+        sampler = self.batch_sampler
+        if self._yielded >= len(sampler):
+            self._yielded = 0  # a finished pass: iterate the same epoch again, as torch does
+        sampler.start_batch = self._yielded
+        for batch in super().__iter__():
+            self._yielded += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position (epoch and batches yielded in it) and the plan's identity, as the DALI loader's."""
+        return {"epoch": self.batch_sampler.epoch, "batch": self._yielded, "plan": self.plan.to_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at the position of :meth:`state_dict`, as the DALI loader does (also across shard counts
+        with ``shuffle="block"``); the next iteration starts with the batch that followed.
+
+        Raises
+        ------
+        PlanError
+            If the state belongs to a different plan, or its batch is outside its epoch.
+        """
+        plan, epoch, batch = restore(self.plan, state)
+        sampler = self.batch_sampler
+        sampler.set_plan(plan)
+        sampler.set_epoch(epoch)
+        sampler.start_batch = self._yielded = batch
 
     owns_reader: bool = False
 
@@ -133,7 +172,7 @@ def plain_dataloader(
     store_or_reader: StoreLike | PackedReader,
     *,
     batch_size: int | None = None,
-    shuffle: bool = True,
+    shuffle: bool | str | BlockShuffle = True,
     seed: int = 0,
     drop_last: bool = False,
     shard_id: int | None = None,
@@ -159,7 +198,7 @@ def plain_dataloader(
     ``batched=False`` reads sample by sample (a map-style dataset, the common setup); ``batched=True``
     reads each batch with one packed read. ``num_workers``, ``pin_memory`` and ``prefetch_factor`` are
     torch's (``prefetch_factor``: batches loaded in advance by each worker). Call ``loader.set_epoch(e)``
-    for a new order.
+    for a new order; ``loader.state_dict()``/``load_state_dict()`` save and restore the position.
     """
     names = None if fields is None else ((fields,) if isinstance(fields, str) else tuple(fields))
     reader, owns = open_reader(store_or_reader, fields=names, cache_bytes=cache_bytes)
@@ -169,7 +208,10 @@ def plain_dataloader(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, shard_id=shard_id,
             num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized, pad=pad,
         )  # fmt: skip
-        plan = build_plan(plan, arguments, len(reader), lambda: reader.sample_sizes(np.arange(len(reader))))
+        plan = build_plan(
+            plan, arguments, len(reader), lambda: reader.sample_sizes(np.arange(len(reader))),
+            lambda: store_chunking(reader, selected),
+        )  # fmt: skip
         shape = pad_shape(arguments, plan)
     except BaseException:
         if owns:

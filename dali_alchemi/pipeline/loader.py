@@ -19,13 +19,13 @@ import torch
 
 from dali_alchemi.augment import apply_augmentations, check_augmentations
 from dali_alchemi.config import LoaderConfig
-from dali_alchemi.errors import ConfigError, DeviceError, LoaderClosedError, LoaderError, PlanError
+from dali_alchemi.errors import ConfigError, DeviceError, LoaderClosedError, LoaderError
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline
 from dali_alchemi.pipeline.dali_private import close_pipeline, worker_processes
 from dali_alchemi.pipeline.iterator import WindowIterator
 from dali_alchemi.pipeline.source import BLOB_OUTPUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
-from dali_alchemi.plan import PlanArguments, build_plan, pad_shape
+from dali_alchemi.plan import PlanArguments, build_plan, pad_shape, restore, store_chunking
 from dali_alchemi.store.protocol import PackedReader, select_fields
 from dali_alchemi.store.reader import open_reader
 from dali_alchemi.store.shared import make_shared_folder, remove_shared_folder
@@ -34,7 +34,7 @@ from dali_alchemi.types import PerLevel
 if TYPE_CHECKING:
     from dali_alchemi.augment import Augmentation
     from dali_alchemi.batch import Batch
-    from dali_alchemi.plan import EpochPlan, Plan
+    from dali_alchemi.plan import BlockShuffle, EpochPlan, Plan
     from dali_alchemi.store.location import StoreLike
 
 logger = logging.getLogger(__name__)
@@ -96,7 +96,11 @@ class DALIDataLoader:
         structures (default 64), shuffled each epoch by ``(seed, epoch)``, the last one dropped when
         short if ``drop_last``, this loader's shard (``None``: rank and world size of an initialised
         torch.distributed group, else ``(0, 1)``; shards are padded like ``DistributedSampler``).
-        ``seed`` also seeds the augmentations.
+        ``seed`` also seeds the augmentations. ``shuffle`` is ``True`` (or ``"global"``: a full
+        permutation), ``False`` (or ``"sequential"``), or ``"block"`` (or a
+        :class:`~dali_alchemi.plan.BlockShuffle` with explicit sizes): a chunk-aware shuffle for stores
+        larger than the cache (a :class:`~dali_alchemi.plan.BlockShufflePlan`, with either kind of
+        batches), which also resumes on another number of shards.
     max_atoms, max_edges, oversized
         Bound every batch by atoms and/or edges instead (a :class:`~dali_alchemi.plan.BudgetPlan`):
         structures are packed greedily in epoch order, ``batch_size`` (if given) caps the structures
@@ -163,7 +167,7 @@ class DALIDataLoader:
         store_or_reader: StoreLike | PackedReader,
         *,
         batch_size: int | None = None,
-        shuffle: bool = True,
+        shuffle: bool | str | BlockShuffle = True,
         seed: int = 0,
         drop_last: bool = False,
         shard_id: int | None = None,
@@ -214,7 +218,9 @@ class DALIDataLoader:
                 batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, shard_id=shard_id,
                 num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized, pad=pad,
             )  # fmt: skip
-            self.plan = build_plan(plan, arguments, len(self.reader), self._all_sizes)
+            self.plan = build_plan(
+                plan, arguments, len(self.reader), self._all_sizes, lambda: store_chunking(self.reader, self.fields)
+            )
             self.pad_shape = pad_shape(arguments, self.plan)
         except BaseException:
             if self._owns_reader:
@@ -275,25 +281,20 @@ class DALIDataLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the position of :meth:`state_dict`; the next batch is exactly the one that followed.
 
+        A block-shuffle plan (``shuffle="block"``) also resumes a state saved on another number of
+        shards: the epoch continues with the batches no shard had delivered, dealt over the current
+        shards (see :meth:`~dali_alchemi.plan.BlockShufflePlan.resume_from`).
+
         Raises
         ------
         PlanError
             If the state belongs to a different plan (any setting differs), since the batches would then
             differ, or its batch is outside its epoch.
         """
-        plan = dict(state.get("plan", {}))
-        mine = self.plan.to_dict()
-        differing = sorted(set(plan) | set(mine), key=lambda k: (k not in mine, k))
-        differing = [k for k in differing if plan.get(k) != mine.get(k)]
-        if differing:
-            raise PlanError(
-                "state_dict belongs to a different plan: "
-                + ", ".join(f"{k}={plan.get(k)!r} (loader has {mine.get(k)!r})" for k in differing)
-            )
-        epoch, batch = int(state["epoch"]), int(state["batch"])
-        num_batches = self.epoch_plan(epoch).num_batches
-        if not 0 <= batch <= num_batches:
-            raise PlanError(f"state_dict batch {batch} is outside epoch {epoch}'s {num_batches} batches")
+        plan, epoch, batch = restore(self.plan, state)
+        if plan is not self.plan:
+            self._discard_pipeline()  # its source carries the old plan
+            self.plan, self._epoch_plan = plan, None
         self._epoch, self._batch = epoch, batch
 
     # -- iteration ----------------------------------------------------------------------------------

@@ -3,30 +3,42 @@
 :class:`Plan` is the seam every loader plans through and :class:`EpochPlan` what a plan returns. One
 module per policy: ``base`` (the seam), ``order`` (permutations, sharding), ``fixed``
 (:class:`FixedBatchPlan`, ``batch_size`` structures per batch), ``budget`` (:class:`BudgetPlan`,
-batches bounded by atoms and edges), and ``arguments`` (the loaders' plan arguments -> a plan).
+batches bounded by atoms and edges), ``block`` (:class:`BlockShufflePlan`, a chunk-aware shuffle with
+elastic resume), ``quality`` (how well an order is shuffled, as numbers) and ``arguments`` (the
+loaders' plan arguments -> a plan).
 """
 
 from __future__ import annotations
 
 from dali_alchemi.plan.arguments import DEFAULT_BATCH_SIZE, PadShape, PlanArguments, build_plan, pad_shape
-from dali_alchemi.plan.base import EpochPlan, Plan, Window
+from dali_alchemi.plan.base import ElasticPlan, EpochPlan, Plan, Window, restore
+from dali_alchemi.plan.block import BlockShuffle, BlockShufflePlan, StoreChunking, store_chunking
 from dali_alchemi.plan.budget import BudgetPlan, pack_greedy
 from dali_alchemi.plan.fixed import FixedBatchPlan
 from dali_alchemi.plan.order import epoch_order, resolve_shard, shard
+from dali_alchemi.plan.quality import batch_ks, shuffle_quality
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
+    "BlockShuffle",
+    "BlockShufflePlan",
     "BudgetPlan",
+    "ElasticPlan",
     "EpochPlan",
     "FixedBatchPlan",
     "PadShape",
     "Plan",
     "PlanArguments",
+    "StoreChunking",
     "Window",
+    "batch_ks",
     "build_plan",
     "epoch_order",
     "pack_greedy",
     "pad_shape",
     "resolve_shard",
+    "restore",
     "shard",
+    "shuffle_quality",
+    "store_chunking",
 ]

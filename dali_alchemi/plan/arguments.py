@@ -15,6 +15,7 @@ import numpy as np
 
 from dali_alchemi.errors import PlanError
 from dali_alchemi.plan.base import Plan
+from dali_alchemi.plan.block import BlockShuffle, BlockShufflePlan, StoreChunking, block_plan
 from dali_alchemi.plan.budget import BudgetPlan
 from dali_alchemi.plan.fixed import FixedBatchPlan
 from dali_alchemi.plan.order import resolve_shard
@@ -24,6 +25,30 @@ if TYPE_CHECKING:
 
 DEFAULT_BATCH_SIZE = 64
 """Structures per batch when neither ``batch_size``, a budget nor a plan is given."""
+
+SHUFFLE_CHOICES = (True, False, "global", "sequential", "block")
+"""What ``shuffle=`` accepts (besides a :class:`~dali_alchemi.plan.block.BlockShuffle`)."""
+
+
+def shuffle_mode(shuffle: object) -> str | BlockShuffle:
+    """``"global"`` (a full permutation), ``"sequential"``, or the :class:`BlockShuffle` settings.
+
+    Raises
+    ------
+    PlanError
+        Listing the choices, for anything else.
+    """
+    if isinstance(shuffle, BlockShuffle):
+        return shuffle
+    if shuffle is True or shuffle is np.True_ or shuffle == "global":
+        return "global"
+    if shuffle is False or shuffle is np.False_ or shuffle == "sequential":
+        return "sequential"
+    if shuffle == "block":
+        return BlockShuffle()
+    raise PlanError(
+        f"shuffle must be one of True, False, 'global', 'sequential', 'block' or a BlockShuffle, got {shuffle!r}"
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,7 +60,7 @@ class PlanArguments:
     """
 
     batch_size: int | None = None
-    shuffle: bool = True
+    shuffle: bool | str | BlockShuffle = True
     seed: int = 0
     drop_last: bool = False
     shard_id: int | None = None
@@ -57,12 +82,16 @@ def build_plan(
     arguments: PlanArguments,
     num_samples: int,
     sample_sizes: Callable[[], tuple[CountArray, CountArray]],
+    chunking: Callable[[], StoreChunking] | None = None,
 ) -> Plan:
     """``plan`` checked against the reader, or the plan the arguments describe.
 
     Without a budget that is a :class:`FixedBatchPlan`; with ``max_atoms`` and/or ``max_edges`` a
     :class:`BudgetPlan` over the sizes ``sample_sizes()`` returns (called only then; it must read no
-    data). As with torch's ``batch_sampler``, a plan excludes the arguments that would build one.
+    data). ``shuffle="block"`` (or a :class:`BlockShuffle`) makes a :class:`BlockShufflePlan` of
+    either kind of batches, its spans and buffer sizes from ``chunking()`` (called only then; ``None``:
+    fixed-size spans). As with torch's ``batch_sampler``, a plan excludes the arguments that would
+    build one.
 
     Raises
     ------
@@ -83,20 +112,32 @@ def build_plan(
             raise PlanError(f"the plan was made for {plan.num_samples} samples, but the reader has {num_samples}")
         return plan
     shard, shards = resolve_shard(a.shard_id, a.num_shards)
+    mode = shuffle_mode(a.shuffle)
+    shuffle = mode == "global"
+    budget: BudgetPlan | None = None
     if a.pad:
-        return _padded_plan(a, sample_sizes, shard, shards)
-    if a.max_atoms is None and a.max_edges is None:
+        budget = _padded_plan(a, sample_sizes, shard, shards, shuffle)
+    elif a.max_atoms is None and a.max_edges is None:
         if a.oversized != "error":
             raise PlanError("oversized= only applies with max_atoms or max_edges")
-        return FixedBatchPlan(
-            num_samples=num_samples, batch_size=DEFAULT_BATCH_SIZE if a.batch_size is None else a.batch_size,
-            shuffle=a.shuffle, seed=a.seed, drop_last=a.drop_last, shard_id=shard, num_shards=shards,
+    else:
+        n_atoms, n_edges = sample_sizes()
+        budget = BudgetPlan(
+            n_atoms=n_atoms, n_edges=n_edges, max_atoms=a.max_atoms, max_edges=a.max_edges,
+            max_structures=a.batch_size, shuffle=shuffle, seed=a.seed, drop_last=a.drop_last, shard_id=shard,
+            num_shards=shards, oversized=a.oversized,
         )  # fmt: skip
-    n_atoms, n_edges = sample_sizes()
-    return BudgetPlan(
-        n_atoms=n_atoms, n_edges=n_edges, max_atoms=a.max_atoms, max_edges=a.max_edges, max_structures=a.batch_size,
-        shuffle=a.shuffle, seed=a.seed, drop_last=a.drop_last, shard_id=shard, num_shards=shards,
-        oversized=a.oversized,
+    if isinstance(mode, BlockShuffle):
+        return block_plan(
+            mode, num_samples=num_samples, batch_size=DEFAULT_BATCH_SIZE if a.batch_size is None else a.batch_size,
+            budget=budget, seed=a.seed, drop_last=a.drop_last, shard_id=shard, num_shards=shards,
+            chunking=chunking, sample_sizes=sample_sizes,
+        )  # fmt: skip
+    if budget is not None:
+        return budget
+    return FixedBatchPlan(
+        num_samples=num_samples, batch_size=DEFAULT_BATCH_SIZE if a.batch_size is None else a.batch_size,
+        shuffle=shuffle, seed=a.seed, drop_last=a.drop_last, shard_id=shard, num_shards=shards,
     )  # fmt: skip
 
 
@@ -114,7 +155,11 @@ class PadShape:
 
 
 def _padded_plan(
-    a: PlanArguments, sample_sizes: Callable[[], tuple[CountArray, CountArray]], shard: int, shards: int
+    a: PlanArguments,
+    sample_sizes: Callable[[], tuple[CountArray, CountArray]],
+    shard: int,
+    shards: int,
+    shuffle: bool,
 ) -> BudgetPlan:
     """The budget plan behind ``pad=True``: one atom, one edge and one structure kept free for padding.
 
@@ -137,7 +182,7 @@ def _padded_plan(
             )
     return BudgetPlan(
         n_atoms=n_atoms, n_edges=n_edges, max_atoms=a.max_atoms - 1, max_edges=a.max_edges - 1,
-        max_structures=None if a.batch_size is None else a.batch_size, shuffle=a.shuffle, seed=a.seed,
+        max_structures=None if a.batch_size is None else a.batch_size, shuffle=shuffle, seed=a.seed,
         drop_last=a.drop_last, shard_id=shard, num_shards=shards, oversized="error",
     )  # fmt: skip
 
@@ -156,16 +201,17 @@ def pad_shape(a: PlanArguments, plan: Plan) -> PadShape | None:
     """
     if not a.pad:
         return None
-    assert isinstance(plan, BudgetPlan) and a.max_atoms is not None and a.max_edges is not None
+    budget = plan.budget if isinstance(plan, BlockShufflePlan) else plan
+    assert isinstance(budget, BudgetPlan) and a.max_atoms is not None and a.max_edges is not None
     if a.batch_size is not None:
         most = a.batch_size
     else:
         bounds = [
-            budget // int(sizes.min())
-            for budget, sizes in ((plan.max_atoms, plan.n_atoms), (plan.max_edges, plan.n_edges))
-            if budget is not None and sizes.size and int(sizes.min()) > 0
+            limit // int(sizes.min())
+            for limit, sizes in ((budget.max_atoms, budget.n_atoms), (budget.max_edges, budget.n_edges))
+            if limit is not None and sizes.size and int(sizes.min()) > 0
         ]
-        if not bounds and plan.num_samples:
+        if not bounds and budget.num_samples:
             raise PlanError("pad=True cannot bound the structures per batch (some have no atoms): give batch_size")
         most = min(bounds) if bounds else 1
     return PadShape(max_atoms=a.max_atoms, max_edges=a.max_edges, max_structures=most + 1)

@@ -17,6 +17,7 @@ Pure numpy; no I/O, no torch, no DALI.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -155,3 +156,51 @@ class Plan(Protocol):
     def to_dict(self) -> dict[str, Any]:
         """The plan's identity as JSON-ready plain data (kind and settings), stored in loader state."""
         ...
+
+
+@runtime_checkable
+class ElasticPlan(Plan, Protocol):
+    """A plan that can resume a checkpoint taken on another number of shards (or by another shard).
+
+    :meth:`resume_from` returns the plan to continue with and the position ``(epoch, batch)`` to
+    continue at, given the ``to_dict()`` of the plan that was checkpointed at ``(epoch, batch)``.
+    """
+
+    def resume_from(self, saved: Mapping[str, Any], epoch: int, batch: int) -> tuple[Plan, int, int]: ...
+
+
+def restore(plan: Plan, state: Mapping[str, Any]) -> tuple[Plan, int, int]:
+    """The plan and position ``(epoch, batch)`` a loader continues with after loading ``state``.
+
+    ``state`` is a loader's ``state_dict()``: ``{"epoch", "batch", "plan": plan.to_dict()}``. An
+    :class:`ElasticPlan` decides itself (it may accept another shard count); any other plan must match
+    the saved one in every setting. Both loaders call this, so they resume alike.
+
+    Raises
+    ------
+    PlanError
+        If the state belongs to a different plan (naming the settings that differ), or its batch is
+        outside its epoch.
+    """
+    saved = dict(state.get("plan", {}))
+    try:
+        epoch, batch = int(state["epoch"]), int(state["batch"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise PlanError(f"state_dict needs integer 'epoch' and 'batch' entries, got {dict(state)!r}") from err
+    if epoch < 0:
+        raise PlanError(f"state_dict epoch must be non-negative, got {epoch}")
+    if isinstance(plan, ElasticPlan):
+        plan, epoch, batch = plan.resume_from(saved, epoch, batch)
+    else:
+        mine = plan.to_dict()
+        differing = sorted(set(saved) | set(mine), key=lambda k: (k not in mine, k))
+        differing = [k for k in differing if saved.get(k) != mine.get(k)]
+        if differing:
+            raise PlanError(
+                "state_dict belongs to a different plan: "
+                + ", ".join(f"{k}={saved.get(k)!r} (loader has {mine.get(k)!r})" for k in differing)
+            )
+    num_batches = plan.epoch(epoch).num_batches
+    if not 0 <= batch <= num_batches:
+        raise PlanError(f"state_dict batch {batch} is outside epoch {epoch}'s {num_batches} batches")
+    return plan, epoch, batch

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from dali_alchemi.store.packed import PackedSamples
-    from dali_alchemi.types import CountArray, Level
+    from dali_alchemi.types import CountArray, IndexArray, Level
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +74,30 @@ class PackedReader(Protocol):
     ) -> PackedSamples: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ChunkedReader(Protocol):
+    """An optional capability of a :class:`PackedReader`: how its storage is chunked, in sample space.
+
+    A chunk-aware plan (``shuffle="block"``) builds its spans from :meth:`sample_chunk_bounds` and
+    sizes its buffers from :attr:`cache_bytes`; a reader without them gets fixed-size spans and the
+    default cache budget.
+
+    Methods
+    -------
+    sample_chunk_bounds
+        ``[S + 1]`` int64 sample offsets, from 0 to ``len(reader)``, strictly increasing: span ``k``
+        (samples ``[b[k], b[k + 1])``) is stored together, so reading it decodes about one chunk per
+        array. Computed from pointers, without reading data.
+    cache_bytes
+        The reader's decoded-chunk cache budget in bytes.
+    """
+
+    def sample_chunk_bounds(self) -> IndexArray: ...
+
+    @property
+    def cache_bytes(self) -> int: ...
 
 
 def select_fields(reader: PackedReader, fields: str | Iterable[str] | None) -> tuple[str, ...]:

@@ -244,6 +244,28 @@ class AtomicDataZarrReader:
         physical = snap.active[self.normalize_indices(indices)]
         return _counts(snap.atoms_ptr, physical), _counts(snap.edges_ptr, physical)
 
+    @property
+    def cache_bytes(self) -> int:
+        """Budget of the decoded-chunk cache, in bytes."""
+        return int(self._options["cache_bytes"])
+
+    def sample_chunk_bounds(self) -> IndexArray:
+        """``[S + 1]`` logical sample offsets of spans aligned with the core per-atom arrays' chunks.
+
+        A span starts wherever a row block of any core atom-level array does (a sample straddling two
+        blocks goes with the first), so reading a span reads one block of each. Pointers only, no I/O.
+        """
+        snap = self._snapshot
+        rows = {
+            h.codec.block_rows if h.codec is not None else int(h.array.chunks[0])
+            for name, h in snap.handles.items()
+            if h.level == "atom" and snap.schema.group_of(name) == layout.CORE_GROUP
+        }
+        if not rows:  # no per-atom core array: every structure is its own span
+            return np.arange(len(self) + 1, dtype=np.int64)
+        starts = [csr.block_sample_starts(snap.atoms_ptr, r, snap.active) for r in sorted(rows)]
+        return np.unique(np.concatenate(starts))
+
     def get_metadata(self, index: int) -> tuple[int, int]:
         """``(num_atoms, num_edges)`` of one sample, as nvalchemi's reader returns it."""
         atoms, edges = self.sample_sizes([index])

@@ -408,3 +408,33 @@ def test_a_budget_plan_reads_no_data_and_resumes_exactly(small_store: Path) -> N
     with DALIDataLoader(counting, **{**options, "max_atoms": 499}) as other, pytest.raises(PlanError, match="max_atoms"):
         other.load_state_dict(state)
     counting.close()
+
+
+def test_block_shuffle_resumes_on_another_number_of_shards(reader: AtomicDataZarrReader) -> None:
+    options: dict[str, Any] = dict(batch_size=15, seed=2, shuffle="block", num_workers=0, device="cpu")
+    seen: list[int] = []
+    states = []
+    for rank in range(2):
+        with DALIDataLoader(reader, shard_id=rank, num_shards=2, **options) as loader:
+            for k, batch in enumerate(loader, start=1):
+                seen += batch.sample_indices.tolist()
+                if k == 4:
+                    break
+            states.append(loader.state_dict())
+    assert states[0]["plan"]["kind"] == "block" and states[0]["batch"] == 4
+    for rank in range(3):
+        with DALIDataLoader(reader, shard_id=rank, num_shards=3, **options) as loader:
+            loader.load_state_dict(states[rank % 2])
+            assert len(loader) == 4
+            seen += [i for b in loader for i in b.sample_indices.tolist()]
+            assert loader.epoch == 1
+    assert sorted(seen) == list(range(len(reader)))
+
+
+def test_block_shuffle_through_workers_gives_the_plans_batches(reader: AtomicDataZarrReader) -> None:
+    with DALIDataLoader(reader, batch_size=32, seed=8, shuffle="block", num_workers=2, device="cpu") as loader:
+        assert loader.plan.to_dict()["kind"] == "block"
+        loader.set_epoch(1)
+        got = list(loader)
+    assert_batches_equal(got, reference_batches(reader, loader.plan, 1))
+    assert sorted(i for b in got for i in b.sample_indices.tolist()) == list(range(len(reader)))

@@ -13,6 +13,7 @@ from zarr.storage import LocalStore, MemoryStore, StorePath
 
 from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter, ReaderClosedError, SampleIndexError
 from dali_alchemi.bench.synth import synthetic_samples
+from dali_alchemi.config import ArrayConfig, WriteConfig
 
 N_SMALL = 300
 
@@ -290,3 +291,19 @@ def test_split_trailing_chunks_and_missing_chunks(tmp_path: Path, truth: list) -
             assert np.array_equal(packed.fields[name], np.concatenate([truth[i][name] for i in range(29, -1, -1)])), (
                 name
             )
+
+
+def test_sample_chunk_bounds_are_logical_and_follow_every_atom_array(tmp_path: Path) -> None:
+    config = WriteConfig(core=ArrayConfig(chunk_size=64), custom=ArrayConfig(chunk_size=13))
+    samples = synthetic_samples(40, seed=3).split()
+    writer = AtomicDataZarrWriter(tmp_path / "s.zarr", config)
+    writer.write(samples)
+    writer.delete([0, 7, 8, 39])
+    with AtomicDataZarrReader(tmp_path / "s.zarr", cache_bytes=12345) as reader:
+        assert reader.cache_bytes == 12345
+        bounds = reader.sample_chunk_bounds()
+        assert bounds[0] == 0 and bounds[-1] == len(reader) == 36 and np.all(np.diff(bounds) > 0)
+        physical = np.array([i for i in range(40) if i not in (0, 7, 8, 39)])
+        block = reader.atoms_ptr[physical] // 64  # every core atom array has 64-row chunks
+        expected = np.concatenate(([0], np.flatnonzero(np.diff(block)) + 1, [36]))
+        assert bounds.tolist() == expected.tolist()

@@ -1,0 +1,424 @@
+"""BlockShufflePlan: a chunk-aware shuffle for stores far larger than the decoded-chunk cache.
+
+A full permutation over a store much bigger than the cache touches a different chunk for nearly every
+structure of a window. This plan shuffles coarsely and then finely, as the loaders that train on huge
+datasets do (MosaicML streaming, WebDataset, Ray Data):
+
+1. the store is cut into *spans* of contiguous structures aligned with its chunks (from the reader's
+   :meth:`~dali_alchemi.store.protocol.ChunkedReader.sample_chunk_bounds`, or fixed-size spans);
+2. the span order is shuffled, seeded by ``(seed, epoch)``;
+3. consecutive spans of that order are pooled into *buffers* of ``buffer_spans`` spans (by default as
+   many as fill half the cache), and the structures inside each buffer are shuffled;
+4. the resulting global order is cut into batches (``batch_size`` structures, or packed greedily by
+   atom/edge budget), so a buffer's batches are contiguous and a window stays within one or two
+   buffers.
+
+The global order and its batches depend on the seed, the epoch and the store's spans only, never on
+the number of shards: that is what makes an *elastic* resume possible. Shard ``r`` of ``W`` takes the
+``r``-th contiguous run of the global batches (the list wrapped around so every shard gets the same
+count), so shards read disjoint spans except at the ``W - 1`` cut points. A job checkpointed on ``N``
+shards and resumed on ``M`` deals the batches no shard had delivered over the ``M`` new shards (see
+:meth:`BlockShufflePlan.resume_from`). Pure numpy, vectorised or looping once per batch.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dali_alchemi.csr import concat_aranges, exclusive_cumsum
+from dali_alchemi.errors import PlanError
+from dali_alchemi.plan.base import EpochPlan
+from dali_alchemi.plan.budget import BudgetPlan, pack_greedy
+from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES
+from dali_alchemi.store.protocol import ChunkedReader
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from dali_alchemi.store.protocol import PackedReader
+    from dali_alchemi.types import CountArray, IndexArray, PtrArray
+
+DEFAULT_SPAN_SIZE = 1024
+"""Structures per span for a reader that does not say how it is chunked (about one 4 MiB chunk of
+positions for structures of 20-40 atoms)."""
+
+BUFFER_CACHE_FRACTION = 0.5
+"""Share of the decoded-chunk cache one buffer's structures may fill by default: the other half holds
+the start of the next buffer (a window can straddle two) and the small arrays the reader keeps whole."""
+
+BLOCK_STREAM = 0xB10C
+"""Mixed into the seed so the block order's random stream is not the global permutation's."""
+
+ELASTIC_KEYS = ("shard_id", "num_shards", "resume")
+"""Plan settings that may differ between a checkpoint and the plan resuming it."""
+
+
+def _check_positive(name: str, value: Any, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise PlanError(f"{name} must be a positive integer{' or None' if optional else ''}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockShuffle:
+    """Settings of the block shuffle (``shuffle=BlockShuffle(...)``; ``shuffle="block"`` is the default one).
+
+    Parameters
+    ----------
+    span_size
+        Structures per span. ``None`` (default): spans follow the store's chunks (one row block of
+        its per-atom arrays each), or :data:`DEFAULT_SPAN_SIZE` for a reader that does not report them.
+    buffer_spans
+        Spans pooled and shuffled together. ``None`` (default): as many as fill
+        :data:`BUFFER_CACHE_FRACTION` of the reader's cache, at least one.
+    """
+
+    span_size: int | None = None
+    buffer_spans: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_positive("span_size", self.span_size, optional=True)
+        _check_positive("buffer_spans", self.buffer_spans, optional=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"span_size": self.span_size, "buffer_spans": self.buffer_spans}
+
+
+@dataclass(frozen=True, slots=True)
+class StoreChunking:
+    """What the block shuffle's default sizes come from: the reader's chunk spans, bytes and cache.
+
+    ``span_bounds`` is ``None`` for a reader without :class:`~dali_alchemi.store.protocol.ChunkedReader`;
+    ``atom_bytes``/``edge_bytes``/``system_bytes`` are the decoded bytes of one row of each level over
+    the fields read.
+    """
+
+    span_bounds: IndexArray | None
+    atom_bytes: int
+    edge_bytes: int
+    system_bytes: int
+    cache_bytes: int
+
+
+def store_chunking(reader: PackedReader, fields: Sequence[str]) -> StoreChunking:
+    """The :class:`StoreChunking` of ``reader`` when reading ``fields`` (pointers and metadata only)."""
+    specs = reader.field_specs
+    row = {
+        level: sum(specs[f].row_nbytes for f in fields if specs[f].level == level)
+        for level in ("atom", "edge", "system")
+    }
+    if isinstance(reader, ChunkedReader):
+        bounds: IndexArray | None = np.asarray(reader.sample_chunk_bounds(), dtype=np.int64)
+        cache = int(reader.cache_bytes)
+    else:
+        bounds, cache = None, DEFAULT_CACHE_BYTES
+    return StoreChunking(
+        span_bounds=bounds,
+        atom_bytes=row["atom"],
+        edge_bytes=row["edge"],
+        system_bytes=row["system"],
+        cache_bytes=cache,
+    )
+
+
+def check_span_bounds(bounds: NDArray[Any], num_samples: int) -> IndexArray:
+    """``bounds`` as int64 span offsets, checked: 1-D, from 0 to ``num_samples``, strictly increasing.
+
+    Raises
+    ------
+    PlanError
+        Naming what is wrong.
+    """
+    b = np.asarray(bounds)
+    if b.ndim != 1 or b.size < 1 or (b.size and not np.issubdtype(b.dtype, np.integer)):
+        raise PlanError(f"span bounds must be a 1-D integer array, got shape {b.shape} and dtype {b.dtype}")
+    b = b.astype(np.int64)
+    if int(b[0]) != 0 or int(b[-1]) != num_samples:
+        raise PlanError(f"span bounds must run from 0 to the {num_samples} samples, got {int(b[0])} .. {int(b[-1])}")
+    steps = np.diff(b)
+    if steps.size and int(steps.min()) < 1:
+        bad = int(np.argmax(steps < 1))
+        raise PlanError(f"span bounds must increase strictly: span {bad} is [{int(b[bad])}, {int(b[bad + 1])})")
+    return b
+
+
+def fixed_spans(num_samples: int, span_size: int) -> IndexArray:
+    """Offsets of spans of ``span_size`` structures (the last one may be short)."""
+    return np.append(np.arange(0, num_samples, span_size, dtype=np.int64), np.int64(num_samples))
+
+
+def default_buffer_spans(span_bounds: IndexArray, structure_bytes: NDArray[np.int64], cache_bytes: int) -> int:
+    """Spans whose decoded bytes, on average, fill :data:`BUFFER_CACHE_FRACTION` of ``cache_bytes`` (>= 1)."""
+    spans = span_bounds.size - 1
+    if spans == 0:
+        return 1
+    mean_span = float(structure_bytes.sum(dtype=np.float64)) / spans
+    return max(1, int(BUFFER_CACHE_FRACTION * cache_bytes // max(mean_span, 1.0)))
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """Where an epoch was checkpointed before: ``segments`` are ``(num_shards, batches)`` pairs, in order.
+
+    Each segment dealt the batches not yet delivered over ``num_shards`` shards, and every shard had
+    delivered its first ``batches`` of them when the job was checkpointed.
+    """
+
+    epoch: int
+    segments: tuple[tuple[int, int], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "segments": [list(s) for s in self.segments]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> ResumePoint | None:
+        if data is None:
+            return None
+        try:
+            return cls(epoch=int(data["epoch"]), segments=tuple((int(w), int(b)) for w, b in data["segments"]))
+        except (KeyError, TypeError, ValueError) as err:
+            raise PlanError(f"state_dict plan has a malformed resume entry {data!r}: {err}") from err
+
+
+def deal(batch_ids: IndexArray, num_shards: int, drop_last: bool) -> NDArray[np.int64]:
+    """``[num_shards, L]``: shard ``r`` gets the ``r``-th contiguous run of ``batch_ids``.
+
+    Without ``drop_last`` the list is padded by wrapping around to ``L * num_shards`` (``L`` rounded
+    up), as ``DistributedSampler`` does; with it the tail that does not divide is left out.
+    """
+    n = int(batch_ids.size)
+    per_shard = n // num_shards if drop_last else math.ceil(n / num_shards)
+    dealt = batch_ids[: per_shard * num_shards] if drop_last or n == 0 else np.resize(batch_ids, per_shard * num_shards)
+    return dealt.reshape(num_shards, per_shard)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockShufflePlan:
+    """Batches over a chunk-aware shuffle: shuffled spans, pooled into buffers shuffled inside.
+
+    Parameters
+    ----------
+    span_bounds
+        ``[S + 1]`` int64 offsets of the spans (from 0 to the sample count, strictly increasing).
+    buffer_spans
+        Spans per buffer.
+    batch_size
+        Structures per batch (the last batch of the epoch may be short), when ``budget`` is ``None``.
+    budget
+        A :class:`BudgetPlan` whose sizes and budgets pack the batches greedily instead (its own
+        order and shard settings are not used).
+    seed
+        The span order and the order inside each buffer are seeded by ``(seed, epoch)``.
+    drop_last
+        Drop a short last batch and the batches that do not divide among the shards, instead of
+        repeating some (wrap-around padding).
+    shard_id, num_shards
+        This shard: the ``shard_id``-th contiguous run of the epoch's batches.
+    resume
+        Set by :meth:`resume_from`: the checkpoints taken earlier in ``resume.epoch``, whose batches
+        this plan leaves out of that epoch.
+
+    Raises
+    ------
+    PlanError
+        At construction, naming the setting that is out of range.
+    """
+
+    span_bounds: IndexArray = field(repr=False)
+    buffer_spans: int
+    batch_size: int | None = None
+    budget: BudgetPlan | None = field(default=None, repr=False)
+    seed: int = 0
+    drop_last: bool = False
+    shard_id: int = 0
+    num_shards: int = 1
+    resume: ResumePoint | None = None
+
+    def __post_init__(self) -> None:
+        bounds = np.asarray(self.span_bounds)
+        n = int(bounds[-1]) if bounds.ndim == 1 and bounds.size else 0
+        object.__setattr__(self, "span_bounds", check_span_bounds(bounds, n))
+        _check_positive("buffer_spans", self.buffer_spans, optional=False)
+        _check_positive("num_shards", self.num_shards, optional=False)
+        if (self.batch_size is None) == (self.budget is None):
+            raise PlanError("a BlockShufflePlan needs exactly one of batch_size and budget")
+        _check_positive("batch_size", self.batch_size, optional=True)
+        if self.budget is not None and self.budget.num_samples != n:
+            raise PlanError(f"the budget was made for {self.budget.num_samples} samples, the spans cover {n}")
+        if (
+            isinstance(self.shard_id, bool)
+            or not isinstance(self.shard_id, (int, np.integer))
+            or not 0 <= self.shard_id < self.num_shards
+        ):
+            raise PlanError(f"shard_id must be in [0, {self.num_shards}), got {self.shard_id!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
+            raise PlanError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+    @property
+    def num_samples(self) -> int:
+        """Structures in the reader the plan was made for."""
+        return int(self.span_bounds[-1])
+
+    @property
+    def num_spans(self) -> int:
+        return int(self.span_bounds.size - 1)
+
+    def global_order(self, epoch: int) -> IndexArray:
+        """Every structure of ``epoch`` in block order, before batching and sharding (any shard count)."""
+        rng = np.random.Generator(
+            np.random.PCG64(np.random.SeedSequence([self.seed & 0xFFFFFFFF, self.seed >> 32, epoch, BLOCK_STREAM]))
+        )
+        spans = rng.permutation(self.num_spans)
+        starts = self.span_bounds[:-1][spans]
+        lengths = np.diff(self.span_bounds)[spans]
+        structures = concat_aranges(starts, lengths)
+        buffer_of = np.repeat(np.arange(self.num_spans, dtype=np.int64) // self.buffer_spans, lengths)
+        # one sort on (buffer, random key): the buffers stay in span order, each shuffled inside
+        keys = buffer_of + rng.random(structures.size)
+        return structures[np.argsort(keys, kind="stable")]
+
+    def global_batches(self, epoch: int) -> tuple[IndexArray, PtrArray]:
+        """The global order and the offsets of all its batches, the same for every shard count."""
+        order = self.global_order(epoch)
+        n = int(order.size)
+        if self.budget is None:
+            assert self.batch_size is not None
+            count = n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+            return order, np.minimum(np.arange(count + 1, dtype=np.int64) * self.batch_size, n)
+        b = self.budget
+        ptr = pack_greedy(
+            b.n_atoms[order], b.n_edges[order],
+            max_atoms=b.max_atoms, max_edges=b.max_edges, max_structures=b.max_structures,
+        )  # fmt: skip
+        return order, ptr
+
+    def undelivered(self, epoch: int, num_batches: int) -> IndexArray:
+        """Global batch numbers of ``epoch`` that the checkpoints in :attr:`resume` had not delivered.
+
+        Raises
+        ------
+        PlanError
+            If a checkpoint claims more batches than its shards had.
+        """
+        ids = np.arange(num_batches, dtype=np.int64)
+        if self.resume is None or self.resume.epoch != epoch:
+            return ids
+        for shards, batches in self.resume.segments:
+            dealt = deal(ids, shards, self.drop_last)
+            if not 0 <= batches <= dealt.shape[1]:
+                raise PlanError(
+                    f"the checkpoint of epoch {epoch} on {shards} shards is at batch {batches}, but each of "
+                    f"those shards had {dealt.shape[1]} batches"
+                )
+            seen = np.zeros(num_batches, dtype=bool)
+            seen[dealt[:, :batches].reshape(-1)] = True
+            ids = ids[~seen[ids]]
+        return ids
+
+    def epoch(self, epoch: int) -> EpochPlan:
+        """This shard's batches of ``epoch``: its contiguous run of the (not yet delivered) global batches."""
+        order, ptr = self.global_batches(epoch)
+        mine = deal(self.undelivered(epoch, int(ptr.size - 1)), self.num_shards, self.drop_last)[self.shard_id]
+        counts = ptr[mine + 1] - ptr[mine]
+        return EpochPlan(
+            epoch=epoch, order=order[concat_aranges(ptr[mine], counts)], batch_ptr=exclusive_cumsum(counts)
+        )
+
+    def fingerprint(self) -> str:
+        """A checksum of the span offsets: plans over differently chunked stores differ."""
+        return f"{zlib.crc32(self.span_bounds.tobytes()):08x}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready identity: every setting, the spans' checksum (not the spans) and the resume point."""
+        b = self.budget
+        return {
+            "kind": "block", "num_samples": self.num_samples, "num_spans": self.num_spans,
+            "spans_crc32": self.fingerprint(), "buffer_spans": self.buffer_spans, "batch_size": self.batch_size,
+            "max_atoms": None if b is None else b.max_atoms, "max_edges": None if b is None else b.max_edges,
+            "max_structures": None if b is None else b.max_structures,
+            "oversized": None if b is None else b.oversized, "sizes_crc32": None if b is None else b.fingerprint(),
+            "seed": self.seed, "drop_last": self.drop_last, "shard_id": self.shard_id, "num_shards": self.num_shards,
+            "resume": None if self.resume is None else self.resume.to_dict(),
+        }  # fmt: skip
+
+    def resume_from(self, saved: Mapping[str, Any], epoch: int, batch: int) -> tuple[BlockShufflePlan, int, int]:
+        """This plan, resuming a checkpoint taken at ``(epoch, batch)`` by a plan whose ``to_dict()`` is ``saved``.
+
+        On the same shard of the same shard count the position is kept as it is. Otherwise (another
+        shard count, or another shard) the checkpoint becomes a segment of the resume point: the epoch
+        continues with the batches no shard had delivered, dealt over this plan's shards, from batch 0.
+        Every shard of a job must be checkpointed at the same batch, as data-parallel training steps
+        them together. A checkpoint at the end of an epoch resumes at the start of the next one.
+
+        Raises
+        ------
+        PlanError
+            If any other setting differs (the global order would differ), or the position is outside
+            the checkpointed epoch.
+        """
+        mine = self.to_dict()
+        differing = [k for k in sorted(set(saved) | set(mine)) if k not in ELASTIC_KEYS and saved.get(k) != mine.get(k)]
+        if differing:
+            raise PlanError(
+                "state_dict belongs to a different plan: "
+                + ", ".join(f"{k}={saved.get(k)!r} (loader has {mine.get(k)!r})" for k in differing)
+            )
+        point = ResumePoint.from_dict(saved.get("resume"))
+        if point is not None and point.epoch != epoch:
+            point = None  # an earlier epoch's resume says nothing about this one
+        same_shard = (saved.get("shard_id"), saved.get("num_shards")) == (self.shard_id, self.num_shards)
+        if same_shard or batch == 0:
+            return (self if point == self.resume else replace(self, resume=point)), epoch, batch
+        segments = (point.segments if point is not None else ()) + ((int(saved["num_shards"]), batch),)
+        resumed = replace(self, resume=ResumePoint(epoch=epoch, segments=segments))
+        if resumed.epoch(epoch).num_batches == 0:
+            return replace(self, resume=None), epoch + 1, 0
+        return resumed, epoch, 0
+
+
+def block_plan(
+    config: BlockShuffle,
+    *,
+    num_samples: int,
+    batch_size: int | None,
+    budget: BudgetPlan | None,
+    seed: int,
+    drop_last: bool,
+    shard_id: int,
+    num_shards: int,
+    chunking: Callable[[], StoreChunking] | None,
+    sample_sizes: Callable[[], tuple[CountArray, CountArray]],
+) -> BlockShufflePlan:
+    """The :class:`BlockShufflePlan` of ``config``, its default sizes taken from ``chunking()``.
+
+    ``chunking`` (called once, reading no data) describes the store; ``None`` means fixed-size spans
+    and the default cache budget, with one byte per atom row for the buffer estimate.
+    """
+    info = chunking() if chunking is not None else None
+    if config.span_size is not None:
+        bounds = fixed_spans(num_samples, config.span_size)
+    elif info is not None and info.span_bounds is not None:
+        bounds = check_span_bounds(info.span_bounds, num_samples)
+    else:
+        bounds = fixed_spans(num_samples, DEFAULT_SPAN_SIZE)
+    buffer_spans = config.buffer_spans
+    if buffer_spans is None:
+        n_atoms, n_edges = sample_sizes()
+        atom_b, edge_b, system_b = (1, 0, 0) if info is None else (info.atom_bytes, info.edge_bytes, info.system_bytes)
+        structure_bytes = n_atoms.astype(np.int64) * atom_b + n_edges.astype(np.int64) * edge_b + system_b
+        buffer_spans = default_buffer_spans(
+            bounds, structure_bytes, DEFAULT_CACHE_BYTES if info is None else info.cache_bytes
+        )
+    if budget is not None:
+        budget = replace(budget, shuffle=False, shard_id=0, num_shards=1)
+    return BlockShufflePlan(
+        span_bounds=bounds, buffer_spans=buffer_spans, batch_size=None if budget is not None else batch_size,
+        budget=budget, seed=seed, drop_last=drop_last, shard_id=shard_id, num_shards=num_shards,
+    )  # fmt: skip

@@ -1,6 +1,7 @@
 """The loaders the benchmark compares, behind one small interface.
 
-Each entry opens a loader on a store for one order (shuffled or sequential) and yields, per epoch,
+Each entry opens a loader on a store for one order (``shuffle``: the global permutation, ``block``:
+the chunk-aware block shuffle, or ``sequential``) and yields, per epoch,
 ``(structures, atoms)`` for every unit it delivers (a batch; a window for the read limits). Batches
 are moved to the benchmark device, as a training loop would. The DALI loader, the plain DataLoader
 and the limits all use the same reader; nvalchemi's loader uses nvalchemi's own reader.
@@ -18,10 +19,18 @@ import numpy as np
 import torch
 
 from dali_alchemi.bench.names import LOADER_HELP
-from dali_alchemi.plan import FixedBatchPlan
+from dali_alchemi.plan import PlanArguments, build_plan, store_chunking
 from dali_alchemi.store.reader import AtomicDataZarrReader
 
 DECODE_CACHE_BYTES = 64 << 20
+
+ORDERS: dict[str, bool | str] = {"shuffle": True, "block": "block", "sequential": False}
+"""The benchmark's orders and the ``shuffle=`` each loader gets for it."""
+
+NO_BLOCK_ORDER = ("nvalchemi", "nvalchemi-reader", "pyg-dynamic")
+"""Loaders (name prefixes) with no block order of their own."""
+
+Shuffle = bool | str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,18 +84,18 @@ class _BatchLoader:
         self._on_close()
 
 
-def _dali(store: str, shuffle: bool, s: LoaderSettings, workers: int, layout: str) -> Runnable:
+def _dali(store: str, shuffle: Shuffle, s: LoaderSettings, workers: int, layout: str, shared: bool) -> Runnable:
     from dali_alchemi.pipeline.loader import DALIDataLoader
 
     loader = DALIDataLoader(
         store, batch_size=s.plan_batch_size, shuffle=shuffle, seed=s.seed, batches_per_window=s.batches_per_window,
         num_workers=workers, device=s.device, layout=layout, cache_bytes=s.cache_bytes, max_atoms=s.max_atoms,
-        max_edges=s.max_edges,
+        max_edges=s.max_edges, shared_cache=shared,
     )  # fmt: skip
     return _BatchLoader(loader, loader.set_epoch, s.device, loader.close)
 
 
-def _torch(store: str, shuffle: bool, s: LoaderSettings, batched: bool, workers: int) -> Runnable:
+def _torch(store: str, shuffle: Shuffle, s: LoaderSettings, batched: bool, workers: int) -> Runnable:
     from dali_alchemi.baseline import plain_dataloader
 
     loader = plain_dataloader(
@@ -172,12 +181,29 @@ def _nvalchemi(store: str, shuffle: bool, s: LoaderSettings) -> Runnable:
     return _BatchLoader(loader, set_epoch, s.device, reader.close)
 
 
+def bench_plan(reader: Any, shuffle: Shuffle, s: LoaderSettings, *, budget: bool = False) -> Any:
+    """The plan the loaders build for ``shuffle`` over ``reader`` (block, global or sequential order).
+
+    The read limits use fixed batches of ``batch_size``; with ``budget`` the settings' atom and edge
+    budgets apply too, as in the DALI loader and the plain DataLoader.
+    """
+    arguments = (
+        PlanArguments(batch_size=s.plan_batch_size, shuffle=shuffle, seed=s.seed, max_atoms=s.max_atoms,
+                      max_edges=s.max_edges)
+        if budget else PlanArguments(batch_size=s.batch_size, shuffle=shuffle, seed=s.seed)
+    )  # fmt: skip
+    chunking = (
+        (lambda: store_chunking(reader, reader.field_names)) if isinstance(reader, AtomicDataZarrReader) else None
+    )
+    return build_plan(None, arguments, len(reader), lambda: reader.sample_sizes(np.arange(len(reader))), chunking)
+
+
 class _WindowedReads:
     """One read per window of ``batches_per_window`` batches, in the plan's order."""
 
-    def __init__(self, reader: Any, shuffle: bool, s: LoaderSettings) -> None:
+    def __init__(self, reader: Any, shuffle: Shuffle, s: LoaderSettings) -> None:
         self.reader = reader
-        self.plan = FixedBatchPlan(num_samples=len(reader), batch_size=s.batch_size, shuffle=shuffle, seed=s.seed)
+        self.plan = bench_plan(reader, shuffle, s)
         self.batches_per_window = s.batches_per_window
 
     def read(self, indices: np.ndarray) -> tuple[int, int]:
@@ -196,7 +222,7 @@ class _WindowedReads:
 class _NvalchemiReads(_WindowedReads):
     """nvalchemi's own reader: one ``read_many`` per window, in the same order as ``packed``."""
 
-    def __init__(self, store: str, shuffle: bool, s: LoaderSettings) -> None:
+    def __init__(self, store: str, shuffle: Shuffle, s: LoaderSettings) -> None:
         from nvalchemi.data.datapipes import AtomicDataZarrReader as NvReader
 
         super().__init__(NvReader(_nvalchemi_store(store)), shuffle, s)
@@ -209,7 +235,7 @@ class _NvalchemiReads(_WindowedReads):
 class _PackedReads(_WindowedReads):
     """The reader's own packed windowed reads: the ceiling for anything built on top of it."""
 
-    def __init__(self, store: str, shuffle: bool, s: LoaderSettings, *, cache_bytes: int | None = None) -> None:
+    def __init__(self, store: str, shuffle: Shuffle, s: LoaderSettings, *, cache_bytes: int | None = None) -> None:
         budget = s.cache_bytes if cache_bytes is None else cache_bytes
         reader = AtomicDataZarrReader(store) if budget is None else AtomicDataZarrReader(store, cache_bytes=budget)
         super().__init__(reader, shuffle, s)
@@ -225,12 +251,13 @@ class _SequentialDecode(_PackedReads):
     The small cache only carries the block shared by two consecutive windows; it never holds the store.
     """
 
-    def __init__(self, store: str, shuffle: bool, s: LoaderSettings) -> None:
+    def __init__(self, store: str, shuffle: Shuffle, s: LoaderSettings) -> None:
         super().__init__(store, False, s, cache_bytes=DECODE_CACHE_BYTES)
 
 
 _PATTERN = re.compile(
-    r"^(?P<kind>dali|torch|torch-batched|pyg-dynamic)(?:-w(?P<workers>\d+))?(?:-(?P<layout>blob|window))?$"
+    r"^(?P<kind>dali|torch|torch-batched|pyg-dynamic)(?:-w(?P<workers>\d+))?(?:-(?P<layout>blob|window))?"
+    r"(?P<private>-private)?$"
 )
 
 LIMITS = ("packed", "decode", "nvalchemi-reader")
@@ -241,10 +268,16 @@ def is_plain(name: str) -> bool:
     return name.startswith(("torch", "pyg"))
 
 
-def open_loader(name: str, store: str, shuffle: bool, settings: LoaderSettings) -> Runnable:
+def _no_block(name: str, shuffle: Shuffle) -> bool:
+    if not isinstance(shuffle, bool):
+        raise ValueError(f"Loader {name!r} has no block order")
+    return shuffle
+
+
+def open_loader(name: str, store: str, shuffle: Shuffle, settings: LoaderSettings) -> Runnable:
     """Open loader ``name`` (see :data:`LOADER_HELP`); raises ``ValueError`` for an unknown name."""
     if name == "nvalchemi":
-        return _nvalchemi(store, shuffle, settings)
+        return _nvalchemi(store, _no_block(name, shuffle), settings)
     if name == "nvalchemi-reader":
         return _NvalchemiReads(store, shuffle, settings)
     if name == "packed":
@@ -264,12 +297,13 @@ def open_loader(name: str, store: str, shuffle: bool, settings: LoaderSettings) 
             settings,
             DEFAULT_NUM_WORKERS if workers is None else int(workers),
             match.group("layout") or "window",
+            match.group("private") is None,
         )
-    if match.group("layout"):
-        raise ValueError(f"Loader {name!r}: a layout suffix only applies to dali loaders")
+    if match.group("layout") or match.group("private"):
+        raise ValueError(f"Loader {name!r}: layout and -private suffixes only apply to dali loaders")
     count = settings.torch_workers if workers is None else int(workers)
     if kind == "pyg-dynamic":
-        return _pyg_dynamic(store, shuffle, settings, count)
+        return _pyg_dynamic(store, _no_block(name, shuffle), settings, count)
     return _torch(store, shuffle, settings, kind == "torch-batched", count)
 
 

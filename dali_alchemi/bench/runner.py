@@ -24,8 +24,18 @@ from typing import Any
 
 import torch
 
-from dali_alchemi.bench.loaders import LIMITS, LoaderSettings, is_plain, median, nvalchemi_available, open_loader
+from dali_alchemi.bench.loaders import (
+    LIMITS,
+    NO_BLOCK_ORDER,
+    ORDERS,
+    LoaderSettings,
+    is_plain,
+    median,
+    nvalchemi_available,
+    open_loader,
+)
 from dali_alchemi.bench.memory import MB, TreeMemorySampler, tree_pss
+from dali_alchemi.bench.quality import order_quality
 from dali_alchemi.store.reader import AtomicDataZarrReader
 
 ProgressCallback = Callable[[str, int, int], None]
@@ -50,9 +60,9 @@ class BenchConfig:
     max_edges: int | None = None
 
     def __post_init__(self) -> None:
-        bad = [o for o in self.orders if o not in ("shuffle", "sequential")]
+        bad = [o for o in self.orders if o not in ORDERS]
         if bad:
-            raise ValueError(f"Unknown order {bad[0]!r}: use 'shuffle' and/or 'sequential'")
+            raise ValueError(f"Unknown order {bad[0]!r}: use 'shuffle', 'block' and/or 'sequential'")
         for name in ("batch_size", "epochs", "rounds", "batches_per_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -96,6 +106,9 @@ class Record:
     largest sample while the loader ran (main process, DALI and torch workers, shared pages once),
     ``start_pss_mb`` the tree just before it opened (the process after its imports, plus what loaders
     measured before it left behind), ``processes`` the most processes in one sample.
+    ``shuffle_quality`` and ``batch_energy_ks`` score the order's epoch-0 plan
+    (:mod:`dali_alchemi.bench.quality`): 0 to about 1 from sequential to the full permutation, and the
+    mean KS distance of batch energies from the store's (``None`` without an ``energy`` field).
     """
 
     loader: str
@@ -113,6 +126,8 @@ class Record:
     rounds: int
     note: str | None = None
     epoch_vs_steps: float | None = None
+    shuffle_quality: float | None = None
+    batch_energy_ks: float | None = None
     total_s: float | None = None
     batches_per_epoch: float | None = None
     atoms_per_batch: float | None = None
@@ -160,6 +175,9 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
     if name == "nvalchemi" and budget:
         result.note = "no atom budget"
         return result
+    if order == "block" and name.startswith(NO_BLOCK_ORDER):
+        result.note = "no block order"
+        return result
     settings = LoaderSettings(
         batch_size=config.batch_size, batches_per_window=config.batches_per_window, device=device,
         torch_workers=config.torch_workers, seed=config.seed, cache_bytes=config.cache_bytes,
@@ -168,7 +186,7 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
     step = config.step_ms / 1000.0
     with TreeMemorySampler() as memory:
         opened = time.perf_counter()
-        runnable = open_loader(name, store, order == "shuffle", settings)
+        runnable = open_loader(name, store, ORDERS[order], settings)
         started: float | None = None
         first_epoch_end, first_epoch_samples = 0.0, 0
         try:
@@ -342,6 +360,16 @@ def run_bench(
         measurements.append(measure(name, order, store, config, device))
     if progress:
         progress("done", len(plan), len(plan))
+    settings = LoaderSettings(
+        batch_size=config.batch_size, seed=config.seed, cache_bytes=config.cache_bytes, max_atoms=config.max_atoms,
+        max_edges=config.max_edges,
+    )  # fmt: skip
+    orders = tuple(dict.fromkeys((*config.orders, *(("sequential",) if "decode" in config.loaders else ()))))
+    quality = order_quality(store, orders, settings)
+    records = summarize(measurements, config)
+    for record in records:
+        record.shuffle_quality = quality[record.order]["shuffle_quality"]
+        record.batch_energy_ks = quality[record.order]["batch_energy_ks"]
     store_info = {**(store_info or {"path": store}), "open_s": open_time(store)}
     meta = BenchMeta(
         config={k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
@@ -349,4 +377,4 @@ def run_bench(
         machine={**machine_info(device), "pss_after_import_mb": after_import},
         versions=package_versions(),
     )
-    return BenchRun(meta=meta, records=summarize(measurements, config))
+    return BenchRun(meta=meta, records=records)

@@ -8,6 +8,7 @@ of the plan, so each block is decoded once and scattered with one fancy-index as
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -91,13 +92,13 @@ def balanced_groups(jobs: list[BlockJob], n_groups: int) -> list[list[BlockJob]]
     """Split jobs into at most ``n_groups`` lists of similar row counts (greedy, largest first)."""
     if len(jobs) <= n_groups:
         return [[job] for job in jobs]
-    sizes = np.array([job.hi - job.lo + (job.hi - job.lo if job.data is None else 0) for job in jobs])
-    loads = np.zeros(n_groups)
+    sizes = [job.hi - job.lo + (job.hi - job.lo if job.data is None else 0) for job in jobs]
+    loads = [(0, g) for g in range(n_groups)]  # a heap of (load, group): the lightest group on top
     groups: list[list[BlockJob]] = [[] for _ in range(n_groups)]
-    for i in np.argsort(-sizes, kind="stable").tolist():
-        g = int(np.argmin(loads))
+    for i in sorted(range(len(jobs)), key=lambda k: -sizes[k]):
+        load, g = heapq.heappop(loads)
         groups[g].append(jobs[i])
-        loads[g] += sizes[i]
+        heapq.heappush(loads, (load + sizes[i], g))
     return [g for g in groups if g]
 
 

@@ -58,6 +58,7 @@ class BenchConfig:
     cache_bytes: int | None = None
     max_atoms: int | None = None
     max_edges: int | None = None
+    max_batches: int | None = None
 
     def __post_init__(self) -> None:
         bad = [o for o in self.orders if o not in ORDERS]
@@ -68,7 +69,7 @@ class BenchConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.step_ms < 0:
             raise ValueError(f"step_ms must be >= 0, got {self.step_ms}")
-        for name in ("max_atoms", "max_edges"):
+        for name in ("max_atoms", "max_edges", "max_batches"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -192,7 +193,10 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
         try:
             for epoch in range(config.epochs):
                 units = runnable.epoch(epoch)
-                while True:
+                per_epoch = _units_per_epoch(name, config)
+                taken = 0
+                while per_epoch is None or taken < per_epoch:
+                    taken += 1
                     asked = time.perf_counter()
                     try:
                         samples, atoms = next(units)
@@ -226,6 +230,13 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
             runnable.close()
     result.peak_pss_mb, result.start_pss_mb, result.processes = memory.peak_mb, memory.start_mb, memory.peak_processes
     return result
+
+
+def _units_per_epoch(name: str, config: BenchConfig) -> int | None:
+    """Units measured per epoch under ``max_batches``: batches, or the windows holding them for the limits."""
+    if config.max_batches is None:
+        return None
+    return -(-config.max_batches // config.batches_per_window) if name in LIMITS else config.max_batches
 
 
 def open_time(store: str, repeats: int = 3) -> float:

@@ -53,7 +53,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         epochs=args.epochs, rounds=args.rounds, step_ms=args.step_ms, device=str(device),
         batches_per_window=args.batches_per_window, torch_workers=args.torch_workers,
         cache_bytes=None if args.cache_mb is None else int(args.cache_mb * 2**20),
-        max_atoms=args.max_atoms, max_edges=args.max_edges,
+        max_atoms=args.max_atoms, max_edges=args.max_edges, max_batches=args.max_batches,
     )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="dali-alchemi-bench-") as scratch:
         if args.store:
@@ -274,6 +274,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--max-atoms", type=int, help="batch by atoms: at most this many per batch (--batch-size is then ignored)"
     )
     bench.add_argument("--max-edges", type=int, help="batch by edges: at most this many per batch")
+    bench.add_argument(
+        "--max-batches", type=int,
+        help="measure only the first N batches of each epoch (the limits: the windows holding them); for large stores",
+    )  # fmt: skip
     bench.add_argument(
         "--codec", choices=CODECS, default="lz4", help="codec of the synthetic store (default lz4: blosc-lz4, shuffle)"
     )

@@ -129,3 +129,13 @@ def test_plan_cost_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan-cost", "--n", "20000", "--max-atoms", "4096", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "budget max_atoms=4096" in out and "fixed batch_size=64" in out
+
+
+def test_max_batches_measures_the_first_batches_of_each_epoch(small_store: Path) -> None:
+    config = BenchConfig(loaders=("dali-w0", "packed"), rounds=1, epochs=2, batch_size=8, max_batches=5,
+                         batches_per_window=2)  # fmt: skip
+    by_name = {r.loader: r for r in run_bench(str(small_store), config).records}
+    assert by_name["dali-w0"].batches_per_epoch == 5  # of 38
+    assert by_name["dali-w0"].samples_per_s is not None and by_name["packed"].samples_per_s is not None
+    with pytest.raises(ValueError, match="max_batches must be >= 1"):
+        BenchConfig(loaders=("dali",), max_batches=0)

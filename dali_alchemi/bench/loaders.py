@@ -257,7 +257,7 @@ class _SequentialDecode(_PackedReads):
 
 _PATTERN = re.compile(
     r"^(?P<kind>dali|torch|torch-batched|pyg-dynamic)(?:-w(?P<workers>\d+))?(?:-(?P<layout>blob|window))?"
-    r"(?P<private>-private)?$"
+    r"(?P<shared>-shared)?$"
 )
 
 LIMITS = ("packed", "decode", "nvalchemi-reader")
@@ -297,10 +297,10 @@ def open_loader(name: str, store: str, shuffle: Shuffle, settings: LoaderSetting
             settings,
             DEFAULT_NUM_WORKERS if workers is None else int(workers),
             match.group("layout") or "window",
-            match.group("private") is None,
+            match.group("shared") is not None,
         )
-    if match.group("layout") or match.group("private"):
-        raise ValueError(f"Loader {name!r}: layout and -private suffixes only apply to dali loaders")
+    if match.group("layout") or match.group("shared"):
+        raise ValueError(f"Loader {name!r}: layout and -shared suffixes only apply to dali loaders")
     count = settings.torch_workers if workers is None else int(workers)
     if kind == "pyg-dynamic":
         return _pyg_dynamic(store, _no_block(name, shuffle), settings, count)

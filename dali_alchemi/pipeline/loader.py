@@ -137,7 +137,8 @@ class DALIDataLoader:
     shared_cache
         With workers and a reader the loader opens itself: the workers share decoded chunks through a
         folder on shared memory, so each chunk is decoded once per machine rather than once per
-        worker (``False``: every worker decodes what it reads).
+        worker. Off by default: on the reference machine the per-chunk cost of sharing (files on
+        ``/dev/shm``) outweighed the decodes it saved (README: "Datasets bigger than memory").
     layout
         How a window goes through DALI: ``"window"`` (the default: one DALI sample per output), or
         ``"blob"`` (every array of the window in one byte buffer: one host-to-device copy per window
@@ -187,7 +188,7 @@ class DALIDataLoader:
         cache_bytes: int | None = None,
         layout: str = "window",
         augmentations: Sequence[Augmentation] = (),
-        shared_cache: bool = True,
+        shared_cache: bool = False,
     ) -> None:
         self.augmentations = check_augmentations(augmentations)
         self.config = LoaderConfig(
@@ -199,8 +200,8 @@ class DALIDataLoader:
         self.layout = self.config.layout
         self.seed = seed
         self.device = resolve_device(device)
-        # Worker processes share decoded chunks through a shared-memory folder (README: "Datasets bigger
-        # than memory"), when the loader opens the reader itself.
+        # With shared_cache, worker processes share decoded chunks through a shared-memory folder, when
+        # the loader opens the reader itself.
         sharing = shared_cache and num_workers > 0 and not isinstance(store_or_reader, PackedReader)
         self._shared_folder = make_shared_folder() if sharing else None
         try:

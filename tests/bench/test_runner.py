@@ -104,11 +104,11 @@ def test_budget_runs_report_batches_and_fill(small_store: Path) -> None:
 
 def test_orders_carry_their_shuffle_quality_and_batch_ks(small_store: Path) -> None:
     config = BenchConfig(
-        loaders=("dali-w2-private", "packed", "decode", "nvalchemi"), orders=("block", "shuffle", "sequential"),
+        loaders=("dali-w2-shared", "packed", "decode", "nvalchemi"), orders=("block", "shuffle", "sequential"),
         rounds=1, epochs=1, batch_size=16, cache_bytes=64 << 10,
     )  # fmt: skip
     records = {(r.loader, r.order): r for r in run_bench(str(small_store), config).records}
-    assert set(records) == {(n, o) for n in ("dali-w2-private", "packed", "nvalchemi") for o in config.orders} | {
+    assert set(records) == {(n, o) for n in ("dali-w2-shared", "packed", "nvalchemi") for o in config.orders} | {
         ("decode", "sequential")
     }
     quality = {o: records[("packed", o)].shuffle_quality for o in config.orders}
@@ -116,7 +116,7 @@ def test_orders_carry_their_shuffle_quality_and_batch_ks(small_store: Path) -> N
     assert 0.0 < quality["block"] < quality["shuffle"]  # spans shuffled, then structures within buffers
     ks = {o: records[("packed", o)].batch_energy_ks for o in config.orders}
     assert all(v is not None and 0.0 < v < 1.0 for v in ks.values())
-    assert records[("dali-w2-private", "block")].samples_per_s > 0  # type: ignore[operator]
+    assert records[("dali-w2-shared", "block")].samples_per_s > 0  # type: ignore[operator]
     assert records[("decode", "sequential")].shuffle_quality == 0.0
     assert records[("nvalchemi", "block")].note in ("no block order", "not installed")
     for (loader, order), record in records.items():

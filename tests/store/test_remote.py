@@ -50,7 +50,7 @@ def test_a_shuffled_epoch_fetches_each_chunk_once_and_overlaps_requests(served: 
     chunks = sum(h.codec.n_blocks for h in local._snapshot.handles.values())  # one chunk per block here
     with StoreServer(served, latency_s=LATENCY) as server:
         loader = DALIDataLoader(server.url + "s.zarr", batch_size=32, batches_per_window=4, num_workers=workers,
-                                start_method="fork", device="cpu")  # fmt: skip
+                                start_method="fork", device="cpu", shared_cache=True)  # fmt: skip
         server.reset_counts()
         started = time.perf_counter()
         delivered = [b.sample_indices for b in loader]
@@ -96,7 +96,7 @@ def test_block_order_fetches_every_chunk_once_per_epoch_with_a_small_cache(align
     with StoreServer(aligned, latency_s=0.002) as server:
         loader = DALIDataLoader(server.url + "a.zarr", batch_size=16, batches_per_window=2, num_workers=workers,
                                 start_method="fork", device="cpu", shuffle="block", cache_bytes=cache,
-                                fields=ALIGNED_FIELDS)  # fmt: skip
+                                fields=ALIGNED_FIELDS, shared_cache=True)  # fmt: skip
         per_epoch = []
         for _ in range(2):
             server.reset_counts()

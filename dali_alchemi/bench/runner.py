@@ -379,8 +379,9 @@ def run_bench(
     quality = order_quality(store, orders, settings)
     records = summarize(measurements, config)
     for record in records:
-        record.shuffle_quality = quality[record.order]["shuffle_quality"]
-        record.batch_energy_ks = quality[record.order]["batch_energy_ks"]
+        if record.note is None:
+            record.shuffle_quality = quality[record.order]["shuffle_quality"]
+            record.batch_energy_ks = quality[record.order]["batch_energy_ks"]
     store_info = {**(store_info or {"path": store}), "open_s": open_time(store)}
     meta = BenchMeta(
         config={k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},

@@ -62,6 +62,7 @@ _EXPORTS = {
     "LoaderError": "dali_alchemi.errors",
     "DeviceError": "dali_alchemi.errors",
     "PlanError": "dali_alchemi.errors",
+    "MetricInputError": "dali_alchemi.errors",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -78,6 +79,7 @@ if TYPE_CHECKING:
         FieldLevelError,
         LoaderClosedError,
         LoaderError,
+        MetricInputError,
         PlanError,
         ReaderClosedError,
         ReadTooLargeError,

@@ -16,7 +16,7 @@ from dali_alchemi.plan.block import BlockShuffle, BlockShufflePlan, StoreChunkin
 from dali_alchemi.plan.budget import BudgetPlan, pack_greedy
 from dali_alchemi.plan.fixed import FixedBatchPlan
 from dali_alchemi.plan.order import epoch_order, resolve_shard, shard
-from dali_alchemi.plan.quality import batch_ks, shuffle_quality
+from dali_alchemi.plan.quality import batch_ks, gap_quality, shuffle_quality
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -34,6 +34,7 @@ __all__ = [
     "batch_ks",
     "build_plan",
     "epoch_order",
+    "gap_quality",
     "pack_greedy",
     "pad_shape",
     "resolve_shard",

@@ -18,11 +18,12 @@ the number of shards: that is what makes an *elastic* resume possible. Shard ``r
 ``r``-th contiguous run of the global batches (the list wrapped around so every shard gets the same
 count), so shards read disjoint spans except at the ``W - 1`` cut points. A job checkpointed on ``N``
 shards and resumed on ``M`` deals the batches no shard had delivered over the ``M`` new shards (see
-:meth:`BlockShufflePlan.resume_from`). Pure numpy, vectorised or looping once per batch.
+:meth:`BlockShufflePlan.resume_from`). Pure numpy, vectorised or looping once per buffer or batch.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -279,10 +280,10 @@ class BlockShufflePlan:
         starts = self.span_bounds[:-1][spans]
         lengths = np.diff(self.span_bounds)[spans]
         structures = concat_aranges(starts, lengths)
-        buffer_of = np.repeat(np.arange(self.num_spans, dtype=np.int64) // self.buffer_spans, lengths)
-        # one sort on (buffer, random key): the buffers stay in span order, each shuffled inside
-        keys = buffer_of + rng.random(structures.size)
-        return structures[np.argsort(keys, kind="stable")]
+        edges = np.append(exclusive_cumsum(lengths)[:: self.buffer_spans], structures.size).tolist()
+        for lo, hi in itertools.pairwise(edges):  # once per buffer: an in-place shuffle, linear in its size
+            rng.shuffle(structures[lo:hi])
+        return structures
 
     def global_batches(self, epoch: int) -> tuple[IndexArray, PtrArray]:
         """The global order and the offsets of all its batches, the same for every shard count."""

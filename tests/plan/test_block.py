@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,8 @@ def test_two_resumes_in_one_epoch_chain_their_checkpoints() -> None:
     seen += _consume(second, epoch, 6)
     third = [restore(p, {"epoch": epoch, "batch": 6, "plan": second[1].to_dict()})[0] for p in _shards(base, 4)]
     assert third[0].resume is not None and third[0].resume.segments == ((2, 9), (3, 6))
+    copy = pickle.loads(pickle.dumps(third[2]))  # plans travel to DALI's worker processes
+    assert np.array_equal(copy.epoch(epoch).order, third[2].epoch(epoch).order)
     seen += [p.epoch(epoch).order for p in third]
     counts = np.bincount(np.concatenate(seen), minlength=n)
     assert counts.min() == 1 and counts.max() == 1

@@ -10,7 +10,7 @@ import pytest
 from dali_alchemi.errors import MetricInputError
 from dali_alchemi.plan import BlockShufflePlan, batch_ks, shuffle_quality
 from dali_alchemi.plan.block import fixed_spans
-from dali_alchemi.plan.quality import gap_entropy
+from dali_alchemi.plan.quality import gap_entropy, gap_quality
 
 
 def _ks_reference(values: np.ndarray, order: np.ndarray, ptr: np.ndarray) -> float:
@@ -29,21 +29,34 @@ def _ks_reference(values: np.ndarray, order: np.ndarray, ptr: np.ndarray) -> flo
 
 def test_sequential_is_zero_a_permutation_about_one_and_block_in_between() -> None:
     n = 50_000
-    assert shuffle_quality(np.arange(n)) == 0.0
-    assert shuffle_quality(np.arange(n)[::-1]) == 0.0
-    assert shuffle_quality(np.arange(0, 3 * n, 3)) == 0.0  # a strided shard moves in one step size
-    for seed in (1, 2):
-        assert shuffle_quality(np.random.default_rng(seed).permutation(n)) == pytest.approx(1.0, abs=0.01)
-    small = BlockShufflePlan(span_bounds=fixed_spans(n, 50), buffer_spans=1, batch_size=64).epoch(0).order
-    large = BlockShufflePlan(span_bounds=fixed_spans(n, 500), buffer_spans=8, batch_size=64).epoch(0).order
-    q_small, q_large = shuffle_quality(small), shuffle_quality(large)
-    assert 0.1 < q_small < q_large < 0.99
+    for quality in (shuffle_quality, gap_quality):
+        assert quality(np.arange(n)) == 0.0
+        assert quality(np.arange(n)[::-1]) == 0.0
+        assert quality(np.arange(0, 3 * n, 3)) == 0.0  # a strided shard is a sequence too
+        for seed in (1, 2):
+            assert quality(np.random.default_rng(seed).permutation(n)) == pytest.approx(1.0, abs=0.02)
+    few = BlockShufflePlan(span_bounds=fixed_spans(n, 100), buffer_spans=4, batch_size=64).epoch(0).order
+    many = BlockShufflePlan(span_bounds=fixed_spans(n, 100), buffer_spans=64, batch_size=64).epoch(0).order
+    one = BlockShufflePlan(span_bounds=fixed_spans(n, 2000), buffer_spans=1, batch_size=64).epoch(0).order
+    assert 0.0 < shuffle_quality(one) < 0.1 < shuffle_quality(few) < 0.7 < shuffle_quality(many) < 0.99
+    # the gap entropy rates a buffer of a few spans from all over the store almost as a full shuffle
+    assert gap_quality(few) > 0.85 > shuffle_quality(few)
+
+
+def test_shuffle_quality_measures_groups_of_batch_size() -> None:
+    n = 4096
+    # pairs of consecutive indices, the pairs in random order: poor for groups of 2, fine for groups of 512
+    pairs = (np.random.default_rng(0).permutation(n // 2)[:, None] * 2 + np.arange(2)).reshape(-1)
+    assert shuffle_quality(pairs, batch_size=2) < 0.5 < 0.9 < shuffle_quality(pairs, batch_size=512)
+    assert shuffle_quality(np.arange(100), batch_size=64) == 0.0  # a single group is the whole order
+    with pytest.raises(MetricInputError, match="batch_size must be a positive integer"):
+        shuffle_quality(np.arange(10), batch_size=0)
 
 
 def test_gap_entropy_counts_gap_sizes() -> None:
     assert gap_entropy(np.array([0, 1, 2, 3])) == 0.0
     assert gap_entropy(np.array([0, 1, 3, 4, 6])) == pytest.approx(np.log(2))  # gaps 1, 2, 1, 2
-    assert shuffle_quality(np.array([4, 2])) == 0.0
+    assert gap_quality(np.array([4, 2])) == 0.0
 
 
 def test_batch_ks_matches_a_direct_computation_with_ties() -> None:

@@ -307,3 +307,10 @@ def test_sample_chunk_bounds_are_logical_and_follow_every_atom_array(tmp_path: P
         block = reader.atoms_ptr[physical] // 64  # every core atom array has 64-row chunks
         expected = np.concatenate(([0], np.flatnonzero(np.diff(block)) + 1, [36]))
         assert bounds.tolist() == expected.tolist()
+
+
+def test_sample_chunk_bounds_of_a_sharded_store_follow_its_inner_chunks(sharded_store: Path) -> None:
+    with AtomicDataZarrReader(sharded_store) as reader:
+        block = reader.atoms_ptr[:-1] // 64  # 64-row inner chunks in 256-row shards
+        expected = np.concatenate(([0], np.flatnonzero(np.diff(block)) + 1, [len(reader)]))
+        assert reader.sample_chunk_bounds().tolist() == expected.tolist()

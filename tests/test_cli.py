@@ -58,7 +58,7 @@ def test_bench_piped_keeps_whole_loader_names(
     assert main(["bench", "--n", "120", "--rounds", "1", "--epochs", "1", "--batch-size", "16",
                  "--loaders", ",".join(loaders), "--step-ms", "0.1"]) == 0  # fmt: skip
     out = capsys.readouterr().out
-    _no_line_cut(out, *loaders, "warm samples/s", "first batch s", "peak mem MB", "epoch / steps")
+    _no_line_cut(out, *loaders, "warm samples/s", "first batch s", "peak PSS MB", "epoch / steps")
     header = next(line for line in out.splitlines() if "loader" in line and "samples/s" in line)
     assert "epoch / steps" in header, "the header spans one line"
     rows = [line for line in out.splitlines() if "torch-batched-w0" in line]

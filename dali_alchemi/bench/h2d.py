@@ -78,7 +78,9 @@ def measure_h2d(
     if target.type != "cuda" or not torch.cuda.is_available():
         raise DeviceError("the host-to-device benchmark needs a CUDA GPU")
     opened = time.perf_counter()
-    loader = DALIDataLoader(store, batch_size=batch_size, batches_per_window=batches_per_window, device=target, layout=layout)
+    loader = DALIDataLoader(
+        store, batch_size=batch_size, batches_per_window=batches_per_window, device=target, layout=layout
+    )
     with loader:
         structures = atoms = moved = 0
         first: float | None = None

@@ -1,6 +1,7 @@
 """The loaders the benchmark compares, behind one small interface.
 
-Each entry opens a loader on a store for one order (shuffled or sequential) and yields, per epoch,
+Each entry opens a loader on a store for one order (``shuffle``: the global permutation, ``block``:
+the chunk-aware block shuffle, or ``sequential``) and yields, per epoch,
 ``(structures, atoms)`` for every unit it delivers (a batch; a window for the read limits). Batches
 are moved to the benchmark device, as a training loop would. The DALI loader, the plain DataLoader
 and the limits all use the same reader; nvalchemi's loader uses nvalchemi's own reader.
@@ -18,10 +19,18 @@ import numpy as np
 import torch
 
 from dali_alchemi.bench.names import LOADER_HELP
-from dali_alchemi.plan import FixedBatchPlan
+from dali_alchemi.plan import PlanArguments, build_plan, store_chunking
 from dali_alchemi.store.reader import AtomicDataZarrReader
 
 DECODE_CACHE_BYTES = 64 << 20
+
+ORDERS: dict[str, bool | str] = {"shuffle": True, "block": "block", "sequential": False}
+"""The benchmark's orders and the ``shuffle=`` each loader gets for it."""
+
+NO_BLOCK_ORDER = ("nvalchemi", "nvalchemi-reader", "pyg-dynamic")
+"""Loaders (name prefixes) with no block order of their own."""
+
+Shuffle = bool | str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,7 +49,6 @@ class LoaderSettings:
     torch_workers: int = 2
     seed: int = 0
     cache_bytes: int | None = None
-
 
     @property
     def plan_batch_size(self) -> int | None:
@@ -76,18 +84,18 @@ class _BatchLoader:
         self._on_close()
 
 
-def _dali(store: str, shuffle: bool, s: LoaderSettings, workers: int, layout: str) -> Runnable:
+def _dali(store: str, shuffle: Shuffle, s: LoaderSettings, workers: int, layout: str, shared: bool) -> Runnable:
     from dali_alchemi.pipeline.loader import DALIDataLoader
 
     loader = DALIDataLoader(
         store, batch_size=s.plan_batch_size, shuffle=shuffle, seed=s.seed, batches_per_window=s.batches_per_window,
         num_workers=workers, device=s.device, layout=layout, cache_bytes=s.cache_bytes, max_atoms=s.max_atoms,
-        max_edges=s.max_edges,
+        max_edges=s.max_edges, shared_cache=shared,
     )  # fmt: skip
     return _BatchLoader(loader, loader.set_epoch, s.device, loader.close)
 
 
-def _torch(store: str, shuffle: bool, s: LoaderSettings, batched: bool, workers: int) -> Runnable:
+def _torch(store: str, shuffle: Shuffle, s: LoaderSettings, batched: bool, workers: int) -> Runnable:
     from dali_alchemi.baseline import plain_dataloader
 
     loader = plain_dataloader(
@@ -114,9 +122,7 @@ class _PygDataset:
         sample = self.reader.read_packed([index]).split()[0]
         tensors = {name: torch.from_numpy(value) for name, value in sample.items()}
         edge_index = tensors.pop("neighbor_list").t().long() if "neighbor_list" in tensors else None
-        return Data(
-            pos=tensors.pop("positions"), z=tensors.pop("atomic_numbers"), edge_index=edge_index, **tensors
-        )
+        return Data(pos=tensors.pop("positions"), z=tensors.pop("atomic_numbers"), edge_index=edge_index, **tensors)
 
 
 def _pyg_dynamic(store: str, shuffle: bool, s: LoaderSettings, workers: int) -> Runnable:
@@ -130,7 +136,9 @@ def _pyg_dynamic(store: str, shuffle: bool, s: LoaderSettings, workers: int) -> 
 
     if not s.max_atoms:
         raise ValueError("pyg-dynamic batches by atoms: give --max-atoms")
-    reader = AtomicDataZarrReader(store) if s.cache_bytes is None else AtomicDataZarrReader(store, cache_bytes=s.cache_bytes)
+    reader = (
+        AtomicDataZarrReader(store) if s.cache_bytes is None else AtomicDataZarrReader(store, cache_bytes=s.cache_bytes)
+    )
     dataset = _PygDataset(reader)
     sampler = DynamicBatchSampler(dataset, max_num=s.max_atoms, mode="node", shuffle=shuffle)  # type: ignore[arg-type]
     loader = PygDataLoader(dataset, batch_sampler=sampler, num_workers=workers)  # type: ignore[arg-type]
@@ -213,7 +221,7 @@ class _ReadManyOnly:
         self.reader.close()
 
 
-def _dali_read_many(store: str, shuffle: bool, s: LoaderSettings, workers: int, theirs: bool) -> Runnable:
+def _dali_read_many(store: str, shuffle: Shuffle, s: LoaderSettings, workers: int, theirs: bool) -> Runnable:
     """``DALIDataLoader`` through :class:`ReadManyAdapter`: over nvalchemi's reader, or over this one's read_many."""
     from dali_alchemi.pipeline.loader import DALIDataLoader
 
@@ -236,12 +244,29 @@ def _dali_read_many(store: str, shuffle: bool, s: LoaderSettings, workers: int, 
     return _BatchLoader(loader, loader.set_epoch, s.device, close)
 
 
+def bench_plan(reader: Any, shuffle: Shuffle, s: LoaderSettings, *, budget: bool = False) -> Any:
+    """The plan the loaders build for ``shuffle`` over ``reader`` (block, global or sequential order).
+
+    The read limits use fixed batches of ``batch_size``; with ``budget`` the settings' atom and edge
+    budgets apply too, as in the DALI loader and the plain DataLoader.
+    """
+    arguments = (
+        PlanArguments(batch_size=s.plan_batch_size, shuffle=shuffle, seed=s.seed, max_atoms=s.max_atoms,
+                      max_edges=s.max_edges)
+        if budget else PlanArguments(batch_size=s.batch_size, shuffle=shuffle, seed=s.seed)
+    )  # fmt: skip
+    chunking = (
+        (lambda: store_chunking(reader, reader.field_names)) if isinstance(reader, AtomicDataZarrReader) else None
+    )
+    return build_plan(None, arguments, len(reader), lambda: reader.sample_sizes(np.arange(len(reader))), chunking)
+
+
 class _WindowedReads:
     """One read per window of ``batches_per_window`` batches, in the plan's order."""
 
-    def __init__(self, reader: Any, shuffle: bool, s: LoaderSettings) -> None:
+    def __init__(self, reader: Any, shuffle: Shuffle, s: LoaderSettings) -> None:
         self.reader = reader
-        self.plan = FixedBatchPlan(num_samples=len(reader), batch_size=s.batch_size, shuffle=shuffle, seed=s.seed)
+        self.plan = bench_plan(reader, shuffle, s)
         self.batches_per_window = s.batches_per_window
 
     def read(self, indices: np.ndarray) -> tuple[int, int]:
@@ -260,7 +285,7 @@ class _WindowedReads:
 class _NvalchemiReads(_WindowedReads):
     """nvalchemi's own reader: one ``read_many`` per window, in the same order as ``packed``."""
 
-    def __init__(self, store: str, shuffle: bool, s: LoaderSettings) -> None:
+    def __init__(self, store: str, shuffle: Shuffle, s: LoaderSettings) -> None:
         from nvalchemi.data.datapipes import AtomicDataZarrReader as NvReader
 
         super().__init__(NvReader(_nvalchemi_store(store)), shuffle, s)
@@ -273,7 +298,7 @@ class _NvalchemiReads(_WindowedReads):
 class _ReadManyReads(_WindowedReads):
     """This reader through nvalchemi's contract: ``read_many`` per window, joined by :class:`ReadManyAdapter`."""
 
-    def __init__(self, store: str, shuffle: bool, s: LoaderSettings) -> None:
+    def __init__(self, store: str, shuffle: Shuffle, s: LoaderSettings) -> None:
         from dali_alchemi.interop.read_many import ReadManyAdapter
 
         options: dict[str, Any] = {} if s.cache_bytes is None else {"cache_bytes": s.cache_bytes}
@@ -287,7 +312,7 @@ class _ReadManyReads(_WindowedReads):
 class _PackedReads(_WindowedReads):
     """The reader's own packed windowed reads: the ceiling for anything built on top of it."""
 
-    def __init__(self, store: str, shuffle: bool, s: LoaderSettings, *, cache_bytes: int | None = None) -> None:
+    def __init__(self, store: str, shuffle: Shuffle, s: LoaderSettings, *, cache_bytes: int | None = None) -> None:
         budget = s.cache_bytes if cache_bytes is None else cache_bytes
         reader = AtomicDataZarrReader(store) if budget is None else AtomicDataZarrReader(store, cache_bytes=budget)
         super().__init__(reader, shuffle, s)
@@ -303,12 +328,13 @@ class _SequentialDecode(_PackedReads):
     The small cache only carries the block shared by two consecutive windows; it never holds the store.
     """
 
-    def __init__(self, store: str, shuffle: bool, s: LoaderSettings) -> None:
+    def __init__(self, store: str, shuffle: Shuffle, s: LoaderSettings) -> None:
         super().__init__(store, False, s, cache_bytes=DECODE_CACHE_BYTES)
 
 
 _PATTERN = re.compile(
-    r"^(?P<kind>dali|torch|torch-batched|pyg-dynamic)(?:-w(?P<workers>\d+))?(?:-(?P<layout>blob|window))?$"
+    r"^(?P<kind>dali|torch|torch-batched|pyg-dynamic)(?:-w(?P<workers>\d+))?(?:-(?P<layout>blob|window))?"
+    r"(?P<shared>-shared)?$"
 )
 
 _READ_MANY_PATTERN = re.compile(r"^(?P<kind>nvalchemi-dali|readmany-dali)(?:-w(?P<workers>\d+))?$")
@@ -321,14 +347,20 @@ def is_plain(name: str) -> bool:
     return name.startswith(("torch", "pyg"))
 
 
-def open_loader(name: str, store: str, shuffle: bool, settings: LoaderSettings) -> Runnable:
+def _no_block(name: str, shuffle: Shuffle) -> bool:
+    if not isinstance(shuffle, bool):
+        raise ValueError(f"Loader {name!r} has no block order")
+    return shuffle
+
+
+def open_loader(name: str, store: str, shuffle: Shuffle, settings: LoaderSettings) -> Runnable:
     """Open loader ``name`` (see :data:`LOADER_HELP`); raises ``ValueError`` for an unknown name."""
     if name == "nvalchemi":
-        return _nvalchemi(store, shuffle, settings)
+        return _nvalchemi(store, _no_block(name, shuffle), settings)
     if name == "nvalchemi-reader":
         return _NvalchemiReads(store, shuffle, settings)
     if name == "nvalchemi-dropin":
-        return _nvalchemi_dropin(store, shuffle, settings)
+        return _nvalchemi_dropin(store, _no_block(name, shuffle), settings)
     read_many = _READ_MANY_PATTERN.match(name)
     if read_many is not None:
         from dali_alchemi.pipeline.loader import DEFAULT_NUM_WORKERS
@@ -355,12 +387,13 @@ def open_loader(name: str, store: str, shuffle: bool, settings: LoaderSettings) 
             settings,
             DEFAULT_NUM_WORKERS if workers is None else int(workers),
             match.group("layout") or "window",
+            match.group("shared") is not None,
         )
-    if match.group("layout"):
-        raise ValueError(f"Loader {name!r}: a layout suffix only applies to dali loaders")
+    if match.group("layout") or match.group("shared"):
+        raise ValueError(f"Loader {name!r}: layout and -shared suffixes only apply to dali loaders")
     count = settings.torch_workers if workers is None else int(workers)
     if kind == "pyg-dynamic":
-        return _pyg_dynamic(store, shuffle, settings, count)
+        return _pyg_dynamic(store, _no_block(name, shuffle), settings, count)
     return _torch(store, shuffle, settings, kind == "torch-batched", count)
 
 

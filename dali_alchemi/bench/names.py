@@ -9,7 +9,8 @@ from __future__ import annotations
 
 LOADER_HELP = (
     "dali-wN (the DALI loader with N worker processes; dali-w0 reads on a background thread; dali: the "
-    "default), optionally with a DALI layout suffix -window or -blob; torch-wN (plain "
+    "default), optionally with a DALI layout suffix -window or -blob, and -shared (the workers share decoded "
+    "chunks through a shared-memory folder: DALIDataLoader(shared_cache=True)); torch-wN (plain "
     "DataLoader, per-sample reads), torch-batched-wN (one read per batch, split into samples), pyg-dynamic-wN (PyG's DataLoader "
     "with its DynamicBatchSampler; needs --max-atoms), nvalchemi (nvalchemi-toolkit's "
     "DataLoader), nvalchemi-dropin (its DataLoader over NvalchemiDropInReader), nvalchemi-dali-wN (DALIDataLoader "

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -25,7 +24,18 @@ from typing import Any
 
 import torch
 
-from dali_alchemi.bench.loaders import LIMITS, LoaderSettings, is_plain, median, nvalchemi_available, open_loader
+from dali_alchemi.bench.loaders import (
+    LIMITS,
+    NO_BLOCK_ORDER,
+    ORDERS,
+    LoaderSettings,
+    is_plain,
+    median,
+    nvalchemi_available,
+    open_loader,
+)
+from dali_alchemi.bench.memory import MB, TreeMemorySampler, tree_pss
+from dali_alchemi.bench.quality import order_quality
 from dali_alchemi.store.reader import AtomicDataZarrReader
 
 ProgressCallback = Callable[[str, int, int], None]
@@ -48,17 +58,18 @@ class BenchConfig:
     cache_bytes: int | None = None
     max_atoms: int | None = None
     max_edges: int | None = None
+    max_batches: int | None = None
 
     def __post_init__(self) -> None:
-        bad = [o for o in self.orders if o not in ("shuffle", "sequential")]
+        bad = [o for o in self.orders if o not in ORDERS]
         if bad:
-            raise ValueError(f"Unknown order {bad[0]!r}: use 'shuffle' and/or 'sequential'")
+            raise ValueError(f"Unknown order {bad[0]!r}: use 'shuffle', 'block' and/or 'sequential'")
         for name in ("batch_size", "epochs", "rounds", "batches_per_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.step_ms < 0:
             raise ValueError(f"step_ms must be >= 0, got {self.step_ms}")
-        for name in ("max_atoms", "max_edges"):
+        for name in ("max_atoms", "max_edges", "max_batches"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -74,7 +85,9 @@ class Measurement:
     atoms: int = 0
     seconds: float = 0.0
     first_batch_s: float = float("nan")
-    peak_rss_mb: float = 0.0
+    peak_pss_mb: float = 0.0
+    start_pss_mb: float = 0.0
+    processes: int = 0
     wait_s: float = 0.0
     step_s: float = 0.0
     batches: int = 0
@@ -88,7 +101,16 @@ class Measurement:
 
 @dataclass(slots=True)
 class Record:
-    """A row of the report: medians over rounds for one loader and order."""
+    """A row of the report: medians over rounds for one loader and order.
+
+    Memory is the PSS of the whole process tree (:mod:`dali_alchemi.bench.memory`): ``peak_pss_mb`` the
+    largest sample while the loader ran (main process, DALI and torch workers, shared pages once),
+    ``start_pss_mb`` the tree just before it opened (the process after its imports, plus what loaders
+    measured before it left behind), ``processes`` the most processes in one sample.
+    ``shuffle_quality`` and ``batch_energy_ks`` score the order's epoch-0 plan
+    (:mod:`dali_alchemi.bench.quality`): 0 to about 1 from sequential to the full permutation, and the
+    mean KS distance of batch energies from the store's (``None`` without an ``energy`` field).
+    """
 
     loader: str
     order: str
@@ -98,11 +120,15 @@ class Record:
     atoms_per_s: float | None
     ratio_vs_plain: float | None
     first_batch_s: float | None
-    peak_rss_mb: float | None
+    peak_pss_mb: float | None
+    start_pss_mb: float | None
+    processes: int | None
     wait_s: float | None
     rounds: int
     note: str | None = None
     epoch_vs_steps: float | None = None
+    shuffle_quality: float | None = None
+    batch_energy_ks: float | None = None
     total_s: float | None = None
     batches_per_epoch: float | None = None
     atoms_per_batch: float | None = None
@@ -140,85 +166,6 @@ class BenchRun:
         return {"meta": self.meta.to_dict(), "records": [r.to_dict() for r in self.records]}
 
 
-SAMPLE_INTERVAL_S = 0.1
-"""How often the memory of the measured process tree is sampled (each sample costs a few file reads)."""
-
-
-class _MemorySampler:
-    """Polls the memory of this process and its children; reports the peak above the start.
-
-    Memory is the proportional set size (PSS): pages shared between processes (a forked worker's
-    copy-on-write pages, shared libraries) are split between them rather than counted once per
-    process, as a plain RSS sum would. Falls back to RSS where PSS is unavailable.
-    """
-
-    def __init__(self, interval: float = SAMPLE_INTERVAL_S) -> None:
-        self.interval = interval
-        self.start = _memory_tree(os.getpid())
-        self.peak = self.start
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.peak = max(self.peak, _memory_tree(os.getpid()))
-
-    def __enter__(self) -> _MemorySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _memory_tree(os.getpid()))
-
-    @property
-    def added_mb(self) -> float:
-        return max(0.0, (self.peak - self.start) / 2**20)
-
-
-def _process_memory(pid: int, status: dict[str, str]) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as fh:
-            for line in fh:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(status.get("VmRSS", "0 kB").split()[0]) * 1024
-
-
-def _children(pid: int) -> list[int]:
-    """Direct children of ``pid`` from /proc/PID/task/*/children (no scan of every process)."""
-    kids: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return kids
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as fh:
-                kids += [int(k) for k in fh.read().split()]
-        except OSError:
-            continue
-    return kids
-
-
-def _memory_tree(pid: int) -> int:
-    """Bytes (PSS) of ``pid`` and all its descendants (Linux /proc; 0 where unavailable)."""
-    total, stack = 0, [pid]
-    while stack:
-        current = stack.pop()
-        try:
-            with open(f"/proc/{current}/status") as fh:
-                status = dict(line.split(":\t", 1) for line in fh.read().splitlines() if ":\t" in line)
-        except OSError:
-            continue
-        total += _process_memory(current, status)
-        stack.extend(_children(current))
-    return total
-
-
 def measure(name: str, order: str, store: str, config: BenchConfig, device: torch.device) -> Measurement:
     """Run one loader for ``config.epochs`` epochs over ``store`` and time it."""
     result = Measurement(loader=name, order=order)
@@ -229,21 +176,27 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
     if name in ("nvalchemi", "nvalchemi-dropin") and budget:
         result.note = "no atom budget"
         return result
+    if order == "block" and name.startswith(NO_BLOCK_ORDER):
+        result.note = "no block order"
+        return result
     settings = LoaderSettings(
         batch_size=config.batch_size, batches_per_window=config.batches_per_window, device=device,
         torch_workers=config.torch_workers, seed=config.seed, cache_bytes=config.cache_bytes,
         max_atoms=config.max_atoms, max_edges=config.max_edges,
     )  # fmt: skip
     step = config.step_ms / 1000.0
-    with _MemorySampler() as memory:
+    with TreeMemorySampler() as memory:
         opened = time.perf_counter()
-        runnable = open_loader(name, store, order == "shuffle", settings)
+        runnable = open_loader(name, store, ORDERS[order], settings)
         started: float | None = None
         first_epoch_end, first_epoch_samples = 0.0, 0
         try:
             for epoch in range(config.epochs):
                 units = runnable.epoch(epoch)
-                while True:
+                per_epoch = _units_per_epoch(name, config)
+                taken = 0
+                while per_epoch is None or taken < per_epoch:
+                    taken += 1
                     asked = time.perf_counter()
                     try:
                         samples, atoms = next(units)
@@ -275,8 +228,15 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
                 result.warm_samples = result.samples - first_epoch_samples
         finally:
             runnable.close()
-    result.peak_rss_mb = memory.added_mb
+    result.peak_pss_mb, result.start_pss_mb, result.processes = memory.peak_mb, memory.start_mb, memory.peak_processes
     return result
+
+
+def _units_per_epoch(name: str, config: BenchConfig) -> int | None:
+    """Units measured per epoch under ``max_batches``: batches, or the windows holding them for the limits."""
+    if config.max_batches is None:
+        return None
+    return -(-config.max_batches // config.batches_per_window) if name in LIMITS else config.max_batches
 
 
 def open_time(store: str, repeats: int = 3) -> float:
@@ -361,7 +321,9 @@ def summarize(measurements: list[Measurement], config: BenchConfig) -> list[Reco
                 ),
                 atoms_per_s=median([m.atoms / m.seconds for m in done]) if done else None,
                 ratio_vs_plain=None, first_batch_s=median([m.first_batch_s for m in done]) if done else None,
-                peak_rss_mb=median([m.peak_rss_mb for m in done]) if done else None,
+                peak_pss_mb=median([m.peak_pss_mb for m in done]) if done else None,
+                start_pss_mb=median([m.start_pss_mb for m in done]) if done else None,
+                processes=max(m.processes for m in done) if done else None,
                 wait_s=median([m.wait_s for m in done]) if done else None, rounds=len(done), note=note,
                 total_s=median([m.total_s for m in done]) if done else None,
                 **_batch_shape(done, config, loader),
@@ -380,6 +342,11 @@ def summarize(measurements: list[Measurement], config: BenchConfig) -> list[Reco
     return records
 
 
+def _pss_after_import() -> float:
+    """PSS of this process tree now, in MB: after the imports, before any loader opens."""
+    return tree_pss()[0] / MB
+
+
 def run_bench(
     store: str,
     config: BenchConfig,
@@ -389,6 +356,7 @@ def run_bench(
 ) -> BenchRun:
     """Measure every loader in every order for ``config.rounds`` interleaved rounds; return the run."""
     device = torch.device(config.device)
+    after_import = _pss_after_import()
     # The decode limit does not depend on the order: it is measured once per round, in store order.
     plan = [
         (r, name, order)
@@ -403,11 +371,22 @@ def run_bench(
         measurements.append(measure(name, order, store, config, device))
     if progress:
         progress("done", len(plan), len(plan))
+    settings = LoaderSettings(
+        batch_size=config.batch_size, seed=config.seed, cache_bytes=config.cache_bytes, max_atoms=config.max_atoms,
+        max_edges=config.max_edges,
+    )  # fmt: skip
+    orders = tuple(dict.fromkeys((*config.orders, *(("sequential",) if "decode" in config.loaders else ()))))
+    quality = order_quality(store, orders, settings)
+    records = summarize(measurements, config)
+    for record in records:
+        if record.note is None:
+            record.shuffle_quality = quality[record.order]["shuffle_quality"]
+            record.batch_energy_ks = quality[record.order]["batch_energy_ks"]
     store_info = {**(store_info or {"path": store}), "open_s": open_time(store)}
     meta = BenchMeta(
         config={k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
         store=store_info,
-        machine=machine_info(device),
+        machine={**machine_info(device), "pss_after_import_mb": after_import},
         versions=package_versions(),
     )
-    return BenchRun(meta=meta, records=summarize(measurements, config))
+    return BenchRun(meta=meta, records=records)

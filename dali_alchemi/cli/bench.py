@@ -55,7 +55,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         epochs=args.epochs, rounds=args.rounds, step_ms=args.step_ms, device=str(device),
         batches_per_window=args.batches_per_window, torch_workers=args.torch_workers,
         cache_bytes=None if args.cache_mb is None else int(args.cache_mb * 2**20),
-        max_atoms=args.max_atoms, max_edges=args.max_edges,
+        max_atoms=args.max_atoms, max_edges=args.max_edges, max_batches=args.max_batches,
     )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="dali-alchemi-bench-") as scratch:
         if args.store:
@@ -95,23 +95,28 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     shape = ["batches", "atoms/batch", *(["fill"] if args.max_atoms else [])] if budget else []
     sizing = f"max_atoms {args.max_atoms}, max_edges {args.max_edges}" if budget else f"batch {args.batch_size}"
     table = make_table(
-        "loader", "order", "samples/s", "warm samples/s", "atoms/s", "x plain", "first batch s", "total s", "peak mem MB",
+        "loader", "order", "samples/s", "warm samples/s", "atoms/s", "x plain", "first batch s", "total s", "peak PSS MB", "quality", "batch KS",
         *steps, *shape, title=f"{sizing}, {device}, {args.epochs} epochs, median of {args.rounds} rounds",
     )  # fmt: skip
     for r in run.records:
         if r.note:
-            table.add_row(r.loader, r.order, r.note, *[""] * (6 + len(steps) + len(shape)))
+            table.add_row(r.loader, r.order, r.note, *[""] * (8 + len(steps) + len(shape)))
             continue
         shape_cells = [fmt(r.batches_per_epoch, ",.0f"), fmt(r.atoms_per_batch, ",.0f")]
         shape_cells += [fmt(r.fill_ratio, ".3f")] if args.max_atoms else []
         table.add_row(
             r.loader, r.order, fmt(r.samples_per_s, ",.0f"), fmt(r.warm_samples_per_s, ",.0f"),
             fmt(r.atoms_per_s, ",.0f"), fmt(r.ratio_vs_plain, ".2f"), fmt(r.first_batch_s, ".2f"),
-            fmt(r.total_s, ".2f"), fmt(r.peak_rss_mb, ".0f"), *([fmt(r.wait_s, ".2f"), fmt(r.epoch_vs_steps, ".3f")] if steps else []),
+            fmt(r.total_s, ".2f"), fmt(r.peak_pss_mb, ".0f"), fmt(r.shuffle_quality, ".3f"),
+            fmt(r.batch_energy_ks, ".3f"), *([fmt(r.wait_s, ".2f"), fmt(r.epoch_vs_steps, ".3f")] if steps else []),
             *(shape_cells if shape else []),
         )  # fmt: skip
     console.print(table)
     console.print(f"opening the store (with its open-time checks) took {run.meta.store['open_s'] * 1000:.1f} ms")
+    console.print(
+        f"peak PSS: the whole process tree (workers included, shared pages once); "
+        f"{run.meta.machine['pss_after_import_mb']:.0f} MB after imports"
+    )
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -252,7 +257,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--n", type=int, default=20000, help="structures in the synthetic store (default 20000)")
     bench.add_argument("--seed", type=int, default=42, help="seed of the synthetic store")
     bench.add_argument("--loaders", default=",".join(DEFAULT_LOADERS), help=f"comma-separated: {LOADER_HELP}")
-    bench.add_argument("--order", default="shuffle", help="comma-separated: shuffle, sequential")
+    bench.add_argument(
+        "--order",
+        default="shuffle",
+        help="comma-separated: shuffle (global permutation), block (chunk-aware block shuffle), sequential",
+    )
     bench.add_argument("--batch-size", type=int, default=64)
     bench.add_argument(
         "--batches-per-window", type=int, default=16, help="batches per packed read (nvalchemi: prefetch_factor)"
@@ -267,6 +276,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--max-atoms", type=int, help="batch by atoms: at most this many per batch (--batch-size is then ignored)"
     )
     bench.add_argument("--max-edges", type=int, help="batch by edges: at most this many per batch")
+    bench.add_argument(
+        "--max-batches", type=int,
+        help="measure only the first N batches of each epoch (the limits: the windows holding them); for large stores",
+    )  # fmt: skip
     bench.add_argument(
         "--codec", choices=CODECS, default="lz4", help="codec of the synthetic store (default lz4: blosc-lz4, shuffle)"
     )

@@ -28,7 +28,8 @@ from dali_alchemi.pipeline.iterator import WindowIterator
 from dali_alchemi.pipeline.source import BLOB_OUTPUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
 from dali_alchemi.plan import PlanArguments, build_plan, pad_shape, restore, store_chunking
 from dali_alchemi.store.multi import MultiReader, open_source
-from dali_alchemi.store.protocol import as_field_names, select_fields
+from dali_alchemi.store.protocol import PackedReader, as_field_names, select_fields
+from dali_alchemi.store.shared import make_shared_folder, remove_shared_folder
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from dali_alchemi.interop.read_many import ReadManyReader
     from dali_alchemi.plan import BlockShuffle, EpochPlan, Plan
     from dali_alchemi.store.location import StoreLike
-    from dali_alchemi.store.protocol import PackedReader
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +142,11 @@ class DALIDataLoader:
         DALI's pipeline prefetch queue depth (windows).
     cache_bytes
         Decoded-chunk cache of a reader the loader opens itself (per worker process).
+    shared_cache
+        With workers and a reader the loader opens itself: the workers share decoded chunks through a
+        folder on shared memory, so each chunk is decoded once per machine rather than once per
+        worker. Off by default: on the reference machine the per-chunk cost of sharing (files on
+        ``/dev/shm``) outweighed the decodes it saved (README: "Datasets bigger than memory").
     layout
         How a window goes through DALI: ``"window"`` (the default: one DALI sample per output), or
         ``"blob"`` (every array of the window in one byte buffer: one host-to-device copy per window
@@ -194,6 +199,7 @@ class DALIDataLoader:
         cache_bytes: int | None = None,
         layout: str = "window",
         augmentations: Sequence[Augmentation] = (),
+        shared_cache: bool = False,
     ) -> None:
         self.augmentations = check_augmentations(augmentations)
         self.config = LoaderConfig(
@@ -205,9 +211,19 @@ class DALIDataLoader:
         self.layout = self.config.layout
         self.seed = seed
         self.device = resolve_device(device)
-        self.reader, self._owns_reader = open_source(
-            as_packed_reader(store_or_reader), fields=self.config.fields, cache_bytes=cache_bytes
-        )
+        source = as_packed_reader(store_or_reader)
+        # With shared_cache, worker processes share decoded chunks through a shared-memory folder, when
+        # the loader opens the (one) reader itself.
+        sharing = shared_cache and num_workers > 0 and not isinstance(source, (PackedReader, list))
+        self._shared_folder = make_shared_folder() if sharing else None
+        try:
+            self.reader, self._owns_reader = open_source(
+                source, fields=self.config.fields, cache_bytes=cache_bytes, shared_cache=self._shared_folder
+            )
+        except BaseException:
+            if self._shared_folder is not None:
+                remove_shared_folder(self._shared_folder)
+            raise
         self._sizes: tuple[Any, Any] | None = None
         try:
             self.fields = select_fields(self.reader, self.config.fields)
@@ -226,6 +242,8 @@ class DALIDataLoader:
         except BaseException:
             if self._owns_reader:
                 self.reader.close()
+            if self._shared_folder is not None:
+                remove_shared_folder(self._shared_folder)
             raise
         # On the CPU the batch index and neighbor-list offsets are computed where the window is read (in
         # the workers); on a GPU they are computed on the device (batch.collate).
@@ -421,6 +439,8 @@ class DALIDataLoader:
         self._discard_pipeline()
         if self._owns_reader:
             self.reader.close()
+        if self._shared_folder is not None:
+            remove_shared_folder(self._shared_folder)
 
     def __enter__(self) -> DALIDataLoader:
         return self

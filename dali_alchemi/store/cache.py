@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,12 +37,17 @@ class BlockCache:
     """LRU of decoded blocks keyed by ``(array name, block index)``, bounded by total bytes.
 
     A block larger than the whole budget is never kept. ``capacity_bytes=0`` disables caching.
+    ``on_evict`` is called with the key of every block the cache lets go (evicted, cleared, or not
+    kept at all), after the cache's lock is released; :meth:`pop` does not call it.
     """
 
-    def __init__(self, capacity_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+    def __init__(
+        self, capacity_bytes: int = DEFAULT_CACHE_BYTES, on_evict: Callable[[BlockKey], None] | None = None
+    ) -> None:
         if capacity_bytes < 0:
             raise ValueError(f"cache capacity must be >= 0 bytes, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
+        self.on_evict = on_evict
         self._entries: OrderedDict[BlockKey, NDArray[Any]] = OrderedDict()
         self._lock = threading.Lock()
         self.stats = CacheStats()
@@ -74,8 +80,11 @@ class BlockCache:
         """Insert ``block`` (made read-only) and evict least recently used blocks over the budget."""
         size = int(block.nbytes)
         if size > self.capacity_bytes:
+            if self.on_evict is not None:
+                self.on_evict(key)
             return
         block.flags.writeable = False
+        gone: list[BlockKey] = []
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
@@ -83,14 +92,22 @@ class BlockCache:
             self._entries[key] = block
             self.stats.nbytes += size
             while self.stats.nbytes > self.capacity_bytes:
-                _, evicted = self._entries.popitem(last=False)
+                evicted_key, evicted = self._entries.popitem(last=False)
                 self.stats.nbytes -= int(evicted.nbytes)
                 self.stats.evictions += 1
+                gone.append(evicted_key)
             self.stats.entries = len(self._entries)
+        if self.on_evict is not None:
+            for evicted_key in gone:
+                self.on_evict(evicted_key)
 
     def clear(self) -> None:
         """Drop every entry (counters other than size are kept)."""
         with self._lock:
+            gone = list(self._entries)
             self._entries.clear()
             self.stats.nbytes = 0
             self.stats.entries = 0
+        if self.on_evict is not None:
+            for key in gone:
+                self.on_evict(key)

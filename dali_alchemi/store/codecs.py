@@ -164,6 +164,9 @@ class ArrayCodec:
         trailing = self.shape[1:]
         self.trailing_grid = tuple(math.ceil(s / c) for s, c in zip(trailing, self.chunk_shape[1:], strict=True))
         self.row_nbytes = int(math.prod(trailing)) * self.dtype.itemsize
+        self._whole_rows = all(g == 1 for g in self.trailing_grid)
+        self._zeros = tuple(0 for _ in self.trailing_grid)
+        self._row_keys: dict[int, str] = {}  # object key by first chunk coordinate (whole-row chunks)
 
     # -- addressing ---------------------------------------------------------------------------------
     @property
@@ -181,6 +184,13 @@ class ArrayCodec:
 
     def chunks_of_block(self, block: int) -> list[tuple[tuple[int, ...], ChunkLocation]]:
         """Every inner chunk of row block ``block``: its chunk coordinates and where its bytes live."""
+        if self._whole_rows:  # trailing dims whole (what the writer makes): one chunk per block
+            coords = (block, *self._zeros)
+            first = block // self.chunks_per_shard[0] if self.sharded else block
+            key = self._row_keys.get(first)
+            if key is None:
+                key = self._row_keys.setdefault(first, self._key((first, *self._zeros)))
+            return [(coords, ChunkLocation(key=key, inner_index=block % self.chunks_per_shard[0]))]
         result: list[tuple[tuple[int, ...], ChunkLocation]] = []
         for trailing in np.ndindex(*self.trailing_grid) if self.trailing_grid else [()]:
             coords = (block, *trailing)

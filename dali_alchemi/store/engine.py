@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
@@ -30,14 +31,26 @@ from zarr.storage import LocalStore
 from dali_alchemi.csr import concat_aranges
 from dali_alchemi.errors import ChunkDecodeError
 from dali_alchemi.store.cache import BlockCache, CacheStats
-from dali_alchemi.store.codecs import ArrayCodec, BlockPayloads, fetch_blocks
+from dali_alchemi.store.codecs import fetch_blocks
 from dali_alchemi.store.fetch import ByteFetcher, LocalFetcher, StoreFetcher
-from dali_alchemi.store.gather import LevelPlan, plan_rows, plan_system_rows
+from dali_alchemi.store.gather import (
+    BlockJob,
+    LevelPlan,
+    balanced_groups,
+    block_layout,
+    plan_rows,
+    plan_system_rows,
+    rows_view,
+    scatter,
+    working_set_groups,
+)
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
+    from dali_alchemi.store.codecs import ArrayCodec
+    from dali_alchemi.store.shared import SharedBlocks
     from dali_alchemi.store.snapshot import ArrayHandle, Snapshot
     from dali_alchemi.types import CountArray, IndexArray, Level
 
@@ -50,6 +63,10 @@ INLINE_ROWS = 1 << 15
 MIN_THREADS, MAX_THREADS = 2, 8
 """Bounds of the default thread count (the core count): decoding overlaps I/O even on one core, and
 more than 8 threads only contend for memory bandwidth."""
+
+DEFAULT_WORKING_SET_BYTES = 64 << 20
+"""Decoded bytes one read holds beyond the cache, by default (at least one row block): reads that touch
+more blocks than this decode them in groups, so a window never decodes the whole store at once."""
 
 TASKS_PER_THREAD = 4
 """Block jobs are grouped into this many tasks per thread, so uneven blocks still balance."""
@@ -67,6 +84,7 @@ class ReadStats:
     packed_reads: int
     samples_read: int
     chunks_fetched: int
+    blocks_decoded: int
     cache: CacheStats
 
 
@@ -90,10 +108,32 @@ class BlockEngine:
         Threads that fetch and decode blocks (``None``: :func:`default_threads`).
     max_concurrency
         Requests in flight at once to a non-local store.
+    working_set_bytes
+        Decoded bytes one read may hold beyond the cache (``None``: :data:`DEFAULT_WORKING_SET_BYTES`).
+        A read's decoded blocks then stay within ``cache_bytes + working_set_bytes`` (or one block).
+    shared
+        A folder of decoded blocks shared with other processes (:mod:`dali_alchemi.store.shared`): a
+        block another process published is mapped instead of decoded, one it is decoding is waited
+        for, and blocks decoded here are published. ``None``: this process's cache only.
     """
 
-    def __init__(self, *, cache_bytes: int, num_threads: int | None, max_concurrency: int) -> None:
-        self.cache = BlockCache(cache_bytes)
+    def __init__(
+        self,
+        *,
+        cache_bytes: int,
+        num_threads: int | None,
+        max_concurrency: int,
+        working_set_bytes: int | None = None,
+        shared: SharedBlocks | None = None,
+    ) -> None:
+        if working_set_bytes is not None and working_set_bytes < 1:
+            raise ValueError(f"working_set_bytes must be >= 1, got {working_set_bytes}")
+        self.cache = BlockCache(cache_bytes, on_evict=self._evicted)
+        self._shared_root = shared
+        self._shared: SharedBlocks | None = None
+        self._published: set[tuple[str, int]] = set()
+        self._published_pid = os.getpid()
+        self.working_set_bytes = working_set_bytes or DEFAULT_WORKING_SET_BYTES
         self.num_threads = num_threads or default_threads()
         self._max_concurrency = max_concurrency
         self._snapshot: Snapshot | None = None
@@ -105,12 +145,15 @@ class BlockEngine:
         self._packed_reads = 0
         self._samples_read = 0
         self._chunks_fetched = 0
+        self._blocks_decoded = 0
 
     # -- state --------------------------------------------------------------------------------------
     def attach(self, snapshot: Snapshot) -> None:
         """Read from ``snapshot`` from now on: drop the blocks, shard indexes and fetcher of the last one."""
         self._snapshot = snapshot
         self.cache.clear()
+        if self._shared_root is not None:
+            self._shared = self._shared_root.scoped(_snapshot_token(snapshot))
         self._shard_indexes.clear()
         self._fetcher = None  # follows the location, which a defragment may have moved
 
@@ -120,6 +163,7 @@ class BlockEngine:
             packed_reads=self._packed_reads,
             samples_read=self._samples_read,
             chunks_fetched=self._chunks_fetched,
+            blocks_decoded=self._blocks_decoded,
             cache=CacheStats(**{f.name: getattr(self.cache.stats, f.name) for f in fields(CacheStats)}),
         )
 
@@ -129,6 +173,19 @@ class BlockEngine:
         if self._executor is not None and self._executor_pid == os.getpid():
             self._executor.shutdown(wait=True)
         self._executor = None
+
+    def _evicted(self, key: tuple[str, int]) -> None:
+        """The cache let a block go: a block this process published leaves the shared folder too."""
+        if self._shared is not None and self._published_pid == os.getpid() and key in self._published:
+            self._published.discard(key)
+            self._shared.discard(*key)
+
+    def _shared_blocks(self) -> SharedBlocks | None:
+        """The shared folder of the current snapshot; what a parent process published is not ours."""
+        if self._published_pid != os.getpid():
+            self._published = set()
+            self._published_pid = os.getpid()
+        return self._shared
 
     def _pool(self) -> ThreadPoolExecutor:
         # Threads do not survive fork (DALI's default worker start): rebuild the pool in a new process.
@@ -199,14 +256,17 @@ class BlockEngine:
     ) -> None:
         """Fill ``outputs``.
 
-        Arrays held whole in the cache (*resident*) are read with one take in request order. For the
-        others, the blocks missing from the cache are fetched in one concurrent batch, then every block
-        is decoded and scattered on the thread pool (each block's rows go to disjoint output rows). An
-        array whose every block this call touched, and that fits in a quarter of the cache, is then
-        stitched into one resident array for later calls.
+        Arrays held whole in the cache (*resident*) are read with one take in request order. The other
+        arrays' row blocks are handled in groups whose decoded size stays within ``working_set_bytes``:
+        a group's blocks are looked up in the cache, the missing ones fetched in one concurrent batch,
+        then decoded and scattered on the thread pool (each block's rows go to disjoint output rows),
+        and the group is released before the next begins. So one read holds at most the cache plus one
+        group of decoded blocks, however many blocks of the store it touches. An array whose every
+        block this call touched, and that fits in a quarter of the cache, is then stitched into one
+        resident array for later calls.
         """
         block_plans: dict[tuple[Level, int], tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
-        jobs: list[_BlockJob] = []
+        jobs: list[BlockJob] = []
         resident: list[tuple[str, NDArray[Any]]] = []
         to_stitch: list[str] = []
         for name in names:
@@ -226,87 +286,159 @@ class BlockEngine:
                 block_plans[key] = plan.blocks(handle.codec.block_rows)
             blocks, bounds = block_plans[key]
             for k, block in enumerate(blocks.tolist()):
-                cached = self.cache.get((name, block))
-                jobs.append(_BlockJob(handle, block, plan, int(bounds[k]), int(bounds[k + 1]), cached))
+                jobs.append(BlockJob(handle, block, plan, int(bounds[k]), int(bounds[k + 1]), None))
             nbytes = handle.codec.row_nbytes * handle.shape[0]
-            if blocks.size == handle.codec.n_blocks and nbytes <= self.cache.capacity_bytes // 4:
+            small = nbytes <= self.cache.capacity_bytes // 4
+            if blocks.size == handle.codec.n_blocks and small and self._shared_root is None:
                 to_stitch.append(name)
-        missing = [job for job in jobs if job.data is None]
-        if missing:
-            fetched = self._fetch_blocks([(job.handle.codec, job.block) for job in missing])  # type: ignore[misc]
-            for job, payloads in zip(missing, fetched, strict=True):
-                job.payloads = payloads
-
-        def run(group: list[_BlockJob]) -> None:
-            for job in group:
-                codec = job.handle.codec
-                assert codec is not None
-                if job.data is None:
-                    job.data = codec.decode_block(job.block, *job.payloads)  # type: ignore[misc]
-                    self.cache.put((job.handle.name, job.block), job.data)
-                _scatter(outputs[job.handle.name], job.plan, job.lo, job.hi, job.data, job.block * codec.block_rows)
 
         def take(item: tuple[str, NDArray[Any]]) -> None:
             name, whole = item
             rows = request_rows(handles[name].level)
-            np.take(_rows_view(whole), rows, out=_rows_view(outputs[name]))
+            np.take(rows_view(whole), rows, out=rows_view(outputs[name]))
+
+        groups = working_set_groups(jobs, self.working_set_bytes)
+        for k, group in enumerate(groups):
+            self._gather_group(group, outputs, resident if k == len(groups) - 1 else [], take)
+            for job in group:  # release the group's decoded blocks (the cache keeps what fits)
+                job.data = job.payloads = None
+        if not groups and resident:
+            self._gather_group([], outputs, resident, take)
+        for name in to_stitch:
+            self._stitch(name, [job.block for job in jobs if job.handle.name == name])
+
+    def _gather_group(
+        self,
+        jobs: list[BlockJob],
+        outputs: dict[str, NDArray[Any]],
+        resident: list[tuple[str, NDArray[Any]]],
+        take: Callable[[tuple[str, NDArray[Any]]], None],
+    ) -> None:
+        """Fetch, decode and scatter one group of block jobs (and the resident takes, if any).
+
+        With a shared folder, a block missing here is mapped if another process published it; of the
+        rest, this process decodes those it claims and waits for the others (decoding them itself
+        after all if their claim ends without a block).
+        """
+        shared = self._shared_blocks()
+        for job in jobs:
+            job.data = self.cache.get((job.handle.name, job.block))
+            if job.data is None and shared is not None:
+                job.data = shared.open(job.handle.name, job.block, *block_layout(job))
+                if job.data is not None:
+                    self.cache.put((job.handle.name, job.block), job.data)
+        theirs: list[BlockJob] = []
+        if shared is not None:
+            theirs = [job for job in jobs if job.data is None and not shared.claim(job.handle.name, job.block)]
+        waiting = {id(job) for job in theirs}
+        self._decode_blocks([job for job in jobs if id(job) not in waiting], outputs, resident, take, shared)
+        if theirs:
+            assert shared is not None
+            pool = self._pool()
+            waits = [pool.submit(self._wait_andscatter, job, outputs, shared) for job in theirs]
+            unfinished = [job for job, task in zip(theirs, waits, strict=True) if not task.result()]
+            claimed = {id(job) for job in unfinished if shared.claim(job.handle.name, job.block)}
+            self._decode_blocks([job for job in unfinished if id(job) in claimed], outputs, [], take, shared)
+            self._decode_blocks([job for job in unfinished if id(job) not in claimed], outputs, [], take, None)
+
+    def _wait_andscatter(self, job: BlockJob, outputs: dict[str, NDArray[Any]], shared: SharedBlocks) -> bool:
+        """Scatter a block another process is decoding, once published; ``False`` if it never was."""
+        job.data = shared.wait(job.handle.name, job.block, *block_layout(job))
+        if job.data is None:
+            return False
+        self.cache.put((job.handle.name, job.block), job.data)
+        codec = job.handle.codec
+        assert codec is not None
+        scatter(outputs[job.handle.name], job.plan, job.lo, job.hi, job.data, job.block * codec.block_rows)
+        return True
+
+    def _decode_blocks(
+        self,
+        jobs: list[BlockJob],
+        outputs: dict[str, NDArray[Any]],
+        resident: list[tuple[str, NDArray[Any]]],
+        take: Callable[[tuple[str, NDArray[Any]]], None],
+        shared: SharedBlocks | None,
+    ) -> None:
+        """Fetch the jobs' missing blocks in one batch, decode (and publish) them, scatter every job."""
+        missing = [job for job in jobs if job.data is None]
+        self._blocks_decoded += len(missing)
+        try:
+            if missing:
+                fetched = self._fetch_blocks([(job.handle.codec, job.block) for job in missing])  # type: ignore[misc]
+                for job, payloads in zip(missing, fetched, strict=True):
+                    job.payloads = payloads
+        except BaseException:
+            for job in missing if shared is not None else []:
+                shared.release(job.handle.name, job.block)  # type: ignore[union-attr]
+            raise
+
+        def run(group: list[BlockJob]) -> None:
+            for job in group:
+                codec = job.handle.codec
+                assert codec is not None
+                if job.data is None:
+                    key = (job.handle.name, job.block)
+                    try:
+                        job.data = codec.decode_block(job.block, *job.payloads)  # type: ignore[misc]
+                    except BaseException:
+                        if shared is not None:
+                            shared.release(*key)
+                        raise
+                    job.payloads = None
+                    if shared is not None:
+                        job.data = shared.publish(*key, job.data)
+                        self._published.add(key)
+                    self.cache.put(key, job.data)
+                scatter(outputs[job.handle.name], job.plan, job.lo, job.hi, job.data, job.block * codec.block_rows)
 
         rows = sum(job.hi - job.lo for job in jobs) + sum(outputs[name].shape[0] for name, _ in resident)
         if not missing and rows <= INLINE_ROWS:
             run(jobs)  # small and cached: a thread hand-off would cost more than the copies
             for item in resident:
                 take(item)
-        else:
-            pool = self._pool()
-            tasks = [pool.submit(run, group) for group in _balanced_groups(jobs, self.num_threads * TASKS_PER_THREAD)]
-            tasks += [pool.submit(take, item) for item in resident]
-            for task in tasks:
-                task.result()
-        for name in to_stitch:
-            self._stitch(name, [job for job in jobs if job.handle.name == name])
-
-    def _stitch(self, name: str, jobs: list[_BlockJob]) -> None:
-        """Replace an array's cached blocks by one resident copy of the whole array."""
-        blocks = sorted(((job.block, job.data) for job in jobs), key=lambda item: item[0])
-        if any(data is None for _, data in blocks) or [b for b, _ in blocks] != list(range(len(blocks))):
             return
-        whole = np.concatenate([data for _, data in blocks], axis=0)  # type: ignore[misc]
-        for block, _ in blocks:
+        pool = self._pool()
+        tasks = [pool.submit(run, group) for group in balanced_groups(jobs, self.num_threads * TASKS_PER_THREAD)]
+        tasks += [pool.submit(take, item) for item in resident]
+        errors = []
+        for task in tasks:
+            try:
+                task.result()
+            except BaseException as err:
+                errors.append(err)
+        if errors:
+            if shared is not None:
+                for job in missing:
+                    if job.data is None:
+                        shared.release(job.handle.name, job.block)
+            raise errors[0]
+
+    def _stitch(self, name: str, blocks: list[int]) -> None:
+        """Replace an array's cached blocks by one resident copy of the whole array (all must be cached)."""
+        if sorted(blocks) != list(range(len(blocks))):
+            return
+        data = [self.cache.peek((name, block)) for block in range(len(blocks))]
+        present = [d for d in data if d is not None]
+        if len(present) != len(data):
+            return
+        whole = np.concatenate(present, axis=0)
+        for block in range(len(blocks)):
             self.cache.pop((name, block))
         self.cache.put((name, RESIDENT), whole)
 
-    def _fetch_blocks(self, blocks: list[tuple[ArrayCodec, int]]) -> list[BlockPayloads]:
+    def _fetch_blocks(self, blocks: list[tuple[ArrayCodec, int]]) -> list[tuple[list[Any | None], list[str]]]:
         """Fetch every chunk payload of the given row blocks in one concurrent batch (two for shards)."""
         result, fetched = fetch_blocks(self._io_fetcher(), blocks, self._shard_indexes)
         self._chunks_fetched += fetched
         return result
 
 
-@dataclass(slots=True)
-class _BlockJob:
-    """One row block of one array in a read: where its rows go, and its data or payloads."""
-
-    handle: ArrayHandle
-    block: int
-    plan: LevelPlan
-    lo: int
-    hi: int
-    data: NDArray[Any] | None
-    payloads: tuple[list[Any | None], list[str]] | None = None
-
-
-def _balanced_groups(jobs: list[_BlockJob], n_groups: int) -> list[list[_BlockJob]]:
-    """Split jobs into at most ``n_groups`` lists of similar row counts (greedy, largest first)."""
-    if len(jobs) <= n_groups:
-        return [[job] for job in jobs]
-    sizes = np.array([job.hi - job.lo + (job.hi - job.lo if job.data is None else 0) for job in jobs])
-    loads = np.zeros(n_groups)
-    groups: list[list[_BlockJob]] = [[] for _ in range(n_groups)]
-    for i in np.argsort(-sizes, kind="stable").tolist():
-        g = int(np.argmin(loads))
-        groups[g].append(jobs[i])
-        loads[g] += sizes[i]
-    return [g for g in groups if g]
+def _snapshot_token(snapshot: Snapshot) -> str:
+    """A name for one state of a store: its location, sample counts and arrays (shapes and dtypes)."""
+    arrays = ";".join(f"{n}:{h.shape}:{h.dtype}" for n, h in sorted(snapshot.handles.items()))
+    text = f"{snapshot.location!r}|{snapshot.n_physical}|{int(snapshot.atoms_ptr[-1])}|{int(snapshot.edges_ptr[-1])}"
+    return f"{zlib.crc32((text + arrays).encode()):08x}"
 
 
 def _read_through_zarr(handle: ArrayHandle, rows: NDArray[np.int64]) -> NDArray[Any]:
@@ -318,18 +450,3 @@ def _read_through_zarr(handle: ArrayHandle, rows: NDArray[np.int64]) -> NDArray[
         raise ChunkDecodeError(
             f"Array {name!r} could not be read through zarr: {type(err).__name__}: {err}", array=name
         ) from err
-
-
-def _rows_view(arr: NDArray[Any]) -> NDArray[Any]:
-    """``arr`` as a 1-D array of opaque rows, so fancy indexing moves each row with one copy."""
-    if arr.ndim == 1:
-        return arr
-    row_bytes = arr.dtype.itemsize * int(np.prod(arr.shape[1:]))
-    return arr.reshape(arr.shape[0], -1).view(np.dtype((np.void, row_bytes))).reshape(arr.shape[0])
-
-
-def _scatter(out: NDArray[Any], plan: LevelPlan, lo: int, hi: int, block: NDArray[Any], first_row: int) -> None:
-    """Copy plan rows ``[lo, hi)`` (all inside one block starting at ``first_row``) to their destinations."""
-    rows = plan.rows[lo:hi] - first_row
-    dest = plan.dest[lo:hi]
-    _rows_view(out)[dest] = np.take(_rows_view(block), rows)

@@ -24,6 +24,10 @@ from zarr.core.sync import sync
 INLINE_READS = 2
 """At most this many local reads are done on the calling thread (a pool hand-off costs more)."""
 
+READ_TASKS = 16
+"""Local reads of one fetch are split into at most this many tasks on the pool (thousands of small
+inner chunks would otherwise cost a task each)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ByteRequest:
@@ -49,25 +53,42 @@ class LocalFetcher:
         self._executor = executor
 
     def _read(self, request: ByteRequest) -> bytes | None:
-        path = os.path.join(self.root, request.key)
+        return self._read_batch([request])[0]
+
+    def _read_batch(self, requests: Sequence[ByteRequest]) -> list[bytes | None]:
+        """Read requests in order, opening each object once (inner chunks of a shard share a file)."""
+        out: list[bytes | None] = []
+        fds: dict[str, int | None] = {}
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        try:
-            if request.suffix is not None:
-                size = os.fstat(fd).st_size
-                start = max(0, size - request.suffix)
-                return os.pread(fd, size - start, start)
-            stop = os.fstat(fd).st_size if request.stop is None else request.stop
-            return os.pread(fd, max(0, stop - request.start), request.start)
+            for request in requests:
+                if request.key not in fds:
+                    try:
+                        fds[request.key] = os.open(os.path.join(self.root, request.key), os.O_RDONLY)
+                    except (FileNotFoundError, NotADirectoryError):
+                        fds[request.key] = None
+                fd = fds[request.key]
+                if fd is None:
+                    out.append(None)
+                elif request.suffix is not None:
+                    size = os.fstat(fd).st_size
+                    start = max(0, size - request.suffix)
+                    out.append(os.pread(fd, size - start, start))
+                else:
+                    stop = os.fstat(fd).st_size if request.stop is None else request.stop
+                    out.append(os.pread(fd, max(0, stop - request.start), request.start))
         finally:
-            os.close(fd)
+            for fd in fds.values():
+                if fd is not None:
+                    os.close(fd)
+        return out
 
     def fetch(self, requests: Sequence[ByteRequest]) -> list[Any | None]:
         if len(requests) <= INLINE_READS:
             return [self._read(r) for r in requests]
-        return list(self._executor.map(self._read, requests))
+        # Contiguous runs of requests, a few per thread: one task (and one open per file) per run.
+        size = max(1, -(-len(requests) // READ_TASKS))
+        runs = [requests[i : i + size] for i in range(0, len(requests), size)]
+        return [payload for run in self._executor.map(self._read_batch, runs) for payload in run]
 
 
 class StoreFetcher:

@@ -8,8 +8,9 @@ of the plan, so each block is decoded once and scattered with one fancy-index as
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from dali_alchemi.csr import concat_aranges
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
+    from dali_alchemi.store.snapshot import ArrayHandle
     from dali_alchemi.types import CountArray, IndexArray, PtrArray
 
 
@@ -64,3 +66,71 @@ def plan_rows(ptr: PtrArray, physical: IndexArray, order: IndexArray) -> tuple[L
 def plan_system_rows(physical: IndexArray, order: IndexArray) -> LevelPlan:
     """Plan of system-level rows: one row per sample, its physical index."""
     return LevelPlan(rows=physical[order], dest=order.astype(np.int64, copy=False), total=int(physical.size))
+
+
+@dataclass(slots=True)
+class BlockJob:
+    """One row block of one array in a read: where its rows go, and its data or payloads."""
+
+    handle: ArrayHandle
+    block: int
+    plan: LevelPlan
+    lo: int
+    hi: int
+    data: NDArray[Any] | None
+    payloads: tuple[list[Any | None], list[str]] | None = None
+
+
+def block_layout(job: BlockJob) -> tuple[np.dtype[Any], tuple[int, ...]]:
+    """Dtype and shape of a job's decoded block."""
+    codec = job.handle.codec
+    assert codec is not None
+    return codec.dtype, codec.block_shape(job.block)
+
+
+def balanced_groups(jobs: list[BlockJob], n_groups: int) -> list[list[BlockJob]]:
+    """Split jobs into at most ``n_groups`` lists of similar row counts (greedy, largest first)."""
+    if len(jobs) <= n_groups:
+        return [[job] for job in jobs]
+    sizes = [job.hi - job.lo + (job.hi - job.lo if job.data is None else 0) for job in jobs]
+    loads = [(0, g) for g in range(n_groups)]  # a heap of (load, group): the lightest group on top
+    groups: list[list[BlockJob]] = [[] for _ in range(n_groups)]
+    for i in sorted(range(len(jobs)), key=lambda k: -sizes[k]):
+        load, g = heapq.heappop(loads)
+        groups[g].append(jobs[i])
+        heapq.heappush(loads, (load + sizes[i], g))
+    return [g for g in groups if g]
+
+
+def working_set_groups(jobs: list[BlockJob], limit: int) -> list[list[BlockJob]]:
+    """Consecutive runs of jobs whose decoded blocks add up to at most ``limit`` bytes (one job at least)."""
+    groups: list[list[BlockJob]] = []
+    current: list[BlockJob] = []
+    held = 0
+    for job in jobs:
+        codec = job.handle.codec
+        assert codec is not None
+        size = codec.row_nbytes * codec.block_rows
+        if current and held + size > limit:
+            groups.append(current)
+            current, held = [], 0
+        current.append(job)
+        held += size
+    if current:
+        groups.append(current)
+    return groups
+
+
+def rows_view(arr: NDArray[Any]) -> NDArray[Any]:
+    """``arr`` as a 1-D array of opaque rows, so fancy indexing moves each row with one copy."""
+    if arr.ndim == 1:
+        return arr
+    row_bytes = arr.dtype.itemsize * int(np.prod(arr.shape[1:]))
+    return arr.reshape(arr.shape[0], -1).view(np.dtype((np.void, row_bytes))).reshape(arr.shape[0])
+
+
+def scatter(out: NDArray[Any], plan: LevelPlan, lo: int, hi: int, block: NDArray[Any], first_row: int) -> None:
+    """Copy plan rows ``[lo, hi)`` (all inside one block starting at ``first_row``) to their destinations."""
+    rows = plan.rows[lo:hi] - first_row
+    dest = plan.dest[lo:hi]
+    rows_view(out)[dest] = np.take(rows_view(block), rows)

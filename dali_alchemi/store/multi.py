@@ -413,12 +413,15 @@ def open_source(
     *,
     fields: tuple[str, ...] | None,
     cache_bytes: int | None,
+    shared_cache: str | None = None,
 ) -> tuple[PackedReader, bool]:
     """The reader a loader reads through and whether it must close it: a list or tuple is a MultiReader.
 
     Anything else goes to :func:`~dali_alchemi.store.reader.open_reader` (a reader as it is, a store
-    opened).
+    opened, sharing decoded chunks through ``shared_cache`` when given; a MultiReader shares none).
     """
     if isinstance(source, (list, tuple)):
         return MultiReader(source, fields=fields, cache_bytes=cache_bytes), True
-    return open_reader(cast("StoreLike | PackedReader", source), fields=fields, cache_bytes=cache_bytes)
+    return open_reader(
+        cast("StoreLike | PackedReader", source), fields=fields, cache_bytes=cache_bytes, shared_cache=shared_cache
+    )

@@ -45,6 +45,7 @@ from dali_alchemi.store.location import StoreLike, StoreLocation, resolve_store
 from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.protocol import FieldSpec, PackedReader, as_field_names
 from dali_alchemi.store.repair import NOT_REBASED_HINT
+from dali_alchemi.store.shared import SharedBlocks
 from dali_alchemi.store.snapshot import Snapshot, incompatibility, open_snapshot
 from dali_alchemi.store.validate import memory_budget
 from dali_alchemi.types import PerLevel
@@ -84,6 +85,10 @@ class AtomicDataZarrReader:
     storage_options
         Passed to fsspec when ``store`` is a URL (credentials, ``endpoint_url`` for S3-compatible
         servers, ...).
+    shared_cache
+        A folder (best on ``/dev/shm``) through which readers in several processes share decoded
+        chunks: a chunk one process decoded is mapped by the others instead of decoded again (see
+        :mod:`dali_alchemi.store.shared`). The loader sets one up for its worker processes.
 
     Raises
     ------
@@ -103,6 +108,7 @@ class AtomicDataZarrReader:
         num_threads: int | None = None,
         fetch: FetchConfig | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        shared_cache: str | os.PathLike[str] | None = None,
     ) -> None:
         if pin_memory and not torch.cuda.is_available():
             raise DeviceError("pin_memory=True needs a CUDA build of torch and a visible GPU")
@@ -114,6 +120,7 @@ class AtomicDataZarrReader:
             "num_threads": num_threads,
             "fetch": fetch,
             "storage_options": None if storage_options is None else dict(storage_options),
+            "shared_cache": None if shared_cache is None else str(shared_cache),
         }
         self.pin_memory = pin_memory
         # existence is checked in refresh(): an interrupted defragment may have moved the store aside
@@ -122,7 +129,10 @@ class AtomicDataZarrReader:
             store, read_only=True, must_exist=False, fetch=self._fetch, storage_options=storage_options
         )
         self._engine = BlockEngine(
-            cache_bytes=cache_bytes, num_threads=num_threads, max_concurrency=self._fetch.max_concurrency
+            cache_bytes=cache_bytes,
+            num_threads=num_threads,
+            max_concurrency=self._fetch.max_concurrency,
+            shared=None if shared_cache is None else SharedBlocks(shared_cache),
         )
         self._closed = False
         self._pid = os.getpid()
@@ -481,12 +491,17 @@ def _reopen(store: StoreLike, options: dict[str, Any]) -> AtomicDataZarrReader:
 
 
 def open_reader(
-    store_or_reader: StoreLike | PackedReader, *, fields: tuple[str, ...] | None, cache_bytes: int | None
+    store_or_reader: StoreLike | PackedReader,
+    *,
+    fields: tuple[str, ...] | None,
+    cache_bytes: int | None,
+    shared_cache: str | None = None,
 ) -> tuple[PackedReader, bool]:
     """The reader a loader reads through, and whether the loader opened it (and so must close it).
 
     A :class:`PackedReader` is used as it is; anything else is a store, opened as an
-    :class:`AtomicDataZarrReader` reading only ``fields``.
+    :class:`AtomicDataZarrReader` reading only ``fields`` (sharing decoded chunks through
+    ``shared_cache``, when given).
 
     Raises
     ------
@@ -498,4 +513,6 @@ def open_reader(
             raise ConfigError("cache_bytes= configures a reader the loader opens itself; set it on your reader instead")
         return store_or_reader, False
     options: dict[str, Any] = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
+    if shared_cache is not None:
+        options["shared_cache"] = shared_cache
     return AtomicDataZarrReader(store_or_reader, fields=fields, **options), True

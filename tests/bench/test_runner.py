@@ -20,7 +20,11 @@ KEYS = {
     "atoms_per_s",
     "ratio_vs_plain",
     "first_batch_s",
-    "peak_rss_mb",
+    "peak_pss_mb",
+    "start_pss_mb",
+    "processes",
+    "shuffle_quality",
+    "batch_energy_ks",
     "wait_s",
 }
 META = {"config", "store", "machine", "versions"}
@@ -99,6 +103,29 @@ def test_budget_runs_report_batches_and_fill(small_store: Path) -> None:
     assert by_name["nvalchemi"].note in ("no atom budget", "not installed")
 
 
+def test_orders_carry_their_shuffle_quality_and_batch_ks(small_store: Path) -> None:
+    config = BenchConfig(
+        loaders=("dali-w2-shared", "packed", "decode", "nvalchemi"), orders=("block", "shuffle", "sequential"),
+        rounds=1, epochs=1, batch_size=16, cache_bytes=64 << 10,
+    )  # fmt: skip
+    records = {(r.loader, r.order): r for r in run_bench(str(small_store), config).records}
+    assert set(records) == {(n, o) for n in ("dali-w2-shared", "packed", "nvalchemi") for o in config.orders} | {
+        ("decode", "sequential")
+    }
+    quality = {o: records[("packed", o)].shuffle_quality for o in config.orders}
+    assert quality["sequential"] == 0.0 and quality["shuffle"] == pytest.approx(1.0, abs=0.1)
+    assert 0.0 < quality["block"] < quality["shuffle"]  # spans shuffled, then structures within buffers
+    ks = {o: records[("packed", o)].batch_energy_ks for o in config.orders}
+    assert all(v is not None and 0.0 < v < 1.0 for v in ks.values())
+    assert records[("dali-w2-shared", "block")].samples_per_s > 0  # type: ignore[operator]
+    assert records[("decode", "sequential")].shuffle_quality == 0.0
+    assert records[("nvalchemi", "block")].note in ("no block order", "not installed")
+    for (loader, order), record in records.items():
+        if record.note is None:
+            assert record.shuffle_quality == quality[order], (loader, order)  # a property of the order
+            assert record.peak_pss_mb >= record.start_pss_mb > 0  # type: ignore[operator]
+
+
 def test_plan_cost_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan-cost", "--n", "20000", "--max-atoms", "4096", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
@@ -125,3 +152,11 @@ def test_read_many_loaders_deliver_what_the_native_loader_does(small_store: Path
             every_atom,
             10,
         )
+def test_max_batches_measures_the_first_batches_of_each_epoch(small_store: Path) -> None:
+    config = BenchConfig(loaders=("dali-w0", "packed"), rounds=1, epochs=2, batch_size=8, max_batches=5,
+                         batches_per_window=2)  # fmt: skip
+    by_name = {r.loader: r for r in run_bench(str(small_store), config).records}
+    assert by_name["dali-w0"].batches_per_epoch == 5  # of 38
+    assert by_name["dali-w0"].samples_per_s is not None and by_name["packed"].samples_per_s is not None
+    with pytest.raises(ValueError, match="max_batches must be >= 1"):
+        BenchConfig(loaders=("dali",), max_batches=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,9 @@ import pytest
 import zarr
 
 from dali_alchemi.csr import concat_aranges
-from dali_alchemi.store.engine import RESIDENT, BlockEngine, _balanced_groups, _BlockJob
-from dali_alchemi.store.gather import LevelPlan
+from dali_alchemi.store.codecs import ArrayCodec
+from dali_alchemi.store.engine import RESIDENT, BlockEngine
+from dali_alchemi.store.gather import BlockJob, LevelPlan, balanced_groups
 from dali_alchemi.store.location import resolve_store
 from dali_alchemi.store.snapshot import Snapshot, open_snapshot
 
@@ -134,23 +136,73 @@ def test_a_forked_child_rebuilds_the_pool_and_reads(small_store: Path) -> None:
     engine.close()
 
 
-def _job(rows: int, cached: bool) -> _BlockJob:
+def _job(rows: int, cached: bool) -> BlockJob:
     plan = LevelPlan(rows=np.zeros(0, np.int64), dest=np.zeros(0, np.int64), total=0)
     data = np.zeros(1) if cached else None
-    return _BlockJob(handle=None, block=0, plan=plan, lo=0, hi=rows, data=data)  # type: ignore[arg-type]
+    return BlockJob(handle=None, block=0, plan=plan, lo=0, hi=rows, data=data)  # type: ignore[arg-type]
 
 
 def test_block_jobs_are_balanced_over_tasks() -> None:
     few = [_job(5, False), _job(9, True)]
-    assert _balanced_groups(few, 4) == [[few[0]], [few[1]]]
+    assert balanced_groups(few, 4) == [[few[0]], [few[1]]]
     rng = np.random.default_rng(0)
     jobs = [_job(int(r), bool(c)) for r, c in zip(rng.integers(1, 100, 40), rng.integers(0, 2, 40), strict=True)]
-    groups = _balanced_groups(jobs, 6)
+    groups = balanced_groups(jobs, 6)
     assert len(groups) == 6
     assert sorted(id(j) for g in groups for j in g) == sorted(id(j) for j in jobs)  # each job exactly once
 
-    def load(group: list[_BlockJob]) -> int:  # a block to decode costs twice one already decoded
+    def load(group: list[BlockJob]) -> int:  # a block to decode costs twice one already decoded
         return sum((j.hi - j.lo) * (1 if j.data is not None else 2) for j in group)
 
     loads = [load(g) for g in groups]
     assert max(loads) - min(loads) <= max(load([j]) for j in jobs)
+
+
+class _LiveDecoded:
+    """Instruments ``ArrayCodec.decode_block``: bytes of decoded blocks still alive, and their peak."""
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.peak = 0
+        self.decoded = 0
+
+    def wrap(self, decode: Any) -> Any:
+        def decode_block(codec: Any, block: int, *args: Any) -> np.ndarray:
+            data = decode(codec, block, *args)
+            self.live += data.nbytes
+            self.decoded += data.nbytes
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(data, self._release, data.nbytes)
+            return data
+
+        return decode_block
+
+    def _release(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+
+@pytest.mark.parametrize("store", ["small_store", "sharded_store"])
+def test_a_read_touching_every_block_holds_only_the_cache_and_one_working_set(
+    store: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = request.getfixturevalue(store)
+    snap = _snapshot(path)
+    names = ["positions", "forces", "atomic_numbers", "neighbor_list"]
+    block = max(h.codec.row_nbytes * h.codec.block_rows for n, h in snap.handles.items() if n in names)  # type: ignore[union-attr]
+    cache_bytes, working_set = 3 * block, 4 * block
+    live = _LiveDecoded()
+    monkeypatch.setattr(ArrayCodec, "decode_block", live.wrap(ArrayCodec.decode_block))
+    engine = BlockEngine(cache_bytes=cache_bytes, num_threads=3, max_concurrency=4, working_set_bytes=working_set)
+    shuffled = np.random.default_rng(5).permutation(snap.n_physical)  # a window touching every block
+    got = engine.read(snap, shuffled, names)
+    for name in names:
+        assert np.array_equal(got.fields[name], _expected(path, snap, shuffled, name)), name
+    assert live.decoded > 10 * (cache_bytes + working_set)  # the store is far larger than the bound
+    assert live.peak <= cache_bytes + working_set + block
+    assert engine.stats().blocks_decoded == _blocks_touched(snap, shuffled, names)  # each block decoded once
+    engine.close()
+
+
+def test_the_working_set_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="working_set_bytes must be >= 1"):
+        BlockEngine(cache_bytes=0, num_threads=1, max_concurrency=1, working_set_bytes=0)

@@ -1,0 +1,73 @@
+"""store/shared.py: decoded blocks published once, mapped by other processes, claims that never hang."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dali_alchemi.store.shared import SharedBlocks, make_shared_folder, remove_shared_folder
+
+
+def test_a_published_block_is_mapped_read_only_and_discarded(tmp_path: Path) -> None:
+    shared = SharedBlocks(tmp_path).scoped("snapshot/1")
+    data = np.arange(12, dtype=np.float32).reshape(4, 3)
+    assert shared.open("positions", 0, data.dtype, data.shape) is None
+    assert shared.claim("positions", 0) and not shared.claim("positions", 0)  # one claim at a time
+    mapped = shared.publish("positions", 0, data)
+    assert np.array_equal(mapped, data) and not mapped.flags.writeable
+    again = shared.open("positions", 0, data.dtype, data.shape)
+    assert again is not None and np.array_equal(again, data)
+    assert shared.open("positions", 0, data.dtype, (5, 3)) is None  # a wrong size is not a block
+    assert not shared.claim("positions", 0)  # published: nothing left to decode
+    assert not (tmp_path / "snapshot%2F1" / "positions.0.claim").exists()  # and no claim left behind
+    shared.discard("positions", 0)
+    assert shared.open("positions", 0, data.dtype, data.shape) is None
+    assert shared.claim("positions", 0)  # discarded: the next process to need it decodes it
+    assert np.array_equal(mapped, data)  # a mapping outlives the file
+
+
+def _publish_later(directory: str, started: Any) -> None:
+    shared = SharedBlocks(directory)
+    assert shared.claim("forces", 3)
+    started.set()
+    shared.publish("forces", 3, np.full((8, 3), 7.0, dtype=np.float32))
+
+
+@pytest.mark.timeout(60)
+def test_a_waiter_gets_the_block_another_process_publishes(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("fork")
+    started = ctx.Event()
+    child = ctx.Process(target=_publish_later, args=(str(tmp_path), started))
+    child.start()
+    assert started.wait(20)
+    shared = SharedBlocks(tmp_path)
+    got = shared.wait("forces", 3, np.dtype(np.float32), (8, 3))
+    child.join(20)
+    assert child.exitcode == 0
+    assert got is not None and float(got.sum()) == 7.0 * 24
+
+
+def test_a_dead_processes_claim_is_taken_over_and_a_stuck_one_times_out(tmp_path: Path) -> None:
+    shared = SharedBlocks(tmp_path, wait_s=0.05)
+    ctx = multiprocessing.get_context("fork")
+    gone = ctx.Process(target=os._exit, args=(0,))
+    gone.start()
+    gone.join()
+    (tmp_path / "energy.0.claim").write_text(str(gone.pid))
+    assert shared.wait("energy", 0, np.dtype(np.float32), (2,)) is None  # its claim is stale: no wait
+    assert shared.claim("energy", 0)  # and can be taken over
+    (tmp_path / "cell.1.claim").write_text(str(os.getpid()))  # alive, but never publishes
+    assert shared.wait("cell", 1, np.dtype(np.float32), (2,)) is None  # gives up after wait_s
+
+
+def test_a_shared_folder_is_made_and_removed() -> None:
+    folder = make_shared_folder()
+    assert os.path.isdir(folder) and not os.listdir(folder)
+    SharedBlocks(folder).scoped("x")
+    remove_shared_folder(folder)
+    assert not os.path.exists(folder)

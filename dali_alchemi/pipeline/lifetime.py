@@ -17,8 +17,8 @@ Three layers make them go:
 2. **In the training process**, SIGTERM and SIGHUP whose handler is still the default first stop the
    workers of every open loader, then take their default action: the process dies by the signal,
    with the exit status it would have had. A handler the program installed itself is left alone.
-3. **At interpreter exit** every open loader is closed (each wait bounded) before multiprocessing's
-   exit hook joins the workers.
+3. **At interpreter exit** every open loader is closed (each wait bounded) before DALI's exit hooks
+   close its pools without a bound and multiprocessing's joins the workers.
 
 Workers are armed when they start: fork-started ones by an ``os.register_at_fork`` hook that is active
 only while a pipeline starts its workers (:func:`starting_workers`), spawn-started ones when the
@@ -150,6 +150,7 @@ def starting_workers(guard: WorkerGuard) -> Iterator[None]:
         yield
     finally:
         _starting = None
+        _exit_hook_last()  # after DALI's exit hooks for this pipeline, so that ours runs before them
 
 
 class GuardedSource:
@@ -189,6 +190,7 @@ def _own_owners() -> list[Any]:
 def register(owner: WorkerOwner) -> None:
     """Track an open loader, and install the SIGTERM/SIGHUP handlers (main thread, default handlers only)."""
     _owners[owner] = os.getpid()
+    _exit_hook_last()
     if threading.current_thread() is not threading.main_thread():
         return
     for signum in PARENT_SIGNALS:
@@ -229,4 +231,15 @@ def _close_all_at_exit() -> None:
             logger.debug("error while closing a loader at exit", exc_info=True)
 
 
-atexit.register(_close_all_at_exit)
+def _exit_hook_last() -> None:
+    """(Re-)register the exit hook, so that it runs before every exit hook registered so far.
+
+    Exit hooks run last registered first: ours must close the loaders (every wait bounded) before
+    DALI's hooks close its pools and pipelines without a bound, and before multiprocessing's joins the
+    workers.
+    """
+    atexit.unregister(_close_all_at_exit)
+    atexit.register(_close_all_at_exit)
+
+
+_exit_hook_last()

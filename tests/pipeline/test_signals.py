@@ -42,7 +42,7 @@ GONE_WITHIN_S = 5.0
 """How long after the training process has exited its workers may take to be gone."""
 
 LOOPS = """
-import os, sys, threading
+import contextlib, os, sys, threading
 from dali_alchemi import DALIDataLoader
 
 
@@ -60,8 +60,9 @@ def train(store, start_method="fork", where="main"):
                     first = False
 
 
-def wedged(store):
-    with DALIDataLoader(store, batch_size=10, batches_per_window=2, num_workers=2, device="cpu") as loader:
+def wedged(store, closed_by="with"):
+    loader = DALIDataLoader(store, batch_size=10, batches_per_window=2, num_workers=2, device="cpu")
+    with loader if closed_by == "with" else contextlib.nullcontext():  # else: left open, for the exit hook
         batches = iter(loader)
         next(batches)
         lock = loader._pipe._py_pool.pool._general_task_queue.lock
@@ -356,6 +357,16 @@ def test_ctrl_c_while_dali_is_wedged_exits_within_seconds(small_store: Path, for
     code = signal_while_iterating(training, signal.SIGINT, group=True, delay=0.5)
     assert code == -signal.SIGINT and "KeyboardInterrupt" in training.stderr(), training.stderr()
     assert "did not stop within" in training.stderr()  # the bounded wait gave up on the stuck thread, and said so
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_dali_is_wedged_and_the_loader_left_open(
+    small_store: Path, forker: Forker, tmp_path: Path
+) -> None:
+    """No ``with``, no close(): the loader is closed at interpreter exit, before DALI's own unbounded exit hooks."""
+    training = Forked(forker, tmp_path, "wedged", str(small_store), "nobody")
+    code = signal_while_iterating(training, signal.SIGINT, group=True, delay=0.5)
+    assert code == -signal.SIGINT and "did not stop within" in training.stderr(), training.stderr()
 
 
 def _interrupt_at_random_moments(store: Path, forker: Forker, tmp_path: Path, runs: int, seed: int) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from nvidia.dali import fn, types
 from nvidia.dali.pipeline import Pipeline
 
+from dali_alchemi.pipeline.dali_private import close_pipeline
 from dali_alchemi.pipeline.lifetime import GuardedSource, WorkerGuard, starting_workers
 
 if TYPE_CHECKING:
@@ -88,7 +89,11 @@ def build_pipeline(
             host = [spec.name for spec in specs if spec.placement in ("host", "both")]
             outputs = PipelineOutputs(device_names=tuple(on_device), host_names=tuple(host))
             pipe.set_outputs(*(by_name[name].gpu() for name in on_device), *(by_name[name] for name in host))
-    with starting_workers(guard):  # the workers start in build(); each is armed to end with this process
-        pipe.build()
+    try:
+        with starting_workers(guard, fork=parallel and start_method == "fork"):  # the workers start in build()
+            pipe.build()
+    except BaseException:  # Ctrl-C, say: workers may have started, and the pipeline is not returned
+        close_pipeline(pipe)
+        raise
     logger.debug("built pipeline: %d outputs, %d workers", len(outputs.names), num_workers)
     return pipe, outputs

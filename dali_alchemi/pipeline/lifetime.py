@@ -53,6 +53,9 @@ SIGNAL_STOP_TIMEOUT_S = 2.0
 PARENT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 """Signals whose default action (terminate) the training process precedes by stopping the workers."""
 
+DEFERRED_SIGNALS = (signal.SIGINT, *PARENT_SIGNALS)
+"""Signals whose Python handlers wait while the workers are forked (see :func:`starting_workers`)."""
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -139,18 +142,46 @@ os.register_at_fork(after_in_child=_arm_forked_child)
 
 
 @contextlib.contextmanager
-def starting_workers(guard: WorkerGuard) -> Iterator[None]:
+def starting_workers(guard: WorkerGuard, *, fork: bool) -> Iterator[None]:
     """While a pipeline starts its workers: arm every process forked meanwhile with ``guard``.
 
-    Spawn-started workers are armed by the guard that their source carries instead.
+    Spawn-started workers are armed by the guard that their source carries instead. With ``fork``,
+    the Python-level handlers of SIGINT, SIGTERM and SIGHUP are deferred until the workers have
+    started (:func:`_signals_deferred`).
     """
     global _starting
     _starting = guard
     try:
-        yield
+        with _signals_deferred() if fork else contextlib.nullcontext():
+            yield
     finally:
         _starting = None
         _exit_hook_last()  # after DALI's exit hooks for this pipeline, so that ours runs before them
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold the Python-level handlers of SIGINT, SIGTERM and SIGHUP, then run them for what arrived.
+
+    A handler that runs while ``os.fork()`` calls its hooks in the parent is lost: Python reports an
+    exception raised there (the ``KeyboardInterrupt`` of a Ctrl-C) as "ignored" and carries on, so
+    the training loop would go on as if Ctrl-C had not been pressed. Signals whose action is the
+    default or ignore are not Python handlers and are left as they are.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Python runs handlers on the main thread only: this thread's forks are not interrupted
+        return
+    pending: list[int] = []
+    held = {signum: handler for signum in DEFERRED_SIGNALS if callable(handler := signal.getsignal(signum))}
+    for signum in held:
+        signal.signal(signum, lambda arrived, frame: pending.append(arrived))
+    try:
+        yield
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
+        for arrived in dict.fromkeys(pending):
+            signal.raise_signal(arrived)
 
 
 class GuardedSource:

@@ -58,6 +58,7 @@ def train(store, start_method="fork", where="main"):
                 if first:
                     print("iterating", flush=True)
                     first = False
+            print("epoch", flush=True)
 
 
 def wedged(store, closed_by="with"):
@@ -182,6 +183,16 @@ class Lines:
             if line.startswith(prefix) or not line:
                 return line or None
 
+    def within(self, timeout: float) -> list[str]:
+        """Every line that arrives within ``timeout``."""
+        deadline, lines = time.monotonic() + timeout, []
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                lines.append(self._queue.get(timeout=left))
+            except queue.Empty:
+                break
+        return lines
+
 
 class Training:
     """A training loop in a process of its own session: started, signalled, waited for."""
@@ -231,11 +242,18 @@ class Forked(Training):
     def __init__(self, forker: Forker, tmp_path: Path, case: str, *args: str) -> None:
         stderr_path = tmp_path / f"stderr-{case}-{time.monotonic_ns()}.txt"
         forker.send(f"{case} {stderr_path} {' '.join(args)}")
+        self.exited: str | None = None
         super().__init__(forker.lines, stderr_path, f"{case} {' '.join(args)}")
 
     def wait(self, timeout: float) -> int | None:
-        line = self.lines.expect("exit", timeout)
+        line = self.exited or self.lines.expect("exit", timeout)
         return None if line is None else int(line.split()[1])
+
+    def still_iterating(self, timeout: float) -> bool:
+        """Whether the loop finishes another epoch within ``timeout`` (and has not exited)."""
+        lines = self.lines.within(timeout)
+        self.exited = next((line for line in lines if line.startswith("exit")), None)
+        return self.exited is None and "epoch" in lines
 
 
 class Forker:
@@ -369,17 +387,32 @@ def test_ctrl_c_while_dali_is_wedged_and_the_loader_left_open(
     assert code == -signal.SIGINT and "did not stop within" in training.stderr(), training.stderr()
 
 
-def _interrupt_at_random_moments(store: Path, forker: Forker, tmp_path: Path, runs: int, seed: int) -> None:
+def _interrupt_at_random_moments(store: Path, forker: Forker, tmp_path: Path, runs: int, seed: int) -> int:
+    """Ctrl-C each run at a random moment; how many runs needed a second Ctrl-C.
+
+    CPython drops a ``KeyboardInterrupt`` that lands inside a finalizer or weakref callback, a fork
+    hook or a Cython module's initialisation (with or without an "Exception ignored" message). The
+    loop then simply goes on, as any Python program would, and a user presses Ctrl-C again; so does
+    this test when the loop still finishes epochs 1.5 s after the first one. Whatever else happens,
+    the run must then exit within seconds and leave nothing behind.
+    """
     rng = random.Random(seed)
+    pressed_twice = 0
     for run in range(runs):
         before_shm = dev_shm()
         training = Forked(forker, tmp_path, "train", str(store))
         time.sleep(rng.uniform(0.0, 2.0))  # construction, worker start-up, iteration or an epoch boundary
         segments = shm_mappings(session_processes(training.pid))
         os.killpg(training.pid, signal.SIGINT)
+        time.sleep(1.0)
+        if training.still_iterating(0.5):
+            pressed_twice += 1
+            segments |= shm_mappings(session_processes(training.pid))
+            os.killpg(training.pid, signal.SIGINT)
         code = assert_all_gone(training, before_shm, segments)
         assert code == -signal.SIGINT, f"run {run}: {training.stderr()}"
         assert "Process ForkProcess" not in training.stderr(), f"run {run}: {training.stderr()}"
+    return pressed_twice
 
 
 @pytest.mark.timeout(180)
@@ -390,7 +423,9 @@ def test_ctrl_c_at_random_moments(small_store: Path, forker: Forker, tmp_path: P
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_ctrl_c_at_random_moments_many_times(small_store: Path, forker: Forker, tmp_path: Path) -> None:
-    _interrupt_at_random_moments(small_store, forker, tmp_path, runs=100, seed=12)
+    runs = 100
+    pressed_twice = _interrupt_at_random_moments(small_store, forker, tmp_path, runs=runs, seed=12)
+    assert pressed_twice <= runs // 10, f"{pressed_twice} of {runs} runs went on after the first Ctrl-C"
 
 
 # -- in process ------------------------------------------------------------------------------------

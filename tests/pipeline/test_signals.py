@@ -543,7 +543,7 @@ def test_a_process_a_worker_forks_is_not_armed_as_a_worker() -> None:
     """Only the workers die with the training process: what a worker forks in turn has its own parent."""
     from dali_alchemi.pipeline.lifetime import WorkerGuard, starting_workers
 
-    with starting_workers(WorkerGuard.for_current_thread()):
+    with starting_workers(WorkerGuard.for_current_thread(), fork=True):
         worker = os.fork()
         if worker == 0:  # armed by the fork hook, as a DALI worker is
             try:
@@ -557,3 +557,16 @@ def test_a_process_a_worker_forks_is_not_armed_as_a_worker() -> None:
                 os._exit(1)
     _, status = os.waitpid(worker, 0)
     assert os.waitstatus_to_exitcode(status) == 7  # the grandchild ran to its own exit, not killed
+
+
+def test_ctrl_c_while_workers_are_forked_waits_until_they_have_started() -> None:
+    """Python drops a KeyboardInterrupt raised inside a fork hook: it must come after the forks instead."""
+    from dali_alchemi.pipeline.lifetime import WorkerGuard, starting_workers
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt), starting_workers(WorkerGuard.for_current_thread(), fork=True):
+        signal.raise_signal(signal.SIGINT)
+        time.sleep(0.05)  # where the handler would run, were it not held
+        reached.append("after the forks")
+    assert reached == ["after the forks"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored

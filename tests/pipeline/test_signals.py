@@ -306,7 +306,10 @@ def assert_all_gone(training: Training, before_shm: set[str], segments: set[str]
         os.kill(pid, signal.SIGKILL)
     assert not left, f"processes of the loader outlived the training process by {GONE_WITHIN_S} s: {left}"
     assert not mapped_anywhere(segments), "the loader's shared memory is still mapped by some process"
-    ours = {name for name in dev_shm() - before_shm if name.startswith(("nvidia_dali", "sem.mp-", "psm_"))}
+    # what is new in /dev/shm and was the loader's: DALI's names, or any the session had mapped (other
+    # programs on the machine may create entries meanwhile)
+    seen = {segment.rsplit("/", 1)[1] for segment in segments}
+    ours = {name for name in dev_shm() - before_shm if name.startswith("nvidia_dali") or name in seen}
     assert not ours, f"/dev/shm holds new entries: {sorted(ours)}"
     return code
 

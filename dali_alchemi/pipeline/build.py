@@ -5,7 +5,9 @@ On a CUDA device the outputs placed on the device (the fields and counts, or the
 ``.gpu()``: DALI then stages them in pinned memory and copies them asynchronously; the host keeps
 its own copy of the sizes (counts and indices, or the blob's header) so batch sizes never need a
 device synchronisation. Without a GPU the same graph runs with ``device_id=None``.
-No data logic lives here.
+With workers, the source travels wrapped in a :class:`~dali_alchemi.pipeline.lifetime.GuardedSource`
+and the workers start inside :func:`~dali_alchemi.pipeline.lifetime.starting_workers`, so each one ends
+with the training process. No data logic lives here.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from nvidia.dali import fn, types
 from nvidia.dali.pipeline import Pipeline
+
+from dali_alchemi.pipeline.dali_private import close_pipeline
+from dali_alchemi.pipeline.lifetime import GuardedSource, WorkerGuard, starting_workers
 
 if TYPE_CHECKING:
     from dali_alchemi.pipeline.source import OutputSpec
@@ -58,7 +63,9 @@ def build_pipeline(
         exec_dynamic=True,
     )
     source_kwargs: dict[str, Any] = {"no_copy": True}
+    guard = WorkerGuard.for_current_thread()
     if parallel:
+        source = GuardedSource(source, guard)
         # One task per window; at least one window in flight per worker (dali-notes section 2.1).
         source_kwargs.update(prefetch_queue_depth=max(num_workers, 1), bytes_per_sample_hint=bytes_per_window)
     with pipe:
@@ -82,6 +89,11 @@ def build_pipeline(
             host = [spec.name for spec in specs if spec.placement in ("host", "both")]
             outputs = PipelineOutputs(device_names=tuple(on_device), host_names=tuple(host))
             pipe.set_outputs(*(by_name[name].gpu() for name in on_device), *(by_name[name] for name in host))
-    pipe.build()
+    try:
+        with starting_workers(guard, fork=parallel and start_method == "fork"):  # the workers start in build()
+            pipe.build()
+    except BaseException:  # Ctrl-C, say: workers may have started, and the pipeline is not returned
+        close_pipeline(pipe)
+        raise
     logger.debug("built pipeline: %d outputs, %d workers", len(outputs.names), num_workers)
     return pipe, outputs

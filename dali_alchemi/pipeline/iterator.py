@@ -50,6 +50,9 @@ logger = logging.getLogger(__name__)
 WATCHDOG_INTERVAL_S = 0.2
 """How often a waiting consumer checks DALI's worker processes."""
 
+STOP_TIMEOUT_S = 3.0
+"""How long :meth:`WindowIterator.stop` waits for the runner thread to finish the window it is in."""
+
 _END = object()
 
 _TORCH_DTYPES: dict[Any, torch.dtype] = {
@@ -87,8 +90,9 @@ class WindowIterator:
 
     Raises :class:`~dali_alchemi.errors.LoaderError` (with the original exception's type name and
     message) when the source or a worker failed, and when a worker process died. Stops at the end of
-    the epoch; the caller then resets the pipeline. After a dead worker, :attr:`broken` is set: the
-    pipeline is wedged inside DALI and must be abandoned, not reused or shut down.
+    the epoch; the caller then resets the pipeline. After a dead worker, or a runner thread that did
+    not stop in time, :attr:`broken` is set: the pipeline is wedged inside DALI and must be abandoned,
+    not reused or shut down.
     """
 
     def __init__(self, pipe: Any, outputs: PipelineOutputs, specs: tuple[OutputSpec, ...], device: torch.device) -> None:
@@ -163,8 +167,12 @@ class WindowIterator:
                 raise loader_error(item) from item
             return item
 
-    def stop(self) -> None:
-        """Stop the runner thread (waits for it unless the pipeline is wedged by a dead worker)."""
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> bool:
+        """Stop the runner thread, waiting at most ``timeout`` seconds; whether the pipeline is still usable.
+
+        A runner that does not finish in time is stuck inside DALI (a worker died holding one of its
+        locks, say): :attr:`broken` is set and the pipeline must be abandoned, not reused or shut down.
+        """
         self._stop.set()
         while True:  # unblock a runner waiting to put
             try:
@@ -172,7 +180,14 @@ class WindowIterator:
             except queue.Empty:
                 break
         if self._thread is not None and not self.broken:
-            self._thread.join()
+            try:
+                self._thread.join(timeout)
+            except RuntimeError:  # start() was interrupted: the thread never runs, or sees the stop flag first
+                pass
+            if self._thread.is_alive():
+                logger.warning("the pipeline thread did not stop within %.1f s; abandoning its pipeline", timeout)
+                self.broken = True
+        return not self.broken
 
     def _to_batches(self, raw: tuple[Any, ...]) -> list[Batch]:
         n_device = len(self.outputs.device_names)

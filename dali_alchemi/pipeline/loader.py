@@ -22,8 +22,9 @@ from dali_alchemi.config import LoaderConfig
 from dali_alchemi.errors import ConfigError, DeviceError, LoaderClosedError, LoaderError
 from dali_alchemi.interop.read_many import as_packed_reader
 from dali_alchemi.padding import pad_batch
+from dali_alchemi.pipeline import lifetime
 from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline
-from dali_alchemi.pipeline.dali_private import close_pipeline, worker_processes
+from dali_alchemi.pipeline.dali_private import CLOSE_TIMEOUT_S, close_pipeline, disarm_pool, kill_workers
 from dali_alchemi.pipeline.iterator import WindowIterator
 from dali_alchemi.pipeline.source import BLOB_OUTPUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
 from dali_alchemi.plan import PlanArguments, build_plan, pad_shape, restore, store_chunking
@@ -261,6 +262,8 @@ class DALIDataLoader:
         self._windows: WindowIterator | None = None  # the iteration whose runner thread uses the pipeline
         self._generation = 0
         self._closed = False
+        if self.config.num_workers > 0:
+            lifetime.register(self)  # its workers end with this process (SIGTERM, SIGHUP, exit)
 
     # -- sizes and position ---------------------------------------------------------------------------
     def _all_sizes(self) -> tuple[Any, Any]:
@@ -320,7 +323,8 @@ class DALIDataLoader:
             raise LoaderClosedError("This DALIDataLoader is closed; build a new one")
         if self._batch >= len(self) and self._batch:
             self._epoch, self._batch = self._epoch + 1, 0
-        self._stop_runner()  # an abandoned iteration's runner thread must not outlive its pipeline
+        if not self._stop_runner():  # an abandoned iteration's runner thread must not outlive its pipeline
+            self._abandon_pipeline()
         self._ensure_pipeline(self._epoch, self._batch)
         self._generation += 1
         return self._iterate(self._generation)
@@ -404,30 +408,43 @@ class DALIDataLoader:
         return int(per_structure * structures * SHM_HEADROOM) + SHM_SLACK_BYTES
 
     def _abandon_pipeline(self) -> None:
-        """Drop a pipeline that a dead worker left blocked inside DALI: stop its other workers, but do not
-        shut it down (its thread is stuck in DALI, and shutting down under it is unsafe)."""
-        for proc in worker_processes(self._pipe):
-            if proc.exitcode is None:
-                proc.terminate()
-        self._abandoned.append(self._pipe)
+        """Drop a pipeline left blocked inside DALI (by a dead worker, or a runner thread that did not
+        stop): kill its workers, but do not shut it down (its thread is stuck in DALI, and shutting down
+        under it is unsafe)."""
+        kill_workers(self._pipe, CLOSE_TIMEOUT_S)
+        disarm_pool(self._pipe)  # DALI's own close, at collection or exit, could wait on the stuck thread
+        if self._pipe is not None:
+            self._abandoned.append(self._pipe)
         self._windows = None  # its thread is stuck inside DALI; it is a daemon and holds nothing of ours
         self._pipe, self._outputs, self._pipe_next = None, None, None
         if self._read_ahead is not None:
             self._read_ahead.close()
             self._read_ahead = None
 
-    def _stop_runner(self) -> None:
-        if self._windows is not None:
-            self._windows.stop()
-            self._windows = None
+    def _stop_runner(self) -> bool:
+        """Stop the current iteration's runner thread (bounded); ``False`` when its pipeline must be abandoned."""
+        windows, self._windows = self._windows, None
+        return windows is None or windows.stop()
 
     def _discard_pipeline(self) -> None:
-        self._stop_runner()
-        close_pipeline(self._pipe)
+        if not self._stop_runner():
+            self._abandon_pipeline()
+            return
+        if not close_pipeline(self._pipe):  # DALI did not stop its workers in time; they were killed
+            self._abandoned.append(self._pipe)
         self._pipe, self._outputs, self._pipe_next = None, None, None
         if self._read_ahead is not None:
             self._read_ahead.close()
             self._read_ahead = None
+
+    def kill_workers(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Kill this loader's worker processes now (SIGKILL), waiting at most ``timeout`` for them.
+
+        For a process about to end (SIGTERM, SIGHUP): it touches nothing but the processes, so it is safe
+        whatever the loader is doing. The loader is not usable afterwards; :meth:`close` it.
+        """
+        for pipe in [self._pipe, *self._abandoned]:
+            kill_workers(pipe, timeout)
 
     # -- lifetime -----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -436,6 +453,7 @@ class DALIDataLoader:
             return
         self._closed = True
         self._generation += 1
+        lifetime.unregister(self)
         self._discard_pipeline()
         if self._owns_reader:
             self.reader.close()

@@ -17,10 +17,11 @@ forward only an exception's text; the iterator turns that back into a
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,11 @@ BATCH_BOUNDS = "__batch_bounds"
 BATCH_IDX = "__batch_idx"
 BLOB = "__blob"
 HEADER = "__header"
+
+logger = logging.getLogger(__name__)
+
+READ_AHEAD_CLOSE_TIMEOUT_S = 5.0
+"""How long closing the read-ahead source waits for the read in progress."""
 
 BLOB_ALIGN = 8
 """Byte alignment of every array in a window blob, so each can be viewed with its own dtype."""
@@ -310,11 +316,12 @@ class ReadAheadSource:
         self._alive.append(result)
         return result
 
-    def close(self) -> None:
-        """Cancel pending reads and stop the thread."""
+    def close(self, timeout: float = READ_AHEAD_CLOSE_TIMEOUT_S) -> None:
+        """Cancel pending reads and stop the thread, waiting at most ``timeout`` for a read in progress."""
         with self._lock:
-            for future in self._pending.values():
-                future.cancel()
+            running = [future for future in self._pending.values() if not future.cancel()]
             self._pending.clear()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        if running and wait(running, timeout=timeout).not_done:
+            logger.warning("a read-ahead read did not finish within %.1f s; leaving it behind", timeout)
         self._alive.clear()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pickle
+import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,6 +17,7 @@ from dali_alchemi.pipeline.source import (
     INDICES,
     N_ATOMS,
     N_EDGES,
+    ReadAheadSource,
     WindowSource,
     blob_entries,
     loader_error,
@@ -86,3 +89,33 @@ def test_errors_keep_their_type_name_through_dali() -> None:
     assert back.original_type == "ValueError" and str(back) == "ValueError: disk on fire"
     with pytest.raises(ValueError, match="layout must be one of"):
         WindowSource(None, None, (), batches_per_window=1, layout="batch")  # type: ignore[arg-type]
+
+
+class _SlowWindows:
+    """Stands in for a WindowSource whose reads wait until released (a stalled disk or network)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def num_windows(self, epoch_idx: int) -> int:
+        return 10
+
+    def read_window(self, epoch_idx: int, iteration: int) -> tuple[list[np.ndarray], ...]:
+        self.release.wait(30)
+        return ([np.full(1, iteration)],)
+
+
+@pytest.mark.timeout(30)
+def test_closing_the_read_ahead_does_not_wait_for_a_stalled_read() -> None:
+    windows = _SlowWindows()
+    source = ReadAheadSource(windows, depth=2)  # type: ignore[arg-type]
+    results: list[object] = []
+    caller = threading.Thread(target=lambda: results.append(source(SimpleNamespace(epoch_idx=0, iteration=0))))
+    caller.start()
+    time.sleep(0.2)  # window 0 is being read, windows 1 and 2 wait behind it
+    started = time.monotonic()
+    source.close(timeout=0.2)
+    assert time.monotonic() - started < 1.5
+    windows.release.set()
+    caller.join(5)
+    assert [r[0][0].tolist() for r in results] == [[0]]  # type: ignore[index]  # the read in progress still ends

@@ -15,14 +15,14 @@ import numpy as np
 
 from dali_alchemi.errors import PlanError
 from dali_alchemi.plan.base import Plan
-from dali_alchemi.plan.block import BlockShuffle, BlockShufflePlan, StoreChunking, block_plan
+from dali_alchemi.plan.block import BlockShuffle, BlockShufflePlan, StoreChunking, block_plan, block_sizes
 from dali_alchemi.plan.budget import BudgetPlan
 from dali_alchemi.plan.fixed import FixedBatchPlan
 from dali_alchemi.plan.mixture import MixturePlan
 from dali_alchemi.plan.order import resolve_shard
 
 if TYPE_CHECKING:
-    from dali_alchemi.types import CountArray
+    from dali_alchemi.types import CountArray, IndexArray
 
 DEFAULT_BATCH_SIZE = 64
 """Structures per batch when neither ``batch_size``, a budget nor a plan is given."""
@@ -125,12 +125,8 @@ def build_plan(
     mode = shuffle_mode(a.shuffle)
     shuffle = mode == "global"
     if a.mixture:
-        if isinstance(mode, BlockShuffle):
-            raise PlanError(
-                "shuffle='block' does not combine with weights, samples_per_dataset or epoch_policy yet: "
-                "use shuffle=True, or several stores without them (one long dataset)"
-            )
-        return _mixture_plan(a, sample_sizes, dataset_lengths, shard, shards, shuffle)
+        block = block_sizes(mode, num_samples, chunking, sample_sizes) if isinstance(mode, BlockShuffle) else None
+        return _mixture_plan(a, sample_sizes, dataset_lengths, shard, shards, shuffle or block is not None, block)
     budget: BudgetPlan | None = None
     if a.pad:
         budget = _padded_plan(a, sample_sizes, shard, shards, shuffle)
@@ -165,6 +161,7 @@ def _mixture_plan(
     shard: int,
     shards: int,
     shuffle: bool,
+    block: tuple[IndexArray, int] | None = None,
 ) -> MixturePlan:
     """The :class:`MixturePlan` of ``weights``/``samples_per_dataset``/``epoch_policy`` over several datasets."""
     if dataset_lengths is None:
@@ -188,6 +185,7 @@ def _mixture_plan(
         epoch_policy="dataset_size" if a.epoch_policy is None else a.epoch_policy,
         shuffle=shuffle, seed=a.seed, drop_last=a.drop_last, shard_id=shard, num_shards=shards,
         n_atoms=n_atoms, n_edges=n_edges, max_atoms=max_atoms, max_edges=max_edges, oversized=a.oversized,
+        span_bounds=None if block is None else tuple(block[0].tolist()), buffer_spans=1 if block is None else block[1],
     )  # fmt: skip
 
 

@@ -155,6 +155,24 @@ def fixed_spans(num_samples: int, span_size: int) -> IndexArray:
     return np.append(np.arange(0, num_samples, span_size, dtype=np.int64), np.int64(num_samples))
 
 
+def block_order(span_bounds: IndexArray, buffer_spans: int, rng: np.random.Generator) -> IndexArray:
+    """The structures of ``span_bounds`` in block order: spans shuffled, then each buffer shuffled inside."""
+    spans = rng.permutation(span_bounds.size - 1)
+    starts = span_bounds[:-1][spans]
+    lengths = np.diff(span_bounds)[spans]
+    structures = concat_aranges(starts, lengths)
+    edges = np.append(exclusive_cumsum(lengths)[::buffer_spans], structures.size).tolist()
+    for lo, hi in itertools.pairwise(edges):  # once per buffer: an in-place shuffle, linear in its size
+        rng.shuffle(structures[lo:hi])
+    return structures
+
+
+def local_spans(span_bounds: IndexArray, start: int, stop: int) -> IndexArray:
+    """The spans of ``span_bounds`` cut to structures ``[start, stop)``, as offsets from ``start``."""
+    inside = span_bounds[(span_bounds > start) & (span_bounds < stop)]
+    return np.concatenate([[0], inside - start, [stop - start]]).astype(np.int64)
+
+
 def default_buffer_spans(span_bounds: IndexArray, structure_bytes: NDArray[np.int64], cache_bytes: int) -> int:
     """Spans whose decoded bytes, on average, fill :data:`BUFFER_CACHE_FRACTION` of ``cache_bytes`` (>= 1)."""
     spans = span_bounds.size - 1
@@ -276,14 +294,7 @@ class BlockShufflePlan:
         rng = np.random.Generator(
             np.random.PCG64(np.random.SeedSequence([self.seed & 0xFFFFFFFF, self.seed >> 32, epoch, BLOCK_STREAM]))
         )
-        spans = rng.permutation(self.num_spans)
-        starts = self.span_bounds[:-1][spans]
-        lengths = np.diff(self.span_bounds)[spans]
-        structures = concat_aranges(starts, lengths)
-        edges = np.append(exclusive_cumsum(lengths)[:: self.buffer_spans], structures.size).tolist()
-        for lo, hi in itertools.pairwise(edges):  # once per buffer: an in-place shuffle, linear in its size
-            rng.shuffle(structures[lo:hi])
-        return structures
+        return block_order(self.span_bounds, self.buffer_spans, rng)
 
     def global_batches(self, epoch: int) -> tuple[IndexArray, PtrArray]:
         """The global order and the offsets of all its batches, the same for every shard count."""
@@ -402,6 +413,22 @@ def block_plan(
     ``chunking`` (called once, reading no data) describes the store; ``None`` means fixed-size spans
     and the default cache budget, with one byte per atom row for the buffer estimate.
     """
+    bounds, buffer_spans = block_sizes(config, num_samples, chunking, sample_sizes)
+    if budget is not None:
+        budget = replace(budget, shuffle=False, shard_id=0, num_shards=1)
+    return BlockShufflePlan(
+        span_bounds=bounds, buffer_spans=buffer_spans, batch_size=None if budget is not None else batch_size,
+        budget=budget, seed=seed, drop_last=drop_last, shard_id=shard_id, num_shards=num_shards,
+    )  # fmt: skip
+
+
+def block_sizes(
+    config: BlockShuffle,
+    num_samples: int,
+    chunking: Callable[[], StoreChunking] | None,
+    sample_sizes: Callable[[], tuple[CountArray, CountArray]],
+) -> tuple[IndexArray, int]:
+    """The span offsets and buffer size ``config`` means for a store (its defaults from ``chunking()``)."""
     info = chunking() if chunking is not None else None
     if config.span_size is not None:
         bounds = fixed_spans(num_samples, config.span_size)
@@ -417,9 +444,4 @@ def block_plan(
         buffer_spans = default_buffer_spans(
             bounds, structure_bytes, DEFAULT_CACHE_BYTES if info is None else info.cache_bytes
         )
-    if budget is not None:
-        budget = replace(budget, shuffle=False, shard_id=0, num_shards=1)
-    return BlockShufflePlan(
-        span_bounds=bounds, buffer_spans=buffer_spans, batch_size=None if budget is not None else batch_size,
-        budget=budget, seed=seed, drop_last=drop_last, shard_id=shard_id, num_shards=num_shards,
-    )  # fmt: skip
+    return bounds, buffer_spans

@@ -30,6 +30,7 @@ even them out). Everything is vectorised: the loops run once per dataset, never 
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dali_alchemi.errors import PlanError
+from dali_alchemi.plan.block import block_order, check_span_bounds, local_spans
 from dali_alchemi.plan.budget import BudgetPlan, deal_batches, pack_greedy
 
 if TYPE_CHECKING:
@@ -79,16 +81,27 @@ def counts_from_weights(weights: NDArray[np.float64], total: int) -> NDArray[np.
     return counts
 
 
-def pass_orders(length: int, count: int, *, rng: np.random.Generator, shuffle: bool) -> IndexArray:
+def pass_orders(
+    length: int,
+    count: int,
+    *,
+    rng: np.random.Generator,
+    shuffle: bool,
+    spans: IndexArray | None = None,
+    buffer_spans: int = 1,
+) -> IndexArray:
     """``count`` local indices of one dataset: successive passes over it, each a fresh permutation.
 
-    This is the one place a dataset's order is made; another order (a block shuffle, say) replaces
-    the permutation of each pass and nothing else changes.
+    This is the one place a dataset's order is made. With ``spans`` (the dataset's span offsets) each
+    pass is a block order instead (:func:`~dali_alchemi.plan.block.block_order`: spans shuffled, then
+    ``buffer_spans`` spans at a time shuffled together), so consecutive draws stay in a few chunks.
     """
     if count == 0:
         return np.zeros(0, dtype=np.int64)
     passes = math.ceil(count / length)
-    if shuffle:
+    if shuffle and spans is not None:
+        orders = np.concatenate([block_order(spans, buffer_spans, rng) for _ in range(passes)])
+    elif shuffle:
         orders = np.argsort(rng.random((passes, length)), axis=1).astype(np.int64)
     else:
         orders = np.broadcast_to(np.arange(length, dtype=np.int64), (passes, length))
@@ -145,6 +158,10 @@ class MixturePlan:
         This shard; every shard gets the same number of batches.
     n_atoms, n_edges, max_atoms, max_edges, oversized
         Budget batches, as :class:`~dali_alchemi.plan.BudgetPlan` (sizes over the global index).
+    span_bounds, buffer_spans
+        The block shuffle (``shuffle="block"``): span offsets over the global index (cut at each
+        dataset's ends) and the spans pooled per buffer; each pass over a dataset is then a block order,
+        so its consecutive draws come from a few chunks. ``None``: full permutations.
 
     Raises
     ------
@@ -171,6 +188,8 @@ class MixturePlan:
     max_atoms: int | None = None
     max_edges: int | None = None
     oversized: str = "error"
+    span_bounds: tuple[int, ...] | None = field(default=None, repr=False)
+    buffer_spans: int = 1
     _counts: NDArray[np.int64] = field(init=False, repr=False, compare=False)
     _units: int = field(init=False, repr=False, compare=False)
     _budget: BudgetPlan | None = field(init=False, repr=False, compare=False)
@@ -193,6 +212,10 @@ class MixturePlan:
         _int("num_samples_per_epoch", self.num_samples_per_epoch, minimum=1)
         _int("seed", self.seed, minimum=0)
         _int("num_shards", self.num_shards, minimum=1)
+        _int("buffer_spans", self.buffer_spans, minimum=1)
+        if self.span_bounds is not None:
+            checked = check_span_bounds(np.asarray(self.span_bounds), sum(lengths))
+            object.__setattr__(self, "span_bounds", tuple(checked.tolist()))
         if not isinstance(self.shard_id, (int, np.integer)) or not 0 <= self.shard_id < self.num_shards:
             raise PlanError(f"shard_id must be in [0, {self.num_shards}), got {self.shard_id}")
         budgeted = self.max_atoms is not None or self.max_edges is not None
@@ -316,10 +339,14 @@ class MixturePlan:
     def _draws(self, epoch: int, counts: NDArray[np.int64]) -> list[IndexArray]:
         """Each dataset's draws of the epoch, as global indices (one vectorised call per dataset)."""
         offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
-        return [
-            offsets[d] + pass_orders(n, int(c), rng=self._rng(epoch, d + 1), shuffle=self.shuffle)
-            for d, (n, c) in enumerate(zip(self.lengths, counts.tolist(), strict=True))
-        ]
+        bounds = None if self.span_bounds is None else np.asarray(self.span_bounds, dtype=np.int64)
+        draws = []
+        for d, (n, c) in enumerate(zip(self.lengths, counts.tolist(), strict=True)):
+            spans = None if bounds is None else local_spans(bounds, int(offsets[d]), int(offsets[d + 1]))
+            rng = self._rng(epoch, d + 1)
+            draws.append(offsets[d] + pass_orders(n, int(c), rng=rng, shuffle=self.shuffle, spans=spans,
+                                                  buffer_spans=self.buffer_spans))  # fmt: skip
+        return draws
 
     def global_batches(self, epoch: int) -> tuple[IndexArray, NDArray[np.int64]]:
         """The epoch's order over all shards and the offsets of its batches, before dealing them out.
@@ -374,6 +401,9 @@ class MixturePlan:
             "num_shards": self.num_shards, "max_atoms": self.max_atoms, "max_edges": self.max_edges,
             "oversized": self.oversized,
         }  # fmt: skip
+        if self.span_bounds is not None:  # the block shuffle of each dataset's passes
+            out["block"] = {"spans_crc32": f"{zlib.crc32(np.asarray(self.span_bounds, np.int64).tobytes()):08x}",
+                            "num_spans": len(self.span_bounds) - 1, "buffer_spans": self.buffer_spans}  # fmt: skip
         if self._budget is not None:
             out["sizes_crc32"] = self._budget.fingerprint()
         return out

@@ -142,3 +142,16 @@ def test_padded_mixture_batches_have_one_shape(small_store: Path, other_store: P
         assert_batches_equal([unpad_batch(b) for b in batches], reference_batches(paths, loader.plan, 0))
     finally:
         loader.close()
+
+
+@pytest.mark.parametrize("kind", ["plain", pytest.param("dali-thread", marks=pytest.mark.dali)])
+def test_a_block_shuffled_mixture_delivers_the_plans_batches(kind: str, small_store: Path, other_store: Path) -> None:
+    paths = (small_store, other_store)
+    loader = make(kind, list(paths), batch_size=10, weights=(3, 1), seed=2, shuffle="block")
+    try:
+        assert isinstance(loader.plan, MixturePlan) and loader.plan.span_bounds is not None
+        got = list(loader)
+        assert_batches_equal(got, reference_batches(paths, loader.plan, 0))
+        assert {tuple(torch.bincount(b.dataset_id, minlength=2).tolist()) for b in got} == {(8, 2)}
+    finally:
+        loader.close()

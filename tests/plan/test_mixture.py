@@ -207,3 +207,37 @@ def test_build_plan_makes_a_mixture_only_over_several_datasets() -> None:
     )
     with pytest.raises(PlanError, match="pad=True needs max_edges"):
         build_plan(None, PlanArguments(max_atoms=300, pad=True, weights=(1, 1)), 420, lambda: _sizes(), dataset_lengths=LENGTHS)
+
+
+@pytest.mark.parametrize("mix", ["batch", "sample"])
+def test_block_shuffle_draws_each_dataset_a_few_spans_at_a_time(mix: str) -> None:
+    bounds = (*range(0, 420, 40), 420)  # spans of 40; the one over 280..320 is cut at the dataset's end
+    options = {"lengths": LENGTHS, "batch_size": 10, "weights": (3, 1), "seed": 5, "mix": mix}
+    plan = MixturePlan(**options, epoch_policy="min_size", replacement=False, span_bounds=bounds, buffer_spans=2)
+    full = MixturePlan(**options, epoch_policy="min_size", replacement=False)
+    order, _ = plan.global_batches(0)
+    assert per_dataset(order) == per_dataset(full.global_batches(0)[0])  # the same counts as the permutation
+    bulk = order[order < LENGTHS[0]]
+    assert np.unique(bulk).size == bulk.size  # without replacement: never drawn twice
+    edges = np.array([*range(0, 300, 40), 300])  # the bulk dataset's 8 spans
+    spans = np.searchsorted(edges, bulk, side="right") - 1
+    permuted = full.global_batches(0)[0]
+    permuted_spans = np.searchsorted(edges, permuted[permuted < LENGTHS[0]], side="right") - 1
+    # its draws go through its spans two at a time (a buffer; at most three where one ends), not all over it
+    assert np.unique(spans[:80]).size <= 3 < np.unique(permuted_spans[:80]).size
+    assert not np.array_equal(order, plan.global_batches(1)[0])  # a new epoch, a new order
+    assert np.array_equal(order, MixturePlan(**options, epoch_policy="min_size", replacement=False,
+                                             span_bounds=bounds, buffer_spans=2).global_batches(0)[0])  # fmt: skip
+    assert plan.to_dict()["block"] == {"spans_crc32": plan.to_dict()["block"]["spans_crc32"], "num_spans": 11,
+                                       "buffer_spans": 2}  # fmt: skip
+    with pytest.raises(PlanError, match="span bounds must run from 0 to the 420 samples"):
+        MixturePlan(lengths=LENGTHS, batch_size=10, span_bounds=(0, 100))
+
+
+def test_build_plan_gives_a_mixture_the_block_shuffle() -> None:
+    from dali_alchemi.plan import BlockShuffle
+
+    args = PlanArguments(batch_size=8, weights=(1, 1), shuffle=BlockShuffle(span_size=30, buffer_spans=3))
+    plan = build_plan(None, args, 420, lambda: _sizes(), dataset_lengths=LENGTHS)
+    assert isinstance(plan, MixturePlan) and plan.buffer_spans == 3 and plan.shuffle
+    assert plan.span_bounds is not None and plan.span_bounds[:3] == (0, 30, 60) and plan.span_bounds[-1] == 420

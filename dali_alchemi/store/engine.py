@@ -157,6 +157,10 @@ class BlockEngine:
         self._shard_indexes.clear()
         self._fetcher = None  # follows the location, which a defragment may have moved
 
+    def holds_shard_indexes(self) -> bool:
+        """Whether shard indexes are cached (an append rewrites the last shard's, so they may be stale)."""
+        return bool(self._shard_indexes)
+
     def stats(self) -> ReadStats:
         """Counters of packed reads, samples, chunk payloads fetched and cache behaviour so far."""
         return ReadStats(

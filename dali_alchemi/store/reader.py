@@ -307,12 +307,21 @@ class AtomicDataZarrReader:
         snap = self._snapshot
         physical = snap.active[logical]
         self._check_read_size(logical, physical, names)
-        try:
-            rows = self._engine.read(snap, physical, names)
-        except StoreFormatError as err:  # e.g. a chunk a defragment rewrote in another layout
-            self._check_unchanged(cause=err)
-            raise
-        self._check_unchanged()
+        # An append rewrites the last shard (and the last partial chunk) of every array: the engine's
+        # cached shard indexes may then point at the wrong bytes. A read that fails, or that used
+        # shard indexes, while the store grew is read once more from a fresh start (attach() drops the
+        # indexes and cached blocks); the rows it indexes have not changed, so the values are exact.
+        for retry in (False, True):
+            stale_indexes = self._engine.holds_shard_indexes()
+            try:
+                rows = self._engine.read(snap, physical, names)
+            except StoreFormatError as err:  # e.g. a chunk a defragment rewrote in another layout
+                if not self._check_unchanged(cause=err) or retry:
+                    raise
+            else:
+                if not self._check_unchanged() or retry or not (stale_indexes or self._engine.holds_shard_indexes()):
+                    break
+            snap = self._snapshot  # the same state under the new token: the engine starts afresh
         for name in names:
             if name in layout.ATOM_INDEX_FIELDS and rows.fields[name].size:
                 csr.rebase(rows.fields[name], snap.atoms_ptr[physical], rows.n_edges, sign=-1)
@@ -326,16 +335,18 @@ class AtomicDataZarrReader:
             levels={name: snap.handles[name].level for name in names},
         )
 
-    def _check_unchanged(self, cause: BaseException | None = None) -> None:
+    def _check_unchanged(self, cause: BaseException | None = None) -> bool:
         """Raise if another process rewrote the store since this reader opened it (checked once per read).
 
         The token is read after the chunks, so a rewrite that started before or during the read is
-        seen. A store that only grew (appends) is still served exactly as it was opened.
+        seen. A store that only grew (appends) is still served exactly as it was opened: then the
+        snapshot is kept under the new token and ``True`` is returned (the read may have used shard
+        indexes the append rewrote). ``False``: the store did not change.
         """
         snap = self._snapshot
         token = read_token(self._location)
         if token == snap.token:
-            return
+            return False
         try:
             fresh = open_snapshot(self._location)
             why = incompatibility(snap, fresh, self._fields)
@@ -348,6 +359,7 @@ class AtomicDataZarrReader:
                 f"store as it is now (a DALIDataLoader: build a new loader)"
             ) from cause
         self._snapshot = replace(snap, token=fresh.token)  # grown only: keep serving the state it opened
+        return True
 
     def _check_read_size(self, logical: IndexArray, physical: IndexArray, names: Sequence[str]) -> None:
         """Refuse, before allocating anything, a read whose output could not fit in memory."""

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter
-from dali_alchemi.bench.synth import synthetic_samples
+from dali_alchemi.bench.synth import synthetic_samples, write_synthetic_store
+from dali_alchemi.config import ArrayConfig, WriteConfig
 from dali_alchemi.errors import StoreChangedError
 from dali_alchemi.store.generation import read_token, writer_state
 
@@ -77,6 +78,31 @@ def test_appends_keep_the_opened_state_exact(store: Path) -> None:
             np.testing.assert_array_equal(again.fields[name], values, err_msg=name)
         reader.refresh()
         assert len(reader) == 320
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 64 << 20], ids=["no-cache", "cache"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        WriteConfig(core=ArrayConfig(chunk_size=64), meta=ArrayConfig(chunk_size=128)),
+        WriteConfig(core=ArrayConfig(chunk_size=64, shard_size=256), meta=ArrayConfig(chunk_size=128, shard_size=256)),
+        WriteConfig(core=ArrayConfig(chunk_size=64, shard_size=256, checksum=False), meta=ArrayConfig(chunk_size=128)),
+    ],
+    ids=["chunked", "sharded", "sharded-no-checksum"],
+)
+def test_a_read_after_an_append_returns_exactly_the_old_values(
+    tmp_path: Path, config: WriteConfig, cache_bytes: int
+) -> None:
+    store = write_synthetic_store(tmp_path / "s.zarr", 300, seed=7, min_atoms=10, max_atoms=40, config=config)
+    indices = np.arange(280, 300)  # the last shard and the last partial chunk, which the append rewrites
+    with AtomicDataZarrReader(store, cache_bytes=cache_bytes) as reader:
+        before = reader.read_packed(indices)
+        AtomicDataZarrWriter(store).append(synthetic_samples(40, seed=3, min_atoms=10, max_atoms=40))
+        again = reader.read_packed(indices)
+        assert len(reader) == 300
+        for name, values in before.fields.items():
+            np.testing.assert_array_equal(again.fields[name], values, err_msg=name)
+        np.testing.assert_array_equal(reader.read_packed(indices[::-1]).fields["energy"], before.fields["energy"][::-1])
 
 
 def test_replacing_a_custom_field_is_noticed_only_by_readers_of_that_field(store: Path) -> None:

@@ -46,7 +46,7 @@ from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.protocol import FieldSpec, PackedReader, as_field_names
 from dali_alchemi.store.repair import NOT_REBASED_HINT
 from dali_alchemi.store.shared import SharedBlocks
-from dali_alchemi.store.snapshot import Snapshot, incompatibility, open_snapshot
+from dali_alchemi.store.snapshot import Snapshot, SnapshotIdentity, identify, incompatibility, open_snapshot, served_as
 from dali_alchemi.store.validate import memory_budget
 from dali_alchemi.types import PerLevel
 
@@ -56,6 +56,12 @@ if TYPE_CHECKING:
     from dali_alchemi.types import CountArray, IndexArray, Level
 
 logger = logging.getLogger(__name__)
+
+REFRESH_HINT = (
+    "Call refresh() on the reader to read the store as it is now (a MultiReader: open a new one over its "
+    "stores; a DALIDataLoader: build a new loader)"
+)
+"""What to do about a :class:`StoreChangedError`, as its messages say."""
 
 INDEX_PLAN_BYTES = 16
 """Bytes of the row plan per atom or edge row of a read (a source and a destination int64)."""
@@ -355,8 +361,7 @@ class AtomicDataZarrReader:
         if why is not None:
             raise StoreChangedError(
                 f"Store {self.source} changed under this reader: {why}. The samples this reader indexes are no longer "
-                f"where it read them, so nothing of this read is returned. Call refresh() on the reader to read the "
-                f"store as it is now (a DALIDataLoader: build a new loader)"
+                f"where it read them, so nothing of this read is returned. {REFRESH_HINT}"
             ) from cause
         self._snapshot = replace(snap, token=fresh.token)  # grown only: keep serving the state it opened
         return True
@@ -427,12 +432,36 @@ class AtomicDataZarrReader:
         self._pid = os.getpid()
         if self._location.local_root is not None or isinstance(self._location.store, MemoryStore):
             return
+        identity = identify(self._snapshot, self._fields)
         arg = self._store_arg
         fresh = pickle.loads(pickle.dumps(arg)) if not isinstance(arg, (str, os.PathLike)) else arg
         self._location = resolve_store(
             fresh, read_only=True, must_exist=False, fetch=self._fetch, storage_options=self._options["storage_options"]
         )
-        self.refresh()
+        self._serve(identity)  # the state the parent served, not whatever the store holds now
+
+    def _serve(self, identity: SnapshotIdentity) -> None:
+        """Serve exactly the state a parent reader served (a pickled or forked copy), opening the store afresh.
+
+        Raises
+        ------
+        StoreChangedError
+            If the store changed since in a way that moved, deleted or replaced what the parent read;
+            a store that only grew is served as the parent had it (same length, same pointers).
+        """
+        try:
+            snapshot = served_as(identity, open_snapshot(self._location))
+        except StoreFormatError as err:
+            snapshot = f"it could not be opened again ({err})"
+        if isinstance(snapshot, str):
+            raise StoreChangedError(
+                f"Store {self.source} changed since the reader this copy was made from opened it: {snapshot}. This "
+                f"copy (e.g. in a loader's worker process) would read other samples under the same indices, so it "
+                f"refuses. {REFRESH_HINT}"
+            )
+        self._snapshot = snapshot
+        self._fields = tuple(name for name, *_ in identity.fields)
+        self._engine.attach(snapshot)
 
     # -- nvalchemi-compatible API -------------------------------------------------------------------
     def read_many(self, indices: Sequence[int] | NDArray[Any]) -> list[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
@@ -485,8 +514,9 @@ class AtomicDataZarrReader:
         self.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Pickle the recipe, not the handles: a worker process reopens the store itself.
-        return (_reopen, (self._store_arg, self._options))
+        # Pickle the recipe, not the handles: a worker process reopens the store itself, and serves
+        # the state this reader serves (or raises), not whatever the store holds by then.
+        return (_reopen, (self._store_arg, self._options, identify(self._snapshot, self._fields)))
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self)} samples, {len(self._fields)} fields"
@@ -498,8 +528,13 @@ def _counts(ptr: NDArray[np.int64], physical: IndexArray) -> CountArray:
     return ptr[physical + 1] - ptr[physical]
 
 
-def _reopen(store: StoreLike, options: dict[str, Any]) -> AtomicDataZarrReader:
-    return AtomicDataZarrReader(store, **options)
+def _reopen(
+    store: StoreLike, options: dict[str, Any], identity: SnapshotIdentity | None = None
+) -> AtomicDataZarrReader:
+    reader = AtomicDataZarrReader(store, **options)
+    if identity is not None:
+        reader._serve(identity)
+    return reader
 
 
 def open_reader(

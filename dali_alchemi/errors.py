@@ -69,7 +69,8 @@ class SampleIndexError(DaliAlchemiError, IndexError):
 class StoreChangedError(DaliAlchemiError, RuntimeError):
     """Another process rewrote the store under an open reader, so the samples it indexes moved.
 
-    Nothing of the read that noticed it is returned; ``refresh()`` the reader (or build a new loader).
+    Nothing of the read that noticed it is returned; ``refresh()`` the reader (a ``MultiReader``: open a new
+    one; a loader: build a new one).
     """
 
 

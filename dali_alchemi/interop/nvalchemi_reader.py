@@ -39,6 +39,7 @@ import torch
 from dali_alchemi.errors import DeviceError, ReaderClosedError, StoreFormatError
 from dali_alchemi.store import layout
 from dali_alchemi.store.reader import AtomicDataZarrReader
+from dali_alchemi.store.snapshot import SnapshotIdentity, identify
 from dali_alchemi.store.validate import open_root
 
 if TYPE_CHECKING:
@@ -165,11 +166,16 @@ class NvalchemiDropInReader(AtomicDataZarrReader):
                 raise RuntimeError(message) from err
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_reopen_drop_in, (self.store, dict(self._options)))
+        return (_reopen_drop_in, (self.store, dict(self._options), identify(self._snapshot, self._fields)))
 
     def __repr__(self) -> str:
         return f"NvalchemiDropInReader(len={len(self)}, pin_memory={self.pin_memory})"
 
 
-def _reopen_drop_in(store: StoreLike, options: dict[str, Any]) -> NvalchemiDropInReader:
-    return NvalchemiDropInReader(store, **options)
+def _reopen_drop_in(
+    store: StoreLike, options: dict[str, Any], identity: SnapshotIdentity | None = None
+) -> NvalchemiDropInReader:
+    reader = NvalchemiDropInReader(store, **options)
+    if identity is not None:
+        reader._serve(identity)  # the state the pickled reader served (or StoreChangedError)
+    return reader

@@ -16,9 +16,9 @@ job: it owns the store argument, and hands the engine the snapshot it reopened.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
@@ -156,6 +156,10 @@ class BlockEngine:
             self._shared = self._shared_root.scoped(_snapshot_token(snapshot))
         self._shard_indexes.clear()
         self._fetcher = None  # follows the location, which a defragment may have moved
+
+    def holds_shard_indexes(self) -> bool:
+        """Whether shard indexes are cached (an append rewrites the last shard's, so they may be stale)."""
+        return bool(self._shard_indexes)
 
     def stats(self) -> ReadStats:
         """Counters of packed reads, samples, chunk payloads fetched and cache behaviour so far."""
@@ -435,10 +439,18 @@ class BlockEngine:
 
 
 def _snapshot_token(snapshot: Snapshot) -> str:
-    """A name for one state of a store: its location, sample counts and arrays (shapes and dtypes)."""
+    """A name for one state of a store, under which processes share its decoded blocks.
+
+    It covers the location, sample counts and arrays (shapes and dtypes), and also the state's
+    token (the bytes of the root and atom-pointer ``zarr.json``, which every delete, defragment,
+    ``add_custom`` and ``repair`` changes) and which custom fields were replaced: a block decoded from
+    one state is then never mapped by a reader of another, even when counts and shapes are the same.
+    """
     arrays = ";".join(f"{n}:{h.shape}:{h.dtype}" for n, h in sorted(snapshot.handles.items()))
+    rewritten = ";".join(f"{n}:{g}" for n, g in sorted(snapshot.rewritten.items()))
     text = f"{snapshot.location!r}|{snapshot.n_physical}|{int(snapshot.atoms_ptr[-1])}|{int(snapshot.edges_ptr[-1])}"
-    return f"{zlib.crc32((text + arrays).encode()):08x}"
+    digest = hashlib.blake2b(f"{text}|{arrays}|{rewritten}|".encode() + snapshot.token, digest_size=8)
+    return digest.hexdigest()
 
 
 def _read_through_zarr(handle: ArrayHandle, rows: NDArray[np.int64]) -> NDArray[Any]:

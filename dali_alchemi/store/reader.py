@@ -46,7 +46,7 @@ from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.protocol import FieldSpec, PackedReader, as_field_names
 from dali_alchemi.store.repair import NOT_REBASED_HINT
 from dali_alchemi.store.shared import SharedBlocks
-from dali_alchemi.store.snapshot import Snapshot, incompatibility, open_snapshot
+from dali_alchemi.store.snapshot import Snapshot, SnapshotIdentity, identify, incompatibility, open_snapshot, served_as
 from dali_alchemi.store.validate import memory_budget
 from dali_alchemi.types import PerLevel
 
@@ -56,6 +56,12 @@ if TYPE_CHECKING:
     from dali_alchemi.types import CountArray, IndexArray, Level
 
 logger = logging.getLogger(__name__)
+
+REFRESH_HINT = (
+    "Call refresh() on the reader to read the store as it is now (a MultiReader: open a new one over its "
+    "stores; a DALIDataLoader: build a new loader)"
+)
+"""What to do about a :class:`StoreChangedError`, as its messages say."""
 
 INDEX_PLAN_BYTES = 16
 """Bytes of the row plan per atom or edge row of a read (a source and a destination int64)."""
@@ -307,12 +313,21 @@ class AtomicDataZarrReader:
         snap = self._snapshot
         physical = snap.active[logical]
         self._check_read_size(logical, physical, names)
-        try:
-            rows = self._engine.read(snap, physical, names)
-        except StoreFormatError as err:  # e.g. a chunk a defragment rewrote in another layout
-            self._check_unchanged(cause=err)
-            raise
-        self._check_unchanged()
+        # An append rewrites the last shard (and the last partial chunk) of every array: the engine's
+        # cached shard indexes may then point at the wrong bytes. A read that fails, or that used
+        # shard indexes, while the store grew is read once more from a fresh start (attach() drops the
+        # indexes and cached blocks); the rows it indexes have not changed, so the values are exact.
+        for retry in (False, True):
+            stale_indexes = self._engine.holds_shard_indexes()
+            try:
+                rows = self._engine.read(snap, physical, names)
+            except StoreFormatError as err:  # e.g. a chunk a defragment rewrote in another layout
+                if not self._check_unchanged(cause=err) or retry:
+                    raise
+            else:
+                if not self._check_unchanged() or retry or not (stale_indexes or self._engine.holds_shard_indexes()):
+                    break
+            snap = self._snapshot  # the same state under the new token: the engine starts afresh
         for name in names:
             if name in layout.ATOM_INDEX_FIELDS and rows.fields[name].size:
                 csr.rebase(rows.fields[name], snap.atoms_ptr[physical], rows.n_edges, sign=-1)
@@ -326,16 +341,18 @@ class AtomicDataZarrReader:
             levels={name: snap.handles[name].level for name in names},
         )
 
-    def _check_unchanged(self, cause: BaseException | None = None) -> None:
+    def _check_unchanged(self, cause: BaseException | None = None) -> bool:
         """Raise if another process rewrote the store since this reader opened it (checked once per read).
 
         The token is read after the chunks, so a rewrite that started before or during the read is
-        seen. A store that only grew (appends) is still served exactly as it was opened.
+        seen. A store that only grew (appends) is still served exactly as it was opened: then the
+        snapshot is kept under the new token and ``True`` is returned (the read may have used shard
+        indexes the append rewrote). ``False``: the store did not change.
         """
         snap = self._snapshot
         token = read_token(self._location)
         if token == snap.token:
-            return
+            return False
         try:
             fresh = open_snapshot(self._location)
             why = incompatibility(snap, fresh, self._fields)
@@ -344,10 +361,10 @@ class AtomicDataZarrReader:
         if why is not None:
             raise StoreChangedError(
                 f"Store {self.source} changed under this reader: {why}. The samples this reader indexes are no longer "
-                f"where it read them, so nothing of this read is returned. Call refresh() on the reader to read the "
-                f"store as it is now (a DALIDataLoader: build a new loader)"
+                f"where it read them, so nothing of this read is returned. {REFRESH_HINT}"
             ) from cause
         self._snapshot = replace(snap, token=fresh.token)  # grown only: keep serving the state it opened
+        return True
 
     def _check_read_size(self, logical: IndexArray, physical: IndexArray, names: Sequence[str]) -> None:
         """Refuse, before allocating anything, a read whose output could not fit in memory."""
@@ -415,12 +432,36 @@ class AtomicDataZarrReader:
         self._pid = os.getpid()
         if self._location.local_root is not None or isinstance(self._location.store, MemoryStore):
             return
+        identity = identify(self._snapshot, self._fields)
         arg = self._store_arg
         fresh = pickle.loads(pickle.dumps(arg)) if not isinstance(arg, (str, os.PathLike)) else arg
         self._location = resolve_store(
             fresh, read_only=True, must_exist=False, fetch=self._fetch, storage_options=self._options["storage_options"]
         )
-        self.refresh()
+        self._serve(identity)  # the state the parent served, not whatever the store holds now
+
+    def _serve(self, identity: SnapshotIdentity) -> None:
+        """Serve exactly the state a parent reader served (a pickled or forked copy), opening the store afresh.
+
+        Raises
+        ------
+        StoreChangedError
+            If the store changed since in a way that moved, deleted or replaced what the parent read;
+            a store that only grew is served as the parent had it (same length, same pointers).
+        """
+        try:
+            snapshot = served_as(identity, open_snapshot(self._location))
+        except StoreFormatError as err:
+            snapshot = f"it could not be opened again ({err})"
+        if isinstance(snapshot, str):
+            raise StoreChangedError(
+                f"Store {self.source} changed since the reader this copy was made from opened it: {snapshot}. This "
+                f"copy (e.g. in a loader's worker process) would read other samples under the same indices, so it "
+                f"refuses. {REFRESH_HINT}"
+            )
+        self._snapshot = snapshot
+        self._fields = tuple(name for name, *_ in identity.fields)
+        self._engine.attach(snapshot)
 
     # -- nvalchemi-compatible API -------------------------------------------------------------------
     def read_many(self, indices: Sequence[int] | NDArray[Any]) -> list[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
@@ -473,8 +514,9 @@ class AtomicDataZarrReader:
         self.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Pickle the recipe, not the handles: a worker process reopens the store itself.
-        return (_reopen, (self._store_arg, self._options))
+        # Pickle the recipe, not the handles: a worker process reopens the store itself, and serves
+        # the state this reader serves (or raises), not whatever the store holds by then.
+        return (_reopen, (self._store_arg, self._options, identify(self._snapshot, self._fields)))
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self)} samples, {len(self._fields)} fields"
@@ -486,8 +528,13 @@ def _counts(ptr: NDArray[np.int64], physical: IndexArray) -> CountArray:
     return ptr[physical + 1] - ptr[physical]
 
 
-def _reopen(store: StoreLike, options: dict[str, Any]) -> AtomicDataZarrReader:
-    return AtomicDataZarrReader(store, **options)
+def _reopen(
+    store: StoreLike, options: dict[str, Any], identity: SnapshotIdentity | None = None
+) -> AtomicDataZarrReader:
+    reader = AtomicDataZarrReader(store, **options)
+    if identity is not None:
+        reader._serve(identity)
+    return reader
 
 
 def open_reader(

@@ -9,11 +9,12 @@ again, so the result is the store's old or new state, never a mix. The result is
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -282,3 +283,77 @@ def incompatibility(old: Snapshot, new: Snapshot, fields: tuple[str, ...]) -> st
         if new.rewritten.get(name, 0) > old.rewritten.get(name, 0):
             return f"field {name!r} was replaced (add_custom, or repair)"
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotIdentity:
+    """What a pickled reader carries of the state its parent served, to serve exactly that state again.
+
+    A worker process (spawned, or restarted when a pipeline is rebuilt) opens the store afresh; a
+    delete, defragment or replaced field in between would have it read other structures under the
+    parent's indices. The pointers and mask themselves can be large (17 bytes per sample), so only
+    their digest travels, with the sample count, the token and the fields the parent read.
+    """
+
+    token: bytes
+    n_physical: int
+    digest: bytes
+    """Of the parent's ``atoms_ptr``, ``edges_ptr`` and ``samples_mask`` (see :func:`_state_digest`)."""
+    fields: tuple[tuple[str, str, str, tuple[int, ...]], ...]
+    """``(name, level, dtype, trailing shape)`` of every field the parent read, in its order."""
+    rewritten: tuple[tuple[str, int], ...]
+
+
+def identify(snapshot: Snapshot, fields: tuple[str, ...]) -> SnapshotIdentity:
+    """The identity of ``snapshot`` as served by a reader of ``fields``."""
+    n = snapshot.n_physical
+    return SnapshotIdentity(
+        token=snapshot.token,
+        n_physical=n,
+        digest=_state_digest(snapshot, n),
+        fields=tuple(
+            (name, h.level, h.dtype.str, tuple(h.shape[1:])) for name, h in ((f, snapshot.handles[f]) for f in fields)
+        ),
+        rewritten=tuple(sorted(snapshot.rewritten.items())),
+    )
+
+
+def served_as(identity: SnapshotIdentity, fresh: Snapshot) -> Snapshot | str:
+    """``fresh`` cut back to the state ``identity`` names, or why it cannot be.
+
+    The store may only have grown since: the first ``n_physical`` samples keep their pointers and
+    mask bit for bit, and every field is there with the same level, dtype and trailing shape, and not
+    replaced. The result indexes exactly the parent's samples (appended ones are not seen); its
+    arrays may hold more rows, which are never read.
+    """
+    n = identity.n_physical
+    if fresh.n_physical < n:
+        return f"it now holds {fresh.n_physical} physical samples where the reader indexes {n} (a defragment)"
+    if fresh.token != identity.token and _state_digest(fresh, n) != identity.digest:
+        return f"the pointers or deleted samples of its first {n} physical samples changed (a delete or a defragment)"
+    rewritten = dict(identity.rewritten)
+    for name, level, dtype, trailing in identity.fields:
+        handle = fresh.handles.get(name)
+        if handle is None:
+            return f"field {name!r} was removed"
+        if (handle.level, handle.dtype.str, tuple(handle.shape[1:])) != (level, dtype, trailing):
+            return f"field {name!r} changed from {level} {dtype} to {handle.level} {handle.dtype.str}"
+        if fresh.rewritten.get(name, 0) > rewritten.get(name, 0):
+            return f"field {name!r} was replaced (add_custom, or repair)"
+    if fresh.n_physical == n:
+        return fresh
+    mask = fresh.samples_mask[:n]
+    active: IndexArray = np.flatnonzero(mask).astype(np.int64)
+    active.flags.writeable = False
+    return replace(
+        fresh, atoms_ptr=fresh.atoms_ptr[: n + 1], edges_ptr=fresh.edges_ptr[: n + 1], samples_mask=mask, active=active
+    )
+
+
+def _state_digest(snapshot: Snapshot, n: int) -> bytes:
+    """A digest of the pointers and mask of the first ``n`` physical samples (one pass, no loop per sample)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for arr in (snapshot.atoms_ptr[: n + 1], snapshot.edges_ptr[: n + 1]):
+        digest.update(np.ascontiguousarray(arr, dtype="<i8").tobytes())
+    digest.update(np.ascontiguousarray(snapshot.samples_mask[:n], dtype=np.bool_).tobytes())
+    return digest.digest()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import shutil
 import subprocess
 import sys
@@ -11,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter
-from dali_alchemi.bench.synth import synthetic_samples
+from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter, MultiReader
+from dali_alchemi.bench.synth import synthetic_samples, write_synthetic_store
+from dali_alchemi.config import ArrayConfig, WriteConfig
 from dali_alchemi.errors import StoreChangedError
+from dali_alchemi.interop.nvalchemi_reader import NvalchemiDropInReader
 from dali_alchemi.store.generation import read_token, writer_state
 
 FIELDS = ["positions", "energy"]
@@ -77,6 +80,72 @@ def test_appends_keep_the_opened_state_exact(store: Path) -> None:
             np.testing.assert_array_equal(again.fields[name], values, err_msg=name)
         reader.refresh()
         assert len(reader) == 320
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 64 << 20], ids=["no-cache", "cache"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        WriteConfig(core=ArrayConfig(chunk_size=64), meta=ArrayConfig(chunk_size=128)),
+        WriteConfig(core=ArrayConfig(chunk_size=64, shard_size=256), meta=ArrayConfig(chunk_size=128, shard_size=256)),
+        WriteConfig(core=ArrayConfig(chunk_size=64, shard_size=256, checksum=False), meta=ArrayConfig(chunk_size=128)),
+    ],
+    ids=["chunked", "sharded", "sharded-no-checksum"],
+)
+def test_a_read_after_an_append_returns_exactly_the_old_values(
+    tmp_path: Path, config: WriteConfig, cache_bytes: int
+) -> None:
+    store = write_synthetic_store(tmp_path / "s.zarr", 300, seed=7, min_atoms=10, max_atoms=40, config=config)
+    indices = np.arange(280, 300)  # the last shard and the last partial chunk, which the append rewrites
+    with AtomicDataZarrReader(store, cache_bytes=cache_bytes) as reader:
+        before = reader.read_packed(indices)
+        AtomicDataZarrWriter(store).append(synthetic_samples(40, seed=3, min_atoms=10, max_atoms=40))
+        again = reader.read_packed(indices)
+        assert len(reader) == 300
+        for name, values in before.fields.items():
+            np.testing.assert_array_equal(again.fields[name], values, err_msg=name)
+        np.testing.assert_array_equal(reader.read_packed(indices[::-1]).fields["energy"], before.fields["energy"][::-1])
+
+
+def test_a_pickled_reader_refuses_a_store_deleted_from_since(store: Path) -> None:
+    with AtomicDataZarrReader(store, fields=FIELDS, cache_bytes=0) as reader:
+        blob = pickle.dumps(reader)
+        AtomicDataZarrWriter(store).delete([0, 1, 2])
+        with pytest.raises(StoreChangedError, match=r"changed since the reader this copy was made from opened it"):
+            pickle.loads(blob)
+        with pytest.raises(StoreChangedError, match=r"a MultiReader: open a new one"):
+            reader.read_packed([5])
+
+
+@pytest.mark.parametrize("kind", ["reader", "drop-in", "multi"])
+def test_a_pickled_reader_serves_the_state_its_parent_served_when_the_store_only_grew(store: Path, kind: str) -> None:
+    opened = AtomicDataZarrReader(store, cache_bytes=0) if kind != "drop-in" else NvalchemiDropInReader(store)
+    parent = MultiReader([opened]) if kind == "multi" else opened
+    with parent:
+        AtomicDataZarrWriter(store).append(synthetic_samples(20, seed=3, min_atoms=10, max_atoms=40))
+        before = parent.read_packed(np.arange(290, 300))  # the parent notices the append: still 300
+        AtomicDataZarrWriter(store).append(synthetic_samples(20, seed=4, min_atoms=10, max_atoms=40))
+        with pickle.loads(pickle.dumps(parent)) as copy:
+            assert len(copy) == len(parent) == 300
+            members = copy.members if isinstance(copy, MultiReader) else (copy,)
+            assert isinstance(members[0], type(opened))
+            np.testing.assert_array_equal(members[0].atoms_ptr, opened.atoms_ptr)  # type: ignore[attr-defined]
+            assert members[0].field_names == opened.field_names  # type: ignore[attr-defined]
+            again = copy.read_packed(np.arange(290, 300))
+    assert set(again.fields) == set(before.fields)
+    for name, values in before.fields.items():
+        np.testing.assert_array_equal(again.fields[name], values, err_msg=name)
+    opened.close()
+
+
+def test_a_pickled_reader_refuses_a_replaced_field_it_reads(store: Path) -> None:
+    writer = AtomicDataZarrWriter(store)
+    writer.add_custom("tag", np.zeros(300, dtype=np.float32), "system")
+    with AtomicDataZarrReader(store, cache_bytes=0) as reader:
+        blob = pickle.dumps(reader)
+        writer.add_custom("tag", np.ones(300, dtype=np.float32), "system")
+        with pytest.raises(StoreChangedError, match=r"field 'tag' was replaced"):
+            pickle.loads(blob)
 
 
 def test_replacing_a_custom_field_is_noticed_only_by_readers_of_that_field(store: Path) -> None:

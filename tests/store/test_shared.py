@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter
 from dali_alchemi.store.shared import SharedBlocks, make_shared_folder, remove_shared_folder
 
 
@@ -71,3 +73,21 @@ def test_a_shared_folder_is_made_and_removed() -> None:
     SharedBlocks(folder).scoped("x")
     remove_shared_folder(folder)
     assert not os.path.exists(folder)
+
+
+def test_a_refreshed_reader_never_maps_blocks_decoded_from_a_replaced_field(small_store: Path, tmp_path: Path) -> None:
+    store = Path(shutil.copytree(small_store, tmp_path / "s.zarr"))
+    writer = AtomicDataZarrWriter(store)
+    writer.add_custom("tag", np.zeros(300, dtype=np.float32), "system")
+    folder = make_shared_folder()
+    try:
+        with (
+            AtomicDataZarrReader(store, fields=["tag"], shared_cache=folder) as a,
+            AtomicDataZarrReader(store, fields=["tag"], shared_cache=folder) as b,
+        ):
+            assert a.read_packed([0]).fields["tag"].tolist() == [0.0]  # a publishes the old block
+            writer.add_custom("tag", np.ones(300, dtype=np.float32), "system")  # same counts, shapes, dtype
+            b.refresh()
+            assert b.read_packed([0]).fields["tag"].tolist() == [1.0]
+    finally:
+        remove_shared_folder(folder)

@@ -31,9 +31,10 @@ from dali_alchemi.errors import (
     SampleIndexError,
     UnknownFieldError,
 )
+from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES
 from dali_alchemi.store.indices import checked_indices
 from dali_alchemi.store.packed import PackedSamples
-from dali_alchemi.store.protocol import FieldSpec, PackedReader, as_field_names
+from dali_alchemi.store.protocol import UNCHUNKED_SPAN_SIZE, ChunkedReader, FieldSpec, PackedReader, as_field_names
 from dali_alchemi.store.reader import open_reader
 
 if TYPE_CHECKING:
@@ -180,6 +181,34 @@ class MultiReader:
     def members(self) -> tuple[PackedReader, ...]:
         """The member readers, in global index order."""
         return tuple(self._members)
+
+    # -- chunking (the ChunkedReader capability, for shuffle="block") ---------------------------------
+    def sample_chunk_bounds(self) -> IndexArray:
+        """``[S + 1]`` global span offsets: each member's own spans, shifted by its offset.
+
+        A member with :class:`~dali_alchemi.store.protocol.ChunkedReader` gives its chunk spans; one
+        without gets spans of :data:`~dali_alchemi.store.protocol.UNCHUNKED_SPAN_SIZE` structures. No
+        span crosses from one member into the next. Pointers only, no data read.
+        """
+        self._check_open()
+        starts = []
+        for offset, member in zip(self.offsets[:-1].tolist(), self._members, strict=True):
+            n = len(member)
+            if isinstance(member, ChunkedReader):
+                bounds = np.asarray(member.sample_chunk_bounds(), dtype=np.int64)
+            else:
+                bounds = np.append(np.arange(0, n, UNCHUNKED_SPAN_SIZE, dtype=np.int64), np.int64(n))
+            starts.append(bounds[:-1] + offset)
+        return np.append(np.concatenate(starts), np.int64(len(self))).astype(np.int64)
+
+    @property
+    def cache_bytes(self) -> int:
+        """The smallest member cache budget (a member without a cache counts as the default budget).
+
+        Each member decodes into its own cache, and a block-shuffle buffer may draw all its spans from
+        one member, so buffers are sized for the smallest cache: they fit whichever member they read.
+        """
+        return min(int(m.cache_bytes) if isinstance(m, ChunkedReader) else DEFAULT_CACHE_BYTES for m in self._members)
 
     # -- indices ------------------------------------------------------------------------------------
     def __len__(self) -> int:

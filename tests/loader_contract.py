@@ -139,6 +139,23 @@ class LoaderContract:
         with pytest.raises(UnknownFieldError, match=r"Unknown fields \['nope'\]"):
             self.make_loader(reader, fields=["nope"])
 
+    def test_system_fields_only_keep_the_atom_and_edge_counts(self, reader: AtomicDataZarrReader) -> None:
+        loader = self.make_loader(reader, batch_size=8, shuffle=False, fields="energy")
+        try:
+            got = [next(iter(loader))]
+        finally:
+            self.close(loader)
+        n_atoms, n_edges = reader.sample_sizes(np.arange(8))
+        want = Batch.from_samples(
+            [{"energy": s["energy"]} for s, _ in reader.read_many(list(range(8)))],
+            levels=reader.field_levels,
+            sample_indices=np.arange(8),
+        )
+        assert got[0].num_nodes_list == n_atoms.tolist() and got[0].num_edges_list == n_edges.tolist()
+        assert got[0].num_nodes == int(n_atoms.sum()) > 0 and got[0].num_edges == int(n_edges.sum()) > 0
+        assert torch.equal(got[0]["energy"].cpu(), want["energy"])
+        assert np.array_equal(got[0].sample_indices, np.arange(8))
+
     @pytest.mark.parametrize("shards", [1, 2])
     def test_budget_batches_respect_the_budget_once_per_epoch_with_equal_counts(
         self, reader: AtomicDataZarrReader, shards: int

@@ -5,14 +5,17 @@ the same :class:`~dali_alchemi.plan.Plan` (so, for a seed, epoch and shard, both
 batches), the same :class:`~dali_alchemi.store.protocol.PackedReader` seam and the same
 :class:`~dali_alchemi.batch.Batch`. The plan's batches go to torch as a ``batch_sampler``; the dataset
 reads them sample by sample (the common setup) or, with ``batched=True``, through torch's
-``__getitems__`` hook with one read per batch, handed on as per-sample dicts and collated by
-``Batch.from_samples``, as code written against nvalchemi's ``read_many`` does. ``num_workers``,
+``__getitems__`` hook with one read per batch, handed on as per-sample dicts and concatenated as
+``Batch.from_samples`` does, as code written against nvalchemi's ``read_many`` does. Each sample
+travels with its atom and edge counts, so a batch of system-level fields only still has the counts
+the DALI loader gives it. ``num_workers``,
 ``pin_memory`` and ``prefetch_factor`` mean what they mean in torch. This module does not import DALI.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,6 +27,7 @@ from dali_alchemi.interop.read_many import as_packed_reader
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.plan import PadShape, PlanArguments, build_plan, pad_shape, restore, store_chunking
 from dali_alchemi.store.multi import MultiReader, open_source
+from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.protocol import as_field_names, select_fields
 
 if TYPE_CHECKING:
@@ -34,11 +38,12 @@ if TYPE_CHECKING:
     from dali_alchemi.types import Level
 
 
-Item = tuple[dict[str, torch.Tensor], int]  # a sample and its reader index
+Item = tuple[dict[str, torch.Tensor], int, int, int]
+"""A sample, its reader index, and its atom and edge counts (which its fields alone may not show)."""
 
 
 class SampleDataset(Dataset[Item]):
-    """Map-style dataset: ``dataset[i]`` is ``(sample dict, i)``, one read of one structure.
+    """Map-style dataset: ``dataset[i]`` is ``(sample dict, i, n_atoms, n_edges)``, one read of one structure.
 
     With ``batched=True``, ``__getitems__`` reads a whole batch with one read instead (torch's
     DataLoader calls it with a batch's indices when it exists) and splits it into per-sample dicts, as
@@ -64,20 +69,35 @@ class SampleDataset(Dataset[Item]):
     def _read(self, indices: Sequence[int]) -> list[Item]:
         packed = self.reader.read_packed(np.asarray(indices, dtype=np.int64), fields=self.fields)
         samples = [{name: torch.from_numpy(value) for name, value in s.items()} for s in packed.split()]
-        return list(zip(samples, packed.logical_indices.tolist(), strict=True))
+        indices, atoms, edges = (packed.logical_indices.tolist(), packed.n_atoms.tolist(), packed.n_edges.tolist())
+        return list(zip(samples, indices, atoms, edges, strict=True))
 
 
 class Collater:
-    """Picklable collate function: ``(sample, index)`` pairs -> :class:`Batch` (padded to ``shape`` when given)."""
+    """Picklable collate function: :data:`Item` tuples -> :class:`Batch` (padded to ``shape`` when given).
+
+    The counts come from the items, not from the fields: with only system-level fields selected, the
+    samples hold no atom or edge rows, yet the batch keeps the structures' atom and edge counts.
+    """
 
     def __init__(self, levels: Mapping[str, Level], shape: PadShape | None = None) -> None:
         self.levels = dict(levels)
         self.shape = shape
 
     def __call__(self, items: list[Item]) -> Batch:
-        batch = Batch.from_samples(
-            [sample for sample, _ in items], levels=self.levels, sample_indices=[index for _, index in items]
+        if not items:
+            raise ValueError("Cannot create batch from empty data list")
+        samples, indices, atoms, edges = zip(*items, strict=True)
+        packed = PackedSamples.from_samples(samples, levels=self.levels)
+        index = np.asarray(indices, dtype=np.int64)
+        packed = replace(
+            packed,
+            logical_indices=index,
+            physical_indices=index,
+            n_atoms=np.asarray(atoms, dtype=np.int64),
+            n_edges=np.asarray(edges, dtype=np.int64),
         )
+        batch = Batch.from_packed(packed)
         return batch if self.shape is None else pad_batch(batch, **self.shape.to_kwargs())
 
 

@@ -19,7 +19,10 @@ import numpy as np
 import torch
 
 from dali_alchemi.bench.names import LOADER_HELP
+from dali_alchemi.errors import ConfigError
+from dali_alchemi.interop.read_many import as_packed_reader
 from dali_alchemi.plan import PlanArguments, build_plan, store_chunking
+from dali_alchemi.store.protocol import select_fields
 from dali_alchemi.store.reader import AtomicDataZarrReader
 
 DECODE_CACHE_BYTES = 64 << 20
@@ -135,7 +138,7 @@ def _pyg_dynamic(store: str, shuffle: bool, s: LoaderSettings, workers: int) -> 
     from torch_geometric.loader import DynamicBatchSampler
 
     if not s.max_atoms:
-        raise ValueError("pyg-dynamic batches by atoms: give --max-atoms")
+        raise ConfigError("pyg-dynamic batches by atoms: give --max-atoms")
     reader = (
         AtomicDataZarrReader(store) if s.cache_bytes is None else AtomicDataZarrReader(store, cache_bytes=s.cache_bytes)
     )
@@ -232,10 +235,14 @@ def _dali_read_many(store: str, shuffle: Shuffle, s: LoaderSettings, workers: in
     else:
         options: dict[str, Any] = {} if s.cache_bytes is None else {"cache_bytes": s.cache_bytes}
         inner = _ReadManyOnly(AtomicDataZarrReader(store, **options))
-    loader = DALIDataLoader(
-        inner, batch_size=s.plan_batch_size, shuffle=shuffle, seed=s.seed, batches_per_window=s.batches_per_window,
-        num_workers=workers, device=s.device, max_atoms=s.max_atoms, max_edges=s.max_edges,
-    )  # fmt: skip
+    try:
+        loader = DALIDataLoader(
+            inner, batch_size=s.plan_batch_size, shuffle=shuffle, seed=s.seed, batches_per_window=s.batches_per_window,
+            num_workers=workers, device=s.device, max_atoms=s.max_atoms, max_edges=s.max_edges,
+        )  # fmt: skip
+    except BaseException:
+        inner.close()  # the loader does not own a reader passed in: close it here, or it leaks
+        raise
 
     def close() -> None:
         loader.close()
@@ -248,17 +255,22 @@ def bench_plan(reader: Any, shuffle: Shuffle, s: LoaderSettings, *, budget: bool
     """The plan the loaders build for ``shuffle`` over ``reader`` (block, global or sequential order).
 
     The read limits use fixed batches of ``batch_size``; with ``budget`` the settings' atom and edge
-    budgets apply too, as in the DALI loader and the plain DataLoader.
+    budgets apply too, as in the DALI loader and the plain DataLoader. A reader that only has
+    ``read_many`` is seen through :class:`ReadManyAdapter`, as the loaders see it, and the block
+    order's spans and buffers come from :func:`store_chunking` of every field, as in the loaders, so
+    ``--order block`` is the same order for every loader.
     """
     arguments = (
         PlanArguments(batch_size=s.plan_batch_size, shuffle=shuffle, seed=s.seed, max_atoms=s.max_atoms,
                       max_edges=s.max_edges)
         if budget else PlanArguments(batch_size=s.batch_size, shuffle=shuffle, seed=s.seed)
     )  # fmt: skip
-    chunking = (
-        (lambda: store_chunking(reader, reader.field_names)) if isinstance(reader, AtomicDataZarrReader) else None
-    )
-    return build_plan(None, arguments, len(reader), lambda: reader.sample_sizes(np.arange(len(reader))), chunking)
+    packed = as_packed_reader(reader)
+    fields = select_fields(packed, None)
+    return build_plan(
+        None, arguments, len(packed), lambda: packed.sample_sizes(np.arange(len(packed))),
+        lambda: store_chunking(packed, fields),
+    )  # fmt: skip
 
 
 class _WindowedReads:
@@ -349,12 +361,12 @@ def is_plain(name: str) -> bool:
 
 def _no_block(name: str, shuffle: Shuffle) -> bool:
     if not isinstance(shuffle, bool):
-        raise ValueError(f"Loader {name!r} has no block order")
+        raise ConfigError(f"Loader {name!r} has no block order")
     return shuffle
 
 
 def open_loader(name: str, store: str, shuffle: Shuffle, settings: LoaderSettings) -> Runnable:
-    """Open loader ``name`` (see :data:`LOADER_HELP`); raises ``ValueError`` for an unknown name."""
+    """Open loader ``name`` (see :data:`LOADER_HELP`); raises :class:`ConfigError` for an unknown name."""
     if name == "nvalchemi":
         return _nvalchemi(store, _no_block(name, shuffle), settings)
     if name == "nvalchemi-reader":
@@ -376,7 +388,7 @@ def open_loader(name: str, store: str, shuffle: Shuffle, settings: LoaderSetting
         return _SequentialDecode(store, shuffle, settings)
     match = _PATTERN.match(name)
     if match is None:
-        raise ValueError(f"Unknown loader {name!r}; choose from: {LOADER_HELP}")
+        raise ConfigError(f"Unknown loader {name!r}; choose from: {LOADER_HELP}")
     kind, workers = match.group("kind"), match.group("workers")
     if kind == "dali":
         from dali_alchemi.pipeline.loader import DEFAULT_NUM_WORKERS
@@ -390,7 +402,7 @@ def open_loader(name: str, store: str, shuffle: Shuffle, settings: LoaderSetting
             match.group("shared") is not None,
         )
     if match.group("layout") or match.group("shared"):
-        raise ValueError(f"Loader {name!r}: layout and -shared suffixes only apply to dali loaders")
+        raise ConfigError(f"Loader {name!r}: layout and -shared suffixes only apply to dali loaders")
     count = settings.torch_workers if workers is None else int(workers)
     if kind == "pyg-dynamic":
         return _pyg_dynamic(store, _no_block(name, shuffle), settings, count)
@@ -398,12 +410,12 @@ def open_loader(name: str, store: str, shuffle: Shuffle, settings: LoaderSetting
 
 
 def validate_names(names: list[str]) -> None:
-    """Raise ``ValueError`` naming the first unknown loader."""
+    """Raise :class:`ConfigError` (a ``ValueError``) naming the first unknown loader."""
     for name in names:
         if name not in ("nvalchemi", "nvalchemi-dropin", *LIMITS) and not (
             _PATTERN.match(name) or _READ_MANY_PATTERN.match(name)
         ):
-            raise ValueError(f"Unknown loader {name!r}; choose from: {LOADER_HELP}")
+            raise ConfigError(f"Unknown loader {name!r}; choose from: {LOADER_HELP}")
 
 
 def median(values: list[float]) -> float:

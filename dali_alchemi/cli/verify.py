@@ -48,6 +48,8 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     console.print(f"promise: {promise}; checksums: {report.checksums or 'none promised'}")
     if report.unchecksummed:
         console.print("arrays without checksums: " + ", ".join(report.unchecksummed))
+    for line in report.skipped:
+        console.print(f"skipped: {line}")
     if report.implicit_chunks:
         console.print(f"{report.implicit_chunks:,} chunks are not stored and read as the fill value")
     if report.ok:

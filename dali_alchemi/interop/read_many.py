@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from dali_alchemi import csr
-from dali_alchemi.errors import NotAReaderError, ReaderClosedError, ReaderOutputError, SampleIndexError
+from dali_alchemi.errors import NotAReaderError, ReaderClosedError, ReaderOutputError
 from dali_alchemi.store import layout
+from dali_alchemi.store.indices import checked_indices
 from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.protocol import FieldSpec, PackedReader, select_fields
 
@@ -132,14 +133,7 @@ class ReadManyAdapter:
 
     def normalize_indices(self, indices: int | Sequence[int] | NDArray[Any]) -> IndexArray:
         """Indices as a non-negative int64 array; an index outside ``-len .. len - 1`` is a :class:`SampleIndexError`."""
-        arr = np.asarray(indices)
-        if arr.dtype == np.bool_ or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-            raise TypeError(f"Sample indices must be integers, got dtype {arr.dtype}")
-        arr = arr.astype(np.int64, copy=False).reshape(-1)
-        bad = (arr < -self._n) | (arr >= self._n)
-        if bad.any():
-            raise SampleIndexError(f"Index {int(arr[np.argmax(bad)])} out of range for reader with {self._n} samples")
-        return np.where(arr < 0, arr + self._n, arr)
+        return checked_indices(indices, self._n, what="Index", owner="reader")
 
     def sample_sizes(self, indices: int | Sequence[int] | NDArray[Any]) -> tuple[CountArray, CountArray]:
         """Atom and edge counts: remembered, else from the reader's ``get_metadata``, else read."""

@@ -20,7 +20,7 @@ import torch
 from dali_alchemi.augment import apply_augmentations, check_augmentations
 from dali_alchemi.config import LoaderConfig
 from dali_alchemi.errors import ConfigError, DeviceError, LoaderClosedError, LoaderError
-from dali_alchemi.interop.read_many import as_packed_reader
+from dali_alchemi.interop.read_many import ReadManyAdapter, as_packed_reader
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.pipeline import lifetime
 from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline
@@ -85,6 +85,29 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return resolved
 
 
+def _check_shareable(source: Any) -> None:
+    """Refuse ``shared_cache=True`` for a source that would silently not share (see ``DALIDataLoader``).
+
+    Raises
+    ------
+    ConfigError
+        For a list of stores (the MultiReader's members keep caches of their own), a reader passed in
+        (opened without the loader's shared folder) or a ``read_many`` reader (no decoded-chunk cache).
+    """
+    if isinstance(source, (list, tuple)):
+        why = "a list of stores: the stores a MultiReader opens keep caches of their own"
+    elif isinstance(source, ReadManyAdapter):
+        why = f"a read_many reader ({type(source.reader).__name__}), which has no decoded-chunk cache"
+    elif isinstance(source, PackedReader):
+        why = (
+            f"a reader passed in ({type(source).__name__}), opened without the loader's shared folder; "
+            "open it with AtomicDataZarrReader(..., shared_cache=FOLDER) instead"
+        )
+    else:
+        return
+    raise ConfigError(f"shared_cache=True needs one store the loader opens itself, got {why}")
+
+
 class DALIDataLoader:
     """Iterate a store (or any :class:`~dali_alchemi.store.protocol.PackedReader`) as Batches through DALI.
 
@@ -146,7 +169,8 @@ class DALIDataLoader:
     shared_cache
         With workers and a reader the loader opens itself: the workers share decoded chunks through a
         folder on shared memory, so each chunk is decoded once per machine rather than once per
-        worker. Off by default: on the reference machine the per-chunk cost of sharing (files on
+        worker. Only one store given by path, URL or zarr Store can share; a list of stores, a reader
+        passed in or a ``read_many`` reader is a :class:`~dali_alchemi.errors.ConfigError`. Off by default: on the reference machine the per-chunk cost of sharing (files on
         ``/dev/shm``) outweighed the decodes it saved (README: "Datasets bigger than memory").
     layout
         How a window goes through DALI: ``"window"`` (the default: one DALI sample per output), or
@@ -213,9 +237,11 @@ class DALIDataLoader:
         self.seed = seed
         self.device = resolve_device(device)
         source = as_packed_reader(store_or_reader)
-        # With shared_cache, worker processes share decoded chunks through a shared-memory folder, when
-        # the loader opens the (one) reader itself.
-        sharing = shared_cache and num_workers > 0 and not isinstance(source, (PackedReader, list))
+        # With shared_cache, worker processes share decoded chunks through a shared-memory folder, which
+        # only a reader the loader opens itself, of one store, can be given: anything else would ignore it.
+        if shared_cache:
+            _check_shareable(source)
+        sharing = shared_cache and num_workers > 0
         self._shared_folder = make_shared_folder() if sharing else None
         try:
             self.reader, self._owns_reader = open_source(

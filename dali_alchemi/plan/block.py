@@ -37,7 +37,7 @@ from dali_alchemi.errors import PlanError
 from dali_alchemi.plan.base import EpochPlan
 from dali_alchemi.plan.budget import BudgetPlan, pack_greedy
 from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES
-from dali_alchemi.store.protocol import ChunkedReader
+from dali_alchemi.store.protocol import UNCHUNKED_SPAN_SIZE, ChunkedReader
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from dali_alchemi.store.protocol import PackedReader
     from dali_alchemi.types import CountArray, IndexArray, PtrArray
 
-DEFAULT_SPAN_SIZE = 1024
+DEFAULT_SPAN_SIZE = UNCHUNKED_SPAN_SIZE
 """Structures per span for a reader that does not say how it is chunked (about one 4 MiB chunk of
 positions for structures of 20-40 atoms)."""
 

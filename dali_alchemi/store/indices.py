@@ -13,7 +13,13 @@ if TYPE_CHECKING:
 
 
 def checked_indices(
-    values: Any, n: int, *, what: str = "Index", owner: str = "reader", negative: bool = True
+    values: Any,
+    n: int,
+    *,
+    what: str = "Index",
+    owner: str = "reader",
+    negative: bool = True,
+    unit: str = "samples",
 ) -> IndexArray:
     """``values`` as a flat int64 array of indices into ``n`` items; negatives count from the end if allowed.
 
@@ -24,7 +30,8 @@ def checked_indices(
     Raises
     ------
     SampleIndexError
-        Naming the first out-of-range value and ``n`` (of the ``owner``: a reader, a store).
+        Naming the first out-of-range value and ``n`` (of the ``owner``: a reader, a store), counted
+        in ``unit``.
     TypeError
         If the values are not integers (booleans included).
     """
@@ -39,6 +46,6 @@ def checked_indices(
     bad = np.asarray((arr >= n) | (arr < low), dtype=np.bool_)
     if bad.any():
         first = arr[np.argmax(bad)]
-        raise SampleIndexError(f"{what} {int(first)} out of range for {owner} with {n} samples")
+        raise SampleIndexError(f"{what} {int(first)} out of range for {owner} with {n} {unit}")
     out = arr.astype(np.int64)
     return np.where(out < 0, out + n, out) if negative else out

@@ -31,8 +31,10 @@ from dali_alchemi.errors import (
     SampleIndexError,
     UnknownFieldError,
 )
+from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES
+from dali_alchemi.store.indices import checked_indices
 from dali_alchemi.store.packed import PackedSamples
-from dali_alchemi.store.protocol import FieldSpec, PackedReader, as_field_names
+from dali_alchemi.store.protocol import UNCHUNKED_SPAN_SIZE, ChunkedReader, FieldSpec, PackedReader, as_field_names
 from dali_alchemi.store.reader import open_reader
 
 if TYPE_CHECKING:
@@ -180,6 +182,34 @@ class MultiReader:
         """The member readers, in global index order."""
         return tuple(self._members)
 
+    # -- chunking (the ChunkedReader capability, for shuffle="block") ---------------------------------
+    def sample_chunk_bounds(self) -> IndexArray:
+        """``[S + 1]`` global span offsets: each member's own spans, shifted by its offset.
+
+        A member with :class:`~dali_alchemi.store.protocol.ChunkedReader` gives its chunk spans; one
+        without gets spans of :data:`~dali_alchemi.store.protocol.UNCHUNKED_SPAN_SIZE` structures. No
+        span crosses from one member into the next. Pointers only, no data read.
+        """
+        self._check_open()
+        starts = []
+        for offset, member in zip(self.offsets[:-1].tolist(), self._members, strict=True):
+            n = len(member)
+            if isinstance(member, ChunkedReader):
+                bounds = np.asarray(member.sample_chunk_bounds(), dtype=np.int64)
+            else:
+                bounds = np.append(np.arange(0, n, UNCHUNKED_SPAN_SIZE, dtype=np.int64), np.int64(n))
+            starts.append(bounds[:-1] + offset)
+        return np.append(np.concatenate(starts), np.int64(len(self))).astype(np.int64)
+
+    @property
+    def cache_bytes(self) -> int:
+        """The smallest member cache budget (a member without a cache counts as the default budget).
+
+        Each member decodes into its own cache, and a block-shuffle buffer may draw all its spans from
+        one member, so buffers are sized for the smallest cache: they fit whichever member they read.
+        """
+        return min(int(m.cache_bytes) if isinstance(m, ChunkedReader) else DEFAULT_CACHE_BYTES for m in self._members)
+
     # -- indices ------------------------------------------------------------------------------------
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -194,15 +224,7 @@ class MultiReader:
         TypeError
             If the indices are not integers.
         """
-        arr = np.asarray(indices)
-        if arr.dtype == np.bool_ or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-            raise TypeError(f"Sample indices must be integers, got dtype {arr.dtype}")
-        arr = arr.astype(np.int64, copy=False).reshape(-1)
-        n = len(self)
-        bad = (arr < -n) | (arr >= n)
-        if bad.any():
-            raise SampleIndexError(f"Index {int(arr[np.argmax(bad)])} out of range for MultiReader with {n} samples")
-        return np.where(arr < 0, arr + n, arr)
+        return checked_indices(indices, len(self), what="Index", owner="MultiReader")
 
     def to_local(self, indices: int | Sequence[int] | NDArray[Any]) -> tuple[IndexArray, IndexArray]:
         """``(dataset_id, dataset_index)`` of global indices (vectorised)."""
@@ -218,13 +240,14 @@ class MultiReader:
         SampleIndexError
             Naming the first member or local index out of range.
         """
-        ids = np.asarray(dataset_id, dtype=np.int64).reshape(-1)
-        local = np.asarray(dataset_index, dtype=np.int64).reshape(-1)
-        ids, local = np.broadcast_arrays(ids, local)
-        if ids.size and (ids.min() < 0 or ids.max() >= len(self.lengths)):
-            raise SampleIndexError(f"dataset_id out of range: there are {len(self.lengths)} datasets")
+        raw_ids, raw_local = np.broadcast_arrays(np.asarray(dataset_id).reshape(-1), np.asarray(dataset_index).reshape(-1))
+        ids = checked_indices(
+            raw_ids, len(self.lengths), what="dataset_id", owner="MultiReader", negative=False, unit="stores"
+        )
+        largest = max(self.lengths, default=0)
+        local = checked_indices(raw_local, largest, what="dataset_index", owner="the largest store", negative=False)
         lengths = np.asarray(self.lengths, dtype=np.int64)[ids]
-        bad = (local < 0) | (local >= lengths)
+        bad = local >= lengths
         if bad.any():
             k = int(np.argmax(bad))
             raise SampleIndexError(

@@ -76,6 +76,11 @@ class PackedReader(Protocol):
     def close(self) -> None: ...
 
 
+UNCHUNKED_SPAN_SIZE = 1024
+"""Structures per span for a reader that does not say how it is chunked (about one 4 MiB chunk of
+positions for structures of 20-40 atoms)."""
+
+
 @runtime_checkable
 class ChunkedReader(Protocol):
     """An optional capability of a :class:`PackedReader`: how its storage is chunked, in sample space.

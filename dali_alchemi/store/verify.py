@@ -8,6 +8,8 @@ chunk), then checks the pointers (start at 0, monotone, matching every array's l
 (``atoms_mask``/``edges_mask`` agree with ``samples_mask``) and the neighbor lists (every index of a
 live structure inside that structure's atom rows). It reports every problem it finds, with the
 array, chunk key and structure where they apply, in a :class:`VerifyReport`; it prints nothing.
+An array whose recorded level only a newer writer knows is forward compatible, not damaged: it is
+listed in :attr:`VerifyReport.skipped` and left out of every check, as the reader leaves it out.
 
 Memory: the pointers and ``samples_mask`` (17 bytes per structure) plus the blocks being decoded;
 every other array is streamed block by block.
@@ -73,6 +75,9 @@ class VerifyReport:
     problems: tuple[Problem, ...]
     problems_left_out: int = 0
     """Problems found beyond ``max_problems``, counted but not listed."""
+    skipped: tuple[str, ...] = ()
+    """Why arrays were left unchecked: each has a level a newer writer recorded and this version cannot
+    interpret (the reader opens such a store with a warning and leaves them out), so it is no problem."""
 
     @property
     def ok(self) -> bool:
@@ -84,6 +89,7 @@ class VerifyReport:
         out = asdict(self)
         out["ok"] = self.ok
         out["unchecksummed"] = list(self.unchecksummed)
+        out["skipped"] = list(self.skipped)
         return out
 
 
@@ -254,6 +260,12 @@ def verify_store(
             arrays.update((f"{group_name}/{name}", arr) for name, arr in members)
         elif group_name != layout.CUSTOM_GROUP:
             found.add("format", f"Store {loc.display} is missing the {group_name!r} group", array=group_name)
+    # Arrays of a level only a newer writer knows: forward compatible, not damaged; left out of every check.
+    skipped = tuple(
+        layout.unknown_level_message(loc.display, key, level) + "; not checked"
+        for key, level in schema.unknown_levels.items()
+        if arrays.pop(key, None) is not None
+    )
     listed = [f"{layout.META_GROUP}/{name}" for name in layout.META_ARRAYS]
     listed += [f"{layout.CORE_GROUP}/{name}" for name in schema.core]
     listed += [f"{layout.CUSTOM_GROUP}/{name}" for name in schema.custom]
@@ -279,7 +291,7 @@ def verify_store(
     finally:
         walker.pool.shutdown(wait=True)
     return _report(loc.display, found, started, samples=samples, live=live, arrays=len(arrays), walker=walker,
-                   integrity=integrity, unchecksummed=unchecksummed)  # fmt: skip
+                   integrity=integrity, unchecksummed=unchecksummed, skipped=skipped)  # fmt: skip
 
 
 def _check(
@@ -364,11 +376,12 @@ def _walk_rest(
 
 
 def _report(store: str, found: Findings, started: float, *, samples: int, live: int, arrays: int,
-            walker: _Walker | None, integrity: layout.Integrity, unchecksummed: tuple[str, ...]) -> VerifyReport:  # fmt: skip
+            walker: _Walker | None, integrity: layout.Integrity, unchecksummed: tuple[str, ...],
+            skipped: tuple[str, ...] = ()) -> VerifyReport:  # fmt: skip
     return VerifyReport(
         store=store, samples=samples, live=live, arrays=arrays,
         chunks=walker.done if walker else 0, implicit_chunks=walker.implicit if walker else 0,
         bytes_decoded=walker.nbytes if walker else 0, seconds=time.perf_counter() - started,
         complete_chunks=integrity.complete_chunks, checksums=integrity.checksums, unchecksummed=unchecksummed,
-        problems=tuple(found.problems), problems_left_out=found.left_out,
+        problems=tuple(found.problems), problems_left_out=found.left_out, skipped=skipped,
     )  # fmt: skip

@@ -8,9 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from dali_alchemi.bench.loaders import validate_names
+from dali_alchemi import AtomicDataZarrReader, ConfigError, DALIDataLoader, PlanError
+from dali_alchemi.bench.loaders import (
+    LoaderSettings,
+    _dali_read_many,
+    _ReadManyOnly,
+    bench_plan,
+    open_loader,
+    validate_names,
+)
 from dali_alchemi.bench.runner import BenchConfig, measure, run_bench
 from dali_alchemi.cli import main
+from dali_alchemi.interop.read_many import ReadManyAdapter
 
 KEYS = {
     "loader",
@@ -160,3 +169,42 @@ def test_max_batches_measures_the_first_batches_of_each_epoch(small_store: Path)
     assert by_name["dali-w0"].samples_per_s is not None and by_name["packed"].samples_per_s is not None
     with pytest.raises(ValueError, match="max_batches must be >= 1"):
         BenchConfig(loaders=("dali",), max_batches=0)
+
+
+def test_block_plan_of_every_loader_is_the_loaders_own(small_store: Path) -> None:
+    settings = LoaderSettings(batch_size=16, cache_bytes=20_000)
+    with AtomicDataZarrReader(small_store, cache_bytes=20_000) as native:
+        want = DALIDataLoader(native, batch_size=16, shuffle="block", num_workers=0)
+        try:
+            assert bench_plan(native, "block", settings).to_dict() == want.plan.to_dict()
+        finally:
+            want.close()
+        inner = _ReadManyOnly(native)
+        adapted = ReadManyAdapter(inner)
+        loader = DALIDataLoader(inner, batch_size=16, shuffle="block", num_workers=0)
+        try:
+            # a read_many reader is planned as the loaders plan it: fixed spans, buffers from its row bytes
+            assert bench_plan(adapted, "block", settings).to_dict() == loader.plan.to_dict()
+            assert bench_plan(inner, "block", settings).to_dict() == loader.plan.to_dict()
+        finally:
+            loader.close()
+
+
+def test_read_many_dali_closes_its_reader_when_the_loader_fails(
+    small_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    closed: list[bool] = []
+    original = _ReadManyOnly.close
+    monkeypatch.setattr(_ReadManyOnly, "close", lambda self: (closed.append(True), original(self))[1])
+    with pytest.raises(PlanError):
+        _dali_read_many(str(small_store), "nope", LoaderSettings(), 0, False)  # type: ignore[arg-type]
+    assert closed == [True]
+
+
+def test_loader_names_and_options_raise_config_errors(small_store: Path) -> None:
+    with pytest.raises(ConfigError, match="Unknown loader 'dali-fast'"):
+        validate_names(["dali-fast"])
+    with pytest.raises(ConfigError, match="Unknown loader 'dali-fast'"):
+        open_loader("dali-fast", str(small_store), "shuffle", LoaderSettings())
+    with pytest.raises(ConfigError, match="has no block order"):
+        open_loader("pyg-dynamic", str(small_store), "block", LoaderSettings())

@@ -217,6 +217,18 @@ def test_contract_errors() -> None:
         adapter.read_packed([0])
 
 
+@pytest.mark.parametrize(
+    "huge", [np.array([2**64 - 1], dtype=np.uint64), np.array([2**63], dtype=np.uint64), [2**70]], ids=str
+)
+def test_huge_indices_are_out_of_range_never_wrapped(huge: Any) -> None:
+    adapter = ReadManyAdapter(SampleReader(_structures(3)))
+    value = int(np.asarray(huge, dtype=object).reshape(-1)[0])
+    with pytest.raises(SampleIndexError, match=rf"Index {value} out of range for reader with 3 samples"):
+        adapter.read_packed(huge)
+    with pytest.raises(SampleIndexError, match=rf"Index {value} out of range"):
+        adapter.sample_sizes(huge)
+
+
 def test_as_packed_reader_wraps_only_read_many_readers(small_store: Any, reader: Any) -> None:
     assert as_packed_reader(str(small_store)) == str(small_store)
     assert as_packed_reader(reader) is reader

@@ -17,7 +17,16 @@ import torch
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI cannot be imported")
 
-from dali_alchemi import AtomicDataZarrReader, DALIDataLoader, DeviceError, LoaderClosedError, LoaderError, PlanError
+from dali_alchemi import (
+    AtomicDataZarrReader,
+    ConfigError,
+    DALIDataLoader,
+    DeviceError,
+    LoaderClosedError,
+    LoaderError,
+    PlanError,
+)
+from dali_alchemi.interop.read_many import ReadManyAdapter
 from dali_alchemi.pipeline.dali_private import worker_processes
 from tests.loader_contract import LoaderContract, assert_batches_equal, reference_batches
 
@@ -438,3 +447,15 @@ def test_block_shuffle_through_workers_gives_the_plans_batches(reader: AtomicDat
         got = list(loader)
     assert_batches_equal(got, reference_batches(reader, loader.plan, 1))
     assert sorted(i for b in got for i in b.sample_indices.tolist()) == list(range(len(reader)))
+
+
+def test_shared_cache_for_a_source_that_cannot_share_is_refused(small_store: Path, other_store: Path) -> None:
+    with pytest.raises(ConfigError, match="shared_cache=True needs one store the loader opens itself, got a list"):
+        DALIDataLoader([small_store, other_store], batch_size=8, shared_cache=True)
+    with pytest.raises(ConfigError, match="got a list of stores"):
+        DALIDataLoader((small_store,), batch_size=8, shared_cache=True)
+    with AtomicDataZarrReader(small_store) as inner:
+        with pytest.raises(ConfigError, match=r"got a reader passed in \(AtomicDataZarrReader\)"):
+            DALIDataLoader(inner, batch_size=8, shared_cache=True)
+        with pytest.raises(ConfigError, match=r"got a read_many reader \(AtomicDataZarrReader\)"):
+            DALIDataLoader(ReadManyAdapter(inner), batch_size=8, shared_cache=True)

@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dali_alchemi import AtomicDataZarrReader
+from dali_alchemi import AtomicDataZarrReader, MultiReader
 from dali_alchemi.errors import PlanError
+from dali_alchemi.interop.read_many import ReadManyAdapter
 from dali_alchemi.plan import (
     BlockShuffle,
     BlockShufflePlan,
@@ -26,6 +27,7 @@ from dali_alchemi.plan import (
     store_chunking,
 )
 from dali_alchemi.plan.block import DEFAULT_SPAN_SIZE, fixed_spans
+from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES
 
 
 def _plan(n: int = 1000, span: int = 37, buffer_spans: int = 3, **kwargs: Any) -> BlockShufflePlan:
@@ -273,3 +275,31 @@ def test_sample_chunk_bounds_follow_the_atom_blocks(reader: AtomicDataZarrReader
     assert np.array_equal(bounds[1:-1], expected)
     for lo, hi in itertools.pairwise(bounds):
         assert np.unique(block[lo:hi]).size == 1
+
+
+def test_block_plan_over_several_stores_follows_each_members_chunks_and_the_smallest_cache(
+    small_store: Path, other_store: Path
+) -> None:
+    with (
+        AtomicDataZarrReader(small_store, cache_bytes=20_000) as first,
+        AtomicDataZarrReader(other_store, cache_bytes=1 << 30) as second,
+        MultiReader([first, second]) as multi,
+    ):
+        want = np.concatenate([first.sample_chunk_bounds()[:-1], second.sample_chunk_bounds() + len(first)])
+        assert np.array_equal(multi.sample_chunk_bounds(), want)
+        assert multi.cache_bytes == 20_000 and store_chunking(multi, ("positions",)).cache_bytes == 20_000
+        plan = _build(multi, "block")
+        assert np.array_equal(plan.span_bounds, want)
+        assert plan.buffer_spans < plan.num_spans  # sized for the 20 kB cache, not the default 1 GiB
+    with (
+        AtomicDataZarrReader(small_store) as first,
+        MultiReader([first, ReadManyAdapter(second_reader := AtomicDataZarrReader(other_store))]) as multi,
+    ):
+        try:
+            plan = _build(multi, "block")
+            # the member without chunk bounds gets fixed spans of its own, none crossing into it
+            tail = fixed_spans(len(second_reader), DEFAULT_SPAN_SIZE) + len(first)
+            assert np.array_equal(plan.span_bounds, np.concatenate([first.sample_chunk_bounds()[:-1], tail]))
+            assert multi.cache_bytes == min(first.cache_bytes, DEFAULT_CACHE_BYTES)
+        finally:
+            second_reader.close()

@@ -75,6 +75,21 @@ def test_offsets_lengths_and_index_mapping(multi: MultiReader) -> None:
         multi.to_global(1, 120)
 
 
+@pytest.mark.parametrize(
+    "huge", [np.array([2**64 - 1], dtype=np.uint64), np.array([2**63], dtype=np.uint64), [2**70]], ids=str
+)
+def test_huge_indices_are_out_of_range_never_wrapped(multi: MultiReader, huge: Any) -> None:
+    value = int(np.asarray(huge, dtype=object).reshape(-1)[0])
+    with pytest.raises(SampleIndexError, match=rf"Index {value} out of range for MultiReader with 420 samples"):
+        multi.read_packed(huge)
+    with pytest.raises(SampleIndexError, match=rf"Index {value} out of range"):
+        multi.to_local(huge)
+    with pytest.raises(SampleIndexError, match=rf"dataset_id {value} out of range for MultiReader with 2 stores"):
+        multi.to_global(huge, 0)
+    with pytest.raises(SampleIndexError, match=rf"dataset_index {value} out of range"):
+        multi.to_global(0, huge)
+
+
 def test_a_mixed_window_is_routed_per_member_and_comes_back_in_request_order(
     multi: MultiReader, small_store: Path, other_store: Path
 ) -> None:

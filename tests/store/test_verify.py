@@ -13,6 +13,7 @@ import zarr
 
 from dali_alchemi import AtomicDataZarrWriter, StoreNotFoundError
 from dali_alchemi.bench.synth import synthetic_samples
+from dali_alchemi.cli import main
 from dali_alchemi.config import ArrayConfig, WriteConfig
 from dali_alchemi.store.journal import DeleteOp, write_journal
 from dali_alchemi.store.location import resolve_store
@@ -174,3 +175,20 @@ def test_findings_list_each_place_once_and_count_the_rest() -> None:
     found.add("mask", "b", array="meta/atoms_mask", chunk="meta/atoms_mask/c/0", sample=2)
     found.add("mask", "c", array="meta/atoms_mask", chunk="meta/atoms_mask/c/0", sample=3)
     assert [p.message for p in found.problems] == ["index", "a", "b"] and found.left_out == 1
+
+
+def test_an_array_of_a_newer_writers_level_is_skipped_not_a_problem(
+    store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = zarr.open_group(store, mode="r+")
+    root.require_group("custom").create_array("tag", data=np.zeros(5, np.int32))  # rows of a level we lack
+    doc = json.loads((store / "zarr.json").read_text())
+    doc["attributes"]["fields"].setdefault("custom", {})["tag"] = "residue"
+    (store / "zarr.json").write_text(json.dumps(doc))
+    report = verify_store(store)
+    assert report.ok, _kinds(report)
+    assert len(report.skipped) == 1 and "custom.tag has level 'residue'" in report.skipped[0]
+    assert "array custom/tag was written by a newer writer; not checked" in report.skipped[0]
+    assert report.to_dict()["skipped"] == list(report.skipped)
+    assert main(["verify", str(store)]) == 0
+    assert "skipped: " in capsys.readouterr().out

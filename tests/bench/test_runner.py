@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dali_alchemi import AtomicDataZarrReader, ConfigError, DALIDataLoader, PlanError
+from dali_alchemi import AtomicDataZarrReader, ConfigError, PlanError
 from dali_alchemi.bench.loaders import (
     LoaderSettings,
     _dali_read_many,
@@ -171,7 +171,10 @@ def test_max_batches_measures_the_first_batches_of_each_epoch(small_store: Path)
         BenchConfig(loaders=("dali",), max_batches=0)
 
 
+@pytest.mark.dali
 def test_block_plan_of_every_loader_is_the_loaders_own(small_store: Path) -> None:
+    from dali_alchemi import DALIDataLoader
+
     settings = LoaderSettings(batch_size=16, cache_bytes=20_000)
     with AtomicDataZarrReader(small_store, cache_bytes=20_000) as native:
         want = DALIDataLoader(native, batch_size=16, shuffle="block", num_workers=0)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import zarr
 
-from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter, DALIDataLoader, StoreFormatError
+from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter, StoreFormatError
 from dali_alchemi.errors import StoreSchemaWarning
 
 
@@ -65,6 +65,12 @@ def test_asking_for_a_field_it_cannot_interpret_names_it(newer_store: Path) -> N
         with pytest.raises(StoreFormatError, match="group_energy has level 'group'"):
             reader.read_packed([0, 1], fields=["group_energy"])
         assert reader.read_packed([0, 1], fields=["positions"]).fields["positions"].shape[1] == 3
+
+
+@pytest.mark.dali
+def test_the_loader_refuses_a_field_of_a_level_it_cannot_interpret(newer_store: Path) -> None:
+    from dali_alchemi import DALIDataLoader
+
     with pytest.raises(StoreFormatError, match="group_energy has level 'group'"):
         DALIDataLoader(newer_store, fields=["group_energy"], num_workers=0, device="cpu")
 

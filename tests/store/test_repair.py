@@ -237,7 +237,9 @@ def _raw_neighbor_list(path: Path) -> np.ndarray:
     return np.asarray(snap.handles["neighbor_list"].array[:])
 
 
-def _child(path: str, kill_at: str | None, log: str | None = None) -> None:
+def _child(path: str, kill_at: str | None, log: str | None = None, pace_s: float = 0.0) -> None:
+    import time
+
     writer = AtomicDataZarrWriter(path)
 
     def on_phase(phase: str) -> None:
@@ -246,6 +248,7 @@ def _child(path: str, kill_at: str | None, log: str | None = None) -> None:
                 fh.write(phase + "\n")
         if phase == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(pace_s)  # widens the moments between phases, so random kills land inside the operation
 
     writer.on_phase = on_phase
     writer.repair()
@@ -306,7 +309,8 @@ def test_a_repair_killed_at_random_moments_leaves_old_or_new(nv_fixture: Path, t
     old = _raw_neighbor_list(base)
     after = _copy(nv_fixture, "list", tmp_path / "after")
     started = time.perf_counter()
-    proc = multiprocessing.get_context("fork").Process(target=_child, args=(str(after), None))
+    pace = 0.02
+    proc = multiprocessing.get_context("fork").Process(target=_child, args=(str(after), None, None, pace))
     proc.start()
     proc.join(60)
     duration = time.perf_counter() - started
@@ -317,7 +321,7 @@ def test_a_repair_killed_at_random_moments_leaves_old_or_new(nv_fixture: Path, t
             break
         trial = _copy(nv_fixture, "list", tmp_path / f"random-{k}")
         log = tmp_path / f"random-{k}.phases"
-        proc = multiprocessing.get_context("fork").Process(target=_child, args=(str(trial), None, str(log)))
+        proc = multiprocessing.get_context("fork").Process(target=_child, args=(str(trial), None, str(log), pace))
         proc.start()
         time.sleep(rng.uniform(0, duration * 1.1))
         if proc.is_alive():

@@ -25,8 +25,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from dali_alchemi.batch import Batch
 from dali_alchemi.interop.read_many import as_packed_reader
 from dali_alchemi.padding import pad_batch
-from dali_alchemi.plan import PadShape, PlanArguments, build_plan, pad_shape, restore, store_chunking
-from dali_alchemi.store.multi import MultiReader, open_source
+from dali_alchemi.plan import PadShape, PlanArguments, pad_shape, reader_plan, restore
+from dali_alchemi.store.multi import open_source
 from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.protocol import as_field_names, select_fields
 
@@ -234,14 +234,9 @@ def plain_dataloader(
         arguments = PlanArguments(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, shard_id=shard_id,
             num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized, pad=pad,
-            weights=None if weights is None else tuple(weights), epoch_policy=epoch_policy,
-            samples_per_dataset=None if samples_per_dataset is None else tuple(samples_per_dataset),
+            weights=weights, samples_per_dataset=samples_per_dataset, epoch_policy=epoch_policy,
         )  # fmt: skip
-        lengths = reader.lengths if isinstance(reader, MultiReader) else None
-        plan = build_plan(
-            plan, arguments, len(reader), lambda: reader.sample_sizes(np.arange(len(reader))),
-            chunking=lambda: store_chunking(reader, selected), dataset_lengths=lengths,
-        )  # fmt: skip
+        plan = reader_plan(plan, arguments, reader, selected, lambda: reader.sample_sizes(np.arange(len(reader))))
         shape = pad_shape(arguments, plan)
     except BaseException:
         if owns:

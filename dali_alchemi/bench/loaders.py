@@ -166,11 +166,19 @@ def _nvalchemi_store(store: str) -> Any:
     return store
 
 
-def _nvalchemi(store: str, shuffle: bool, s: LoaderSettings) -> Runnable:
-    from nvalchemi.data.datapipes import AtomicDataZarrReader as NvReader
+def _nvalchemi(store: str, shuffle: bool, s: LoaderSettings, *, dropin: bool = False) -> Runnable:
+    """nvalchemi's DataLoader over its own reader, or (``dropin``) over :class:`NvalchemiDropInReader`."""
     from nvalchemi.data.datapipes import DataLoader, Dataset
 
-    reader = NvReader(_nvalchemi_store(store))
+    if dropin:
+        from dali_alchemi.interop.nvalchemi_reader import NvalchemiDropInReader
+
+        options: dict[str, Any] = {} if s.cache_bytes is None else {"cache_bytes": s.cache_bytes}
+        reader: Any = NvalchemiDropInReader(store, **options)
+    else:
+        from nvalchemi.data.datapipes import AtomicDataZarrReader as NvReader
+
+        reader = NvReader(_nvalchemi_store(store))
     dataset = Dataset(reader, device=s.device, skip_validation=True)
     loader = DataLoader(
         dataset, batch_size=s.batch_size, shuffle=shuffle, prefetch_factor=s.batches_per_window,
@@ -179,27 +187,6 @@ def _nvalchemi(store: str, shuffle: bool, s: LoaderSettings) -> Runnable:
 
     def set_epoch(epoch: int) -> None:
         torch.manual_seed(s.seed + epoch)  # its RandomSampler draws from torch's global generator
-        loader.set_epoch(epoch)
-
-    return _BatchLoader(loader, set_epoch, s.device, reader.close)
-
-
-def _nvalchemi_dropin(store: str, shuffle: bool, s: LoaderSettings) -> Runnable:
-    """nvalchemi's DataLoader exactly as :func:`_nvalchemi` sets it up, over :class:`NvalchemiDropInReader`."""
-    from nvalchemi.data.datapipes import DataLoader, Dataset
-
-    from dali_alchemi.interop.nvalchemi_reader import NvalchemiDropInReader
-
-    options: dict[str, Any] = {} if s.cache_bytes is None else {"cache_bytes": s.cache_bytes}
-    reader = NvalchemiDropInReader(store, **options)
-    dataset = Dataset(reader, device=s.device, skip_validation=True)
-    loader = DataLoader(
-        dataset, batch_size=s.batch_size, shuffle=shuffle, prefetch_factor=s.batches_per_window,
-        pin_memory=s.device.type == "cuda", use_streams=s.device.type == "cuda",
-    )  # fmt: skip
-
-    def set_epoch(epoch: int) -> None:
-        torch.manual_seed(s.seed + epoch)
         loader.set_epoch(epoch)
 
     return _BatchLoader(loader, set_epoch, s.device, reader.close)
@@ -372,7 +359,7 @@ def open_loader(name: str, store: str, shuffle: Shuffle, settings: LoaderSetting
     if name == "nvalchemi-reader":
         return _NvalchemiReads(store, shuffle, settings)
     if name == "nvalchemi-dropin":
-        return _nvalchemi_dropin(store, _no_block(name, shuffle), settings)
+        return _nvalchemi(store, _no_block(name, shuffle), settings, dropin=True)
     read_many = _READ_MANY_PATTERN.match(name)
     if read_many is not None:
         from dali_alchemi.pipeline.loader import DEFAULT_NUM_WORKERS

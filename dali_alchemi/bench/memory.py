@@ -18,22 +18,24 @@ SAMPLE_INTERVAL_S = 0.1
 MB = 2**20
 
 
+def _kib_field(path: str, key: str) -> int | None:
+    """The ``key: N kB`` line of a /proc file, in bytes; ``None`` if the file or the line is missing."""
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def process_pss(pid: int) -> int:
     """PSS of one process in bytes (its RSS where PSS is unavailable; 0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as fh:
-            for line in fh:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    for path, key in ((f"/proc/{pid}/smaps_rollup", "Pss:"), (f"/proc/{pid}/status", "VmRSS:")):
+        value = _kib_field(path, key)
+        if value is not None:
+            return value
     return 0
 
 

@@ -27,8 +27,8 @@ from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline
 from dali_alchemi.pipeline.dali_private import CLOSE_TIMEOUT_S, close_pipeline, disarm_pool, kill_workers
 from dali_alchemi.pipeline.iterator import WindowIterator
 from dali_alchemi.pipeline.source import BLOB_OUTPUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
-from dali_alchemi.plan import PlanArguments, build_plan, pad_shape, restore, store_chunking
-from dali_alchemi.store.multi import MultiReader, open_source
+from dali_alchemi.plan import PlanArguments, pad_shape, reader_plan, restore
+from dali_alchemi.store.multi import open_source
 from dali_alchemi.store.protocol import PackedReader, as_field_names, select_fields
 from dali_alchemi.store.shared import make_shared_folder, remove_shared_folder
 from dali_alchemi.types import PerLevel
@@ -257,14 +257,9 @@ class DALIDataLoader:
             arguments = PlanArguments(
                 batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, shard_id=shard_id,
                 num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized, pad=pad,
-                weights=None if weights is None else tuple(weights), epoch_policy=epoch_policy,
-                samples_per_dataset=None if samples_per_dataset is None else tuple(samples_per_dataset),
+                weights=weights, samples_per_dataset=samples_per_dataset, epoch_policy=epoch_policy,
             )  # fmt: skip
-            lengths = self.reader.lengths if isinstance(self.reader, MultiReader) else None
-            self.plan = build_plan(
-                plan, arguments, len(self.reader), self._all_sizes,
-                chunking=lambda: store_chunking(self.reader, self.fields), dataset_lengths=lengths,
-            )  # fmt: skip
+            self.plan = reader_plan(plan, arguments, self.reader, self.fields, self._all_sizes)
             self.pad_shape = pad_shape(arguments, self.plan)
         except BaseException:
             if self._owns_reader:

@@ -10,7 +10,14 @@ rates), ``block`` (:class:`BlockShufflePlan`, a chunk-aware shuffle with elastic
 
 from __future__ import annotations
 
-from dali_alchemi.plan.arguments import DEFAULT_BATCH_SIZE, PadShape, PlanArguments, build_plan, pad_shape
+from dali_alchemi.plan.arguments import (
+    DEFAULT_BATCH_SIZE,
+    PadShape,
+    PlanArguments,
+    build_plan,
+    pad_shape,
+    reader_plan,
+)
 from dali_alchemi.plan.base import ElasticPlan, EpochPlan, Plan, Window, restore
 from dali_alchemi.plan.block import BlockShuffle, BlockShufflePlan, StoreChunking, store_chunking
 from dali_alchemi.plan.budget import BudgetPlan, pack_greedy
@@ -39,6 +46,7 @@ __all__ = [
     "gap_quality",
     "pack_greedy",
     "pad_shape",
+    "reader_plan",
     "resolve_shard",
     "restore",
     "shard",

@@ -15,13 +15,21 @@ import numpy as np
 
 from dali_alchemi.errors import PlanError
 from dali_alchemi.plan.base import Plan
-from dali_alchemi.plan.block import BlockShuffle, BlockShufflePlan, StoreChunking, block_plan, block_sizes
+from dali_alchemi.plan.block import (
+    BlockShuffle,
+    BlockShufflePlan,
+    StoreChunking,
+    block_plan,
+    block_sizes,
+    store_chunking,
+)
 from dali_alchemi.plan.budget import BudgetPlan
 from dali_alchemi.plan.fixed import FixedBatchPlan
 from dali_alchemi.plan.mixture import MixturePlan
 from dali_alchemi.plan.order import resolve_shard
 
 if TYPE_CHECKING:
+    from dali_alchemi.store.protocol import PackedReader
     from dali_alchemi.types import CountArray, IndexArray
 
 DEFAULT_BATCH_SIZE = 64
@@ -74,6 +82,12 @@ class PlanArguments:
     samples_per_dataset: Sequence[int | float] | None = None
     epoch_policy: str | None = None
 
+    def __post_init__(self) -> None:
+        for name in ("weights", "samples_per_dataset"):  # held as tuples: plain data that compares equal
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(value))
+
     @property
     def mixture(self) -> bool:
         """Whether the arguments ask for a mixture of several datasets (weights, counts or a policy)."""
@@ -82,6 +96,22 @@ class PlanArguments:
     def given(self) -> list[str]:
         """The arguments set to something other than their default (seed aside: it also seeds augmentations)."""
         return [f.name for f in fields(self) if f.name != "seed" and getattr(self, f.name) != f.default]
+
+
+def reader_plan(
+    plan: Plan | None,
+    arguments: PlanArguments,
+    reader: PackedReader,
+    fields: Sequence[str],
+    sample_sizes: Callable[[], tuple[CountArray, CountArray]],
+) -> Plan:
+    """:func:`build_plan` for a loader reading ``fields`` of ``reader`` (its chunking, its datasets' lengths)."""
+    from dali_alchemi.store.multi import MultiReader  # the readers stay out of plan/'s imports (numpy only)
+
+    return build_plan(
+        plan, arguments, len(reader), sample_sizes, chunking=lambda: store_chunking(reader, fields),
+        dataset_lengths=reader.lengths if isinstance(reader, MultiReader) else None,
+    )  # fmt: skip
 
 
 def build_plan(

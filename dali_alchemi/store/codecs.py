@@ -204,6 +204,28 @@ class ArrayCodec:
             result.append((coords, ChunkLocation(key=key, inner_index=flat)))
         return result
 
+    def shard_key(self, first: int) -> str:
+        """Key of the object holding row blocks ``first * chunks_per_shard[0] ...`` (a chunk, or a shard)."""
+        key = self._row_keys.get(first)
+        if key is None:
+            key = self._row_keys.setdefault(first, self._key((first, *self._zeros)))
+        return key
+
+    @property
+    def stored_dtype(self) -> np.dtype[Any]:
+        """The dtype of the stored bytes (its byte order as written)."""
+        return self._chain.stored_dtype
+
+    @property
+    def uncompressed(self) -> bool:
+        """Whether chunks are raw rows: the ``bytes`` serializer, at most followed by ``crc32c``."""
+        return all(isinstance(step, str) for step in self._chain.steps)
+
+    @property
+    def chunk_checksum(self) -> bool:
+        """Whether each (inner) chunk ends with a ``crc32c`` checksum."""
+        return "crc32c" in self._chain.steps
+
     # -- decoding -----------------------------------------------------------------------------------
     def parse_shard_index(self, key: str, payload: Any) -> NDArray[np.uint64]:
         """Decode a shard index read from the end (or start) of shard ``key``: ``[n_inner, 2]`` offsets/lengths."""

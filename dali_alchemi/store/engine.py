@@ -44,6 +44,7 @@ from dali_alchemi.store.gather import (
     scatter,
     working_set_groups,
 )
+from dali_alchemi.store.rows import RowReader, reads_rows
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
@@ -86,6 +87,10 @@ class ReadStats:
     chunks_fetched: int
     blocks_decoded: int
     cache: CacheStats
+    files_read: int = 0
+    """Files whose rows were read in place (uncompressed arrays of a local store), counted once per read."""
+    files_mapped: int = 0
+    """Of those, the ones whose rows were too scattered for a read per cluster, and were mapped instead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +147,9 @@ class BlockEngine:
         self._executor_lock = threading.Lock()
         self._fetcher: ByteFetcher | None = None
         self._shard_indexes: dict[tuple[str, str], NDArray[np.uint64]] = {}
+        self._verified: dict[str, NDArray[np.bool_]] = {}
+        self._files_read = 0
+        self._files_mapped = 0
         self._packed_reads = 0
         self._samples_read = 0
         self._chunks_fetched = 0
@@ -155,6 +163,7 @@ class BlockEngine:
         if self._shared_root is not None:
             self._shared = self._shared_root.scoped(_snapshot_token(snapshot))
         self._shard_indexes.clear()
+        self._verified = {}
         self._fetcher = None  # follows the location, which a defragment may have moved
 
     def holds_shard_indexes(self) -> bool:
@@ -168,6 +177,8 @@ class BlockEngine:
             samples_read=self._samples_read,
             chunks_fetched=self._chunks_fetched,
             blocks_decoded=self._blocks_decoded,
+            files_read=self._files_read,
+            files_mapped=self._files_mapped,
             cache=CacheStats(**{f.name: getattr(self.cache.stats, f.name) for f in fields(CacheStats)}),
         )
 
@@ -273,6 +284,8 @@ class BlockEngine:
         jobs: list[BlockJob] = []
         resident: list[tuple[str, NDArray[Any]]] = []
         to_stitch: list[str] = []
+        in_place = self._row_reader()
+        raw: list[tuple[str, ArrayCodec, LevelPlan]] = []
         for name in names:
             handle = handles[name]
             plan = plans[handle.level]
@@ -280,6 +293,10 @@ class BlockEngine:
                 continue
             if handle.codec is None:
                 outputs[name][plan.dest] = _read_through_zarr(handle, plan.rows)
+                continue
+            if in_place is not None and reads_rows(handle.codec):
+                in_place.prepare(handle.codec, plan.rows)
+                raw.append((name, handle.codec, plan))
                 continue
             whole = self.cache.get((name, RESIDENT)) if self.cache.peek((name, RESIDENT)) is not None else None
             if whole is not None:
@@ -301,6 +318,9 @@ class BlockEngine:
             rows = request_rows(handles[name].level)
             np.take(rows_view(whole), rows, out=rows_view(outputs[name]))
 
+        if raw:
+            assert in_place is not None
+            self._read_in_place(in_place, raw, outputs)
         groups = working_set_groups(jobs, self.working_set_bytes)
         for k, group in enumerate(groups):
             self._gather_group(group, outputs, resident if k == len(groups) - 1 else [], take)
@@ -310,6 +330,43 @@ class BlockEngine:
             self._gather_group([], outputs, resident, take)
         for name in to_stitch:
             self._stitch(name, [job.block for job in jobs if job.handle.name == name])
+        if in_place is not None:
+            self._files_read += in_place.files_read
+            self._files_mapped += in_place.files_mapped
+
+    def _read_in_place(
+        self, reader: RowReader, arrays: list[tuple[str, ArrayCodec, LevelPlan]], outputs: dict[str, NDArray[Any]]
+    ) -> None:
+        """Read the rows of uncompressed arrays in place, one array per task on the pool when they are many."""
+
+        def read(item: tuple[str, ArrayCodec, LevelPlan]) -> None:
+            name, codec, plan = item
+            rows_view(outputs[name])[plan.dest] = rows_view(reader.read(codec, plan.rows))
+
+        if len(arrays) == 1 or sum(plan.total for _, _, plan in arrays) <= INLINE_ROWS:
+            for item in arrays:
+                read(item)
+            return
+        for task in [self._pool().submit(read, item) for item in arrays]:
+            task.result()
+
+    def reads_in_place(self, handle: ArrayHandle) -> bool:
+        """Whether ``handle``'s rows are read in place (uncompressed, in a local directory) instead of decoded."""
+        snapshot = self._snapshot
+        return (
+            snapshot is not None
+            and handle.codec is not None
+            and isinstance(snapshot.location.store, LocalStore)
+            and reads_rows(handle.codec)
+        )
+
+    def _row_reader(self) -> RowReader | None:
+        """A reader of uncompressed rows in place, for a local directory store (``None`` otherwise)."""
+        assert self._snapshot is not None
+        store = self._snapshot.location.store
+        if not isinstance(store, LocalStore):
+            return None
+        return RowReader(Path(store.root), self._io_fetcher(), self._shard_indexes, self._verified)
 
     def _gather_group(
         self,

@@ -45,6 +45,7 @@ from dali_alchemi.store.location import StoreLike, StoreLocation, resolve_store
 from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.protocol import FieldSpec, PackedReader, as_field_names
 from dali_alchemi.store.repair import NOT_REBASED_HINT
+from dali_alchemi.store.rows import IN_PLACE_SPAN_SIZE
 from dali_alchemi.store.shared import SharedBlocks
 from dali_alchemi.store.snapshot import Snapshot, SnapshotIdentity, identify, incompatibility, open_snapshot, served_as
 from dali_alchemi.store.validate import memory_budget
@@ -268,14 +269,19 @@ class AtomicDataZarrReader:
         """``[S + 1]`` logical sample offsets of spans aligned with the core per-atom arrays' chunks.
 
         A span starts wherever a row block of any core atom-level array does (a sample straddling two
-        blocks goes with the first), so reading a span reads one block of each. Pointers only, no I/O.
+        blocks goes with the first), so reading a span reads one block of each. Arrays read in place
+        (uncompressed, local) decode no chunk, so their chunks do not cut spans; when every core
+        atom-level array is read so, spans are :data:`~dali_alchemi.store.rows.IN_PLACE_SPAN_SIZE`
+        structures. Pointers only, no I/O.
         """
         snap = self._snapshot
-        rows = {
-            h.codec.block_rows if h.codec is not None else int(h.array.chunks[0])
-            for name, h in snap.handles.items()
-            if h.level == "atom" and snap.schema.group_of(name) == layout.CORE_GROUP
-        }
+        atom_arrays = [
+            h for name, h in snap.handles.items() if h.level == "atom" and snap.schema.group_of(name) == layout.CORE_GROUP
+        ]
+        decoded = [h for h in atom_arrays if not self._engine.reads_in_place(h)]
+        rows = {h.codec.block_rows if h.codec is not None else int(h.array.chunks[0]) for h in decoded}
+        if atom_arrays and not decoded:
+            return np.append(np.arange(0, len(self), IN_PLACE_SPAN_SIZE, dtype=np.int64), np.int64(len(self)))
         if not rows:  # no per-atom core array: every structure is its own span
             return np.arange(len(self) + 1, dtype=np.int64)
         starts = [csr.block_sample_starts(snap.atoms_ptr, r, snap.active) for r in sorted(rows)]

@@ -23,6 +23,18 @@ def test_synth_then_inspect(
     assert "blosc(clevel=5,cname=lz4,shuffle=shuffle)" in out and "on disk:" in out
 
 
+def test_synth_writes_the_codec_chunks_and_shards_asked_for(tmp_path: Path) -> None:
+    import zarr
+
+    store = tmp_path / "raw.zarr"
+    args = ["synth", str(store), "--n", "30", "--codec", "none", "--chunk-size", "64", "--shard-size", "256"]
+    assert main(args) == 0
+    positions = zarr.open_array(store / "core" / "positions", mode="r")
+    assert positions.shards == (256, 3) and positions.chunks == (64, 3)
+    assert [c.to_dict()["name"] for c in positions.metadata.codecs[0].codecs] == ["bytes", "crc32c"]
+    assert zarr.open_array(store / "meta" / "atoms_ptr", mode="r").metadata.codecs[1].to_dict()["name"] == "blosc"
+
+
 def test_errors_are_reported_not_raised(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["inspect", str(tmp_path / "missing.zarr")]) == 2
     assert "StoreNotFoundError" in capsys.readouterr().out

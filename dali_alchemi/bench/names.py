@@ -29,3 +29,8 @@ DEFAULT_LOADERS = (
     "packed",
     "decode",
 )
+
+
+CODECS = ("lz4", "zstd", "zstd3", "none")
+"""Codecs of a synthetic store (``--codec``): blosc-lz4 (the default), zstd level 1 or 3, or raw bytes
+(``none``: rows read in place, no decode)."""

@@ -23,6 +23,28 @@ from dali_alchemi.store.writer import AtomicDataZarrWriter
 if TYPE_CHECKING:
     from dali_alchemi.config import WriteConfig
 
+def synthetic_config(codec: str, chunk_size: int | None, shard_size: int | None, checksum: bool = True) -> WriteConfig:
+    """The write config of a synthetic store from the command line's ``--codec``, chunk and shard options.
+
+    ``codec`` is one of :data:`~dali_alchemi.bench.names.CODECS`; the options apply to the core arrays,
+    and ``checksum=False`` leaves the checksums out of every group.
+    """
+    from zarr.codecs import ZstdCodec
+
+    from dali_alchemi.config import DEFAULT_COMPRESSORS, ArrayConfig, WriteConfig
+
+    compressors = {
+        "lz4": DEFAULT_COMPRESSORS,
+        "zstd": (ZstdCodec(level=1),),
+        "zstd3": (ZstdCodec(level=3),),
+        "none": (),
+    }[codec]
+    core = ArrayConfig(compressors=compressors, chunk_size=chunk_size, shard_size=shard_size, checksum=checksum)
+    if checksum:
+        return WriteConfig(core=core)
+    return WriteConfig(core=core, meta=ArrayConfig(checksum=False), custom=ArrayConfig(checksum=False))
+
+
 # Standard atomic weights of Z = 1..19 (H..K), float32 as nvalchemi fills atomic_masses.
 _MASSES = np.array(
     [0.0, 1.008, 4.0026, 6.94, 9.0122, 10.81, 12.011, 14.007, 15.999, 18.998, 20.180,

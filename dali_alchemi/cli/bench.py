@@ -7,34 +7,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dali_alchemi.bench.names import DEFAULT_LOADERS, LOADER_HELP
+from dali_alchemi.bench.names import CODECS, DEFAULT_LOADERS, LOADER_HELP
 from dali_alchemi.cli.console import cuda_device, fmt, make_table, parse_device
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from dali_alchemi.config import WriteConfig
-
-
-CODECS = ("lz4", "zstd", "zstd3", "none")
-
-
-def _store_config(codec: str, chunk_size: int | None, shard_size: int | None, checksum: bool = True) -> WriteConfig:
-    """The write config of the benchmark's synthetic store from its command-line options."""
-    from zarr.codecs import ZstdCodec
-
-    from dali_alchemi.config import DEFAULT_COMPRESSORS, ArrayConfig, WriteConfig
-
-    compressors = {
-        "lz4": DEFAULT_COMPRESSORS,
-        "zstd": (ZstdCodec(level=1),),
-        "zstd3": (ZstdCodec(level=3),),
-        "none": (),
-    }[codec]
-    core = ArrayConfig(compressors=compressors, chunk_size=chunk_size, shard_size=shard_size, checksum=checksum)
-    if checksum:
-        return WriteConfig(core=core)
-    return WriteConfig(core=core, meta=ArrayConfig(checksum=False), custom=ArrayConfig(checksum=False))
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
@@ -45,7 +23,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
     from dali_alchemi.bench.loaders import validate_names
     from dali_alchemi.bench.runner import BenchConfig, run_bench
-    from dali_alchemi.bench.synth import write_synthetic_store
+    from dali_alchemi.bench.synth import synthetic_config, write_synthetic_store
 
     loaders = [name.strip() for name in args.loaders.split(",") if name.strip()]
     validate_names(loaders)
@@ -63,7 +41,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         else:
             store = str(Path(scratch) / "synthetic.zarr")
             console.print(f"writing a synthetic store of {args.n} structures (seed {args.seed}) ...")
-            write_config = _store_config(args.codec, args.chunk_size, args.shard_size, checksum=not args.no_checksum)
+            write_config = synthetic_config(args.codec, args.chunk_size, args.shard_size, checksum=not args.no_checksum)
             write_synthetic_store(store, args.n, seed=args.seed, config=write_config)
             store_info = {
                 "synthetic": True,

@@ -7,6 +7,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from dali_alchemi.bench.names import CODECS
 from dali_alchemi.cli.console import CommandError, human_bytes, make_table
 
 if TYPE_CHECKING:
@@ -29,12 +30,9 @@ def cmd_synth(args: argparse.Namespace, console: Console) -> int:
             args.out, args.n, seed=args.seed, min_atoms=args.min_atoms, max_atoms=args.max_atoms
         )
     else:
-        config = None
-        if args.no_checksum:
-            from dali_alchemi.config import ArrayConfig, WriteConfig
+        from dali_alchemi.bench.synth import synthetic_config
 
-            plain = ArrayConfig(checksum=False)
-            config = WriteConfig(meta=plain, core=plain, custom=plain)
+        config = synthetic_config(args.codec, args.chunk_size, args.shard_size, checksum=not args.no_checksum)
         path = write_synthetic_store(
             args.out, args.n, seed=args.seed, min_atoms=args.min_atoms, max_atoms=args.max_atoms, config=config
         )
@@ -138,6 +136,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--format", choices=("zarr", "extxyz"), default="zarr", help="a store, or an extxyz file (needs ase)"
     )
     synth.add_argument("--no-checksum", action="store_true", help="write no crc32c checksums (default: one per chunk)")
+    synth.add_argument(
+        "--codec", choices=CODECS, default="lz4",
+        help="codec of the core arrays (default lz4: blosc-lz4 with shuffle; none: raw rows, read in place)",
+    )  # fmt: skip
+    synth.add_argument("--chunk-size", type=int, help="rows per chunk of the core arrays (default: about 4 MiB)")
+    synth.add_argument("--shard-size", type=int, help="rows per shard of the core arrays (default: unsharded)")
     synth.add_argument(
         "--writer", choices=("dali-alchemi", "nvalchemi"), default="dali-alchemi",
         help="write the store with this project's writer or nvalchemi-toolkit's own (one write; needs nvalchemi)",

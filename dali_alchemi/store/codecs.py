@@ -300,35 +300,50 @@ class ArrayCodec:
 BlockPayloads = tuple[list[Any | None], list[str]]
 """What :func:`fetch_blocks` gives per row block: each inner chunk's bytes (``None``: not stored) and key."""
 
+BlockRequests = tuple[list[ByteRequest | None], list[str]]
+"""What :func:`block_requests` gives per row block: each inner chunk's read (``None``: not stored) and key."""
 
-def fetch_blocks(
+
+def _locations(codec: ArrayCodec, block: int) -> list[tuple[str, int]]:
+    """``(object key, inner index)`` of every inner chunk of a row block (one, built directly, when whole-row)."""
+    if codec._whole_rows:
+        per_shard = codec.chunks_per_shard[0]
+        first = block // per_shard if codec.sharded else block
+        key = codec._row_keys.get(first)
+        if key is None:
+            key = codec._row_keys.setdefault(first, codec._key((first, *codec._zeros)))
+        return [(key, block % per_shard)]
+    return [(loc.key, loc.inner_index) for _, loc in codec.chunks_of_block(block)]
+
+
+def block_requests(
     fetcher: ByteFetcher,
     blocks: Sequence[tuple[ArrayCodec, int]],
     shard_indexes: dict[tuple[str, str], NDArray[np.uint64]],
-) -> tuple[list[BlockPayloads], int]:
-    """Fetch every chunk payload of the given row blocks in one concurrent batch (two for shards).
+) -> list[BlockRequests]:
+    """The reads of every chunk payload of the given row blocks, fetching the shard indexes they need.
 
     ``shard_indexes`` caches the shard indexes already read, by ``(array name, shard key)``; the
-    missing ones are fetched together first and added. Returns the payloads per block and the number
-    of chunk payloads fetched.
+    missing ones are fetched together in one batch and added. Requests of consecutive inner chunks
+    of a shard come out as adjacent byte ranges, which a local fetcher reads with one ``pread``.
 
     Raises
     ------
     ChunkDecodeError
         If a shard index is corrupt.
     """
-    locations = [codec.chunks_of_block(block) for codec, block in blocks]
+    locations = [_locations(codec, block) for codec, block in blocks]
     index_requests: dict[tuple[str, str], tuple[ArrayCodec, ByteRequest]] = {}
     for (codec, _), locs in zip(blocks, locations, strict=True):
         if not codec.sharded:
             continue
-        for _, loc in locs:
-            ikey = (codec.name, loc.key)
+        for key, _ in locs:
+            ikey = (codec.name, key)
             if ikey not in shard_indexes and ikey not in index_requests:
                 request = (
-                    ByteRequest(loc.key, suffix=codec.index_nbytes)
+                    ByteRequest(key, suffix=codec.index_nbytes)
                     if codec.index_at_end
-                    else ByteRequest(loc.key, start=0, stop=codec.index_nbytes)
+                    else ByteRequest(key, start=0, stop=codec.index_nbytes)
                 )
                 index_requests[ikey] = (codec, request)
     if index_requests:
@@ -337,19 +352,43 @@ def fetch_blocks(
             shard_indexes[ikey] = (
                 codec.missing_index() if payload is None else codec.parse_shard_index(ikey[1], payload)
             )
-    requests: list[ByteRequest | None] = []
+    result: list[BlockRequests] = []
     for (codec, _), locs in zip(blocks, locations, strict=True):
-        for _, loc in locs:
-            if not codec.sharded:
-                requests.append(ByteRequest(loc.key))
-                continue
-            span = codec.shard_payload_range(shard_indexes[(codec.name, loc.key)], loc.inner_index)
-            requests.append(None if span is None else ByteRequest(loc.key, start=span[0], stop=span[1]))
-    present = [r for r in requests if r is not None]
+        if not codec.sharded:
+            result.append(([ByteRequest(key) for key, _ in locs], [key for key, _ in locs]))
+            continue
+        requests: list[ByteRequest | None] = []
+        for key, inner in locs:
+            offset, nbytes = shard_indexes[(codec.name, key)][inner].tolist()
+            missing = offset == MISSING_CHUNK and nbytes == MISSING_CHUNK
+            requests.append(None if missing else ByteRequest(key, offset, offset + nbytes))
+        result.append((requests, [key for key, _ in locs]))
+    return result
+
+
+def read_blocks(fetcher: ByteFetcher, wanted: Sequence[BlockRequests]) -> tuple[list[BlockPayloads], int]:
+    """Fetch the requests of :func:`block_requests` in one batch: payloads per block, and how many were read."""
+    present = [r for requests, _ in wanted for r in requests if r is not None]
     fetched = iter(fetcher.fetch(present))
-    result: list[BlockPayloads] = []
-    wanted = iter(requests)
-    for locs in locations:
-        chunk_payloads = [None if next(wanted) is None else next(fetched) for _ in locs]
-        result.append((chunk_payloads, [loc.key for _, loc in locs]))
+    result: list[BlockPayloads] = [
+        ([None if r is None else next(fetched) for r in requests], keys) for requests, keys in wanted
+    ]
     return result, len(present)
+
+
+def fetch_blocks(
+    fetcher: ByteFetcher,
+    blocks: Sequence[tuple[ArrayCodec, int]],
+    shard_indexes: dict[tuple[str, str], NDArray[np.uint64]],
+) -> tuple[list[BlockPayloads], int]:
+    """Fetch every chunk payload of the given row blocks in one concurrent batch (two for shards).
+
+    ``shard_indexes`` caches the shard indexes already read (see :func:`block_requests`). Returns the
+    payloads per block and the number of chunk payloads fetched.
+
+    Raises
+    ------
+    ChunkDecodeError
+        If a shard index is corrupt.
+    """
+    return read_blocks(fetcher, block_requests(fetcher, blocks, shard_indexes))

@@ -92,8 +92,9 @@ class _Chain:
     def decode(self, payload: Any, shape: tuple[int, ...], out: NDArray[Any] | None) -> NDArray[Any]:
         """Decode ``payload`` into an array of ``shape``; into ``out`` (C-contiguous, native) when given.
 
-        When the last codec writes straight into ``out`` and ``out`` has the expected size, ``out``
-        is returned without further views (the common case for small inner chunks).
+        When the last codec is blosc and ``out`` has the expected size, the frame is decoded straight
+        into ``out`` and ``out`` returned without further views (the common case for small inner
+        chunks); other codecs decode into a buffer of their own, whose size is checked, then copied.
         """
         data: Any = payload
         decoders = self.decoders
@@ -107,10 +108,12 @@ class _Chain:
                 if google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:].tobytes(), "little"):
                     raise ValueError("crc32c checksum mismatch")
                 data = raw[:-4]  # the view, not a copy
-            elif pos == last and out is not None and self.stored_dtype == out.dtype:
-                target = out if isinstance(step, _CheckedBlosc) else out.reshape(-1).view(np.uint8)
-                data = step.decode(data, out=target)
-                if data is target and out.nbytes == expected:
+            elif pos == last and out is not None and self.stored_dtype == out.dtype and isinstance(step, _CheckedBlosc):
+                # Only blosc decodes straight into ``out``: its frame header says how many bytes it holds,
+                # checked against ``out``. numcodecs' zstd and gzip fill a larger ``out`` only in part
+                # and say nothing, which would leave rows of uninitialised memory in the block.
+                data = step.decode(data, out=out)
+                if data is out and out.nbytes == expected:
                     return out
             else:
                 data = step.decode(data)

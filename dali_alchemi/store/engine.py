@@ -369,10 +369,10 @@ class BlockEngine:
         """Fetch the jobs' missing blocks, decode (and publish) them, scatter every job.
 
         From a local store each pool task reads its own blocks' chunks just before decoding them, in
-        batches of about :data:`~dali_alchemi.store.batches.READ_BATCH_BYTES` (neighbouring chunks of a shard in one ``pread``):
-        payloads are decoded while still in the CPU cache and their memory is reused, and the pool
-        is crossed once rather than twice. Other stores' chunks are fetched in one concurrent batch
-        first.
+        batches of about :data:`~dali_alchemi.store.batches.READ_BATCH_BYTES` (neighbouring chunks
+        of a shard in one ``pread``): payloads are decoded while still in the CPU cache and their
+        memory is reused, and the pool is crossed once rather than twice. Other stores' chunks are
+        fetched in one concurrent batch first.
         """
         missing = [job for job in jobs if job.data is None]
         self._blocks_decoded += len(missing)

@@ -356,13 +356,18 @@ def block_requests(
                 codec.missing_index() if payload is None else codec.parse_shard_index(ikey[1], payload)
             )
     result: list[BlockRequests] = []
+    entries: dict[tuple[str, str], list[list[int]]] = {}  # each shard index as Python ints, once per call
     for (codec, _), locs in zip(blocks, locations, strict=True):
         if not codec.sharded:
             result.append(([ByteRequest(key) for key, _ in locs], [key for key, _ in locs]))
             continue
         requests: list[ByteRequest | None] = []
         for key, inner in locs:
-            offset, nbytes = shard_indexes[(codec.name, key)][inner].tolist()
+            ikey = (codec.name, key)
+            index = entries.get(ikey)
+            if index is None:
+                index = entries[ikey] = shard_indexes[ikey].tolist()
+            offset, nbytes = index[inner]
             missing = offset == MISSING_CHUNK and nbytes == MISSING_CHUNK
             requests.append(None if missing else ByteRequest(key, offset, offset + nbytes))
         result.append((requests, [key for key, _ in locs]))

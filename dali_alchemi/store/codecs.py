@@ -10,12 +10,14 @@ reported as unsupported, and the reader then falls back to zarr for that array.
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import google_crc32c
 import numcodecs
+import numcodecs.blosc
 import numpy as np
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
 
@@ -28,28 +30,32 @@ if TYPE_CHECKING:
 MISSING_CHUNK = (1 << 64) - 1
 """Shard index entry (offset and length) of an inner chunk that was never written."""
 
+_BLOSC_SIZES = struct.Struct("<III")
+"""The three uint32 sizes of a blosc1 frame header (at byte 4): decoded, block and compressed bytes."""
+
+_blosc_decompress = numcodecs.blosc.decompress
+
 
 class _CheckedBlosc:
     """Blosc decoding that first checks the frame's own sizes against the payload.
 
     c-blosc trusts the compressed size written in the frame header, so a truncated frame would make
-    it read past the end of the buffer; the check turns that into a clean error.
+    it read past the end of the buffer; the check turns that into a clean error. The header is read
+    with :func:`struct.unpack_from` and the frame handed to numcodecs' ``decompress`` directly: per
+    small chunk, numpy views and the codec wrapper cost as much as the decompression itself.
     """
 
-    def __init__(self) -> None:
-        self._codec = numcodecs.Blosc()
-
     def decode(self, buf: Any, out: Any = None) -> Any:
-        raw = np.frombuffer(buf, dtype=np.uint8)
-        if raw.size < 16:
-            raise ValueError(f"blosc frame of {raw.size} bytes is shorter than its 16-byte header")
+        size = buf.nbytes if isinstance(buf, (np.ndarray, memoryview)) else len(buf)
+        if size < 16:
+            raise ValueError(f"blosc frame of {size} bytes is shorter than its 16-byte header")
         # Blosc1 header: version, versionlz, flags, typesize, then uint32 nbytes, blocksize, cbytes.
-        nbytes, _, cbytes = (int(v) for v in raw[4:16].view("<u4"))
-        if cbytes != raw.size:
-            raise ValueError(f"blosc frame says {cbytes} compressed bytes but the payload has {raw.size}")
-        if out is not None and nbytes != np.asarray(out).nbytes:
-            raise ValueError(f"blosc frame decodes to {nbytes} bytes, expected {np.asarray(out).nbytes}")
-        return self._codec.decode(raw, out=out)
+        nbytes, _, cbytes = _BLOSC_SIZES.unpack_from(buf, 4)
+        if cbytes != size:
+            raise ValueError(f"blosc frame says {cbytes} compressed bytes but the payload has {size}")
+        if out is not None and nbytes != out.nbytes:
+            raise ValueError(f"blosc frame decodes to {nbytes} bytes, expected {out.nbytes}")
+        return _blosc_decompress(buf, out)
 
 
 def _compressor(codec: Any) -> Any:
@@ -69,6 +75,10 @@ class _Chain:
 
     stored_dtype: np.dtype[Any]
     steps: tuple[Any, ...]  # numcodecs decoders, or "crc32c", in *encoding* order
+    decoders: tuple[Any, ...] = field(init=False, repr=False, compare=False)  # ``steps`` reversed, once
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decoders", tuple(reversed(self.steps)))
 
     @classmethod
     def from_codecs(cls, codecs: tuple[Any, ...], dtype: np.dtype[Any]) -> _Chain:
@@ -80,24 +90,34 @@ class _Chain:
         return cls(stored_dtype=stored, steps=steps)
 
     def decode(self, payload: Any, shape: tuple[int, ...], out: NDArray[Any] | None) -> NDArray[Any]:
-        """Decode ``payload`` into an array of ``shape``; into ``out`` (C-contiguous, native) when given."""
+        """Decode ``payload`` into an array of ``shape``; into ``out`` (C-contiguous, native) when given.
+
+        When the last codec is blosc and ``out`` has the expected size, the frame is decoded straight
+        into ``out`` and ``out`` returned without further views (the common case for small inner
+        chunks); other codecs decode into a buffer of their own, whose size is checked, then copied.
+        """
         data: Any = payload
-        steps = tuple(reversed(self.steps))
-        for pos, step in enumerate(steps):
-            if step == "crc32c":
+        decoders = self.decoders
+        last = len(decoders) - 1
+        expected = math.prod(shape) * self.stored_dtype.itemsize
+        for pos, step in enumerate(decoders):
+            if isinstance(step, str):  # crc32c: the last 4 bytes are the checksum of the rest
                 raw = np.frombuffer(data, dtype=np.uint8)
                 if raw.size < 4:
                     raise ValueError("payload shorter than its crc32c checksum")
-                computed = np.uint32(google_crc32c.value(raw[:-4])).tobytes()  # the view, not a copy
-                if raw[-4:].tobytes() != computed:
+                if google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:].tobytes(), "little"):
                     raise ValueError("crc32c checksum mismatch")
-                data = raw[:-4]
-            elif pos == len(steps) - 1 and out is not None and self.stored_dtype == out.dtype:
-                data = step.decode(data, out=out.reshape(-1).view(np.uint8))
+                data = raw[:-4]  # the view, not a copy
+            elif pos == last and out is not None and self.stored_dtype == out.dtype and isinstance(step, _CheckedBlosc):
+                # Only blosc decodes straight into ``out``: its frame header says how many bytes it holds,
+                # checked against ``out``. numcodecs' zstd and gzip fill a larger ``out`` only in part
+                # and say nothing, which would leave rows of uninitialised memory in the block.
+                data = step.decode(data, out=out)
+                if data is out and out.nbytes == expected:
+                    return out
             else:
                 data = step.decode(data)
         raw = data.reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
-        expected = math.prod(shape) * self.stored_dtype.itemsize
         if raw.size != expected:
             raise ValueError(f"decoded {raw.size} bytes, expected {expected} for chunk shape {shape}")
         arr = raw.view(self.stored_dtype).reshape(shape)
@@ -165,6 +185,8 @@ class ArrayCodec:
         self.trailing_grid = tuple(math.ceil(s / c) for s, c in zip(trailing, self.chunk_shape[1:], strict=True))
         self.row_nbytes = int(math.prod(trailing)) * self.dtype.itemsize
         self._whole_rows = all(g == 1 for g in self.trailing_grid)
+        # A row block is exactly one chunk (trailing dims whole and equal to the array's): decoded in place.
+        self._one_chunk = self._whole_rows and self.chunk_shape[1:] == self.shape[1:]
         self._zeros = tuple(0 for _ in self.trailing_grid)
         self._row_keys: dict[int, str] = {}  # object key by first chunk coordinate (whole-row chunks)
 
@@ -257,11 +279,15 @@ class ArrayCodec:
 
         Returns a new, read-only array of :meth:`block_shape`.
         """
+        if self._one_chunk and (block + 1) * self.block_rows <= self.shape[0]:  # a full block: one chunk
+            out = np.empty(self.chunk_shape, dtype=self.dtype)
+            self._decode_one(payloads[0], keys[0], self.chunk_shape, out)  # straight into the block
+            out.flags.writeable = False
+            return out
         shape = self.block_shape(block)
         out = np.empty(shape, dtype=self.dtype)
-        whole = not self.trailing_grid or all(g == 1 for g in self.trailing_grid)
-        if whole and shape[0] == self.chunk_shape[0] and tuple(self.chunk_shape[1:]) == tuple(self.shape[1:]):
-            self._decode_one(payloads[0], keys[0], tuple(self.chunk_shape), out)  # straight into the block
+        if self._one_chunk and shape[0] == self.chunk_shape[0]:
+            self._decode_one(payloads[0], keys[0], tuple(self.chunk_shape), out)
         else:
             for (coords, _), payload, key in zip(self.chunks_of_block(block), payloads, keys, strict=True):
                 chunk = self._decode_one(payload, key, tuple(self.chunk_shape), None)
@@ -299,35 +325,50 @@ class ArrayCodec:
 BlockPayloads = tuple[list[Any | None], list[str]]
 """What :func:`fetch_blocks` gives per row block: each inner chunk's bytes (``None``: not stored) and key."""
 
+BlockRequests = tuple[list[ByteRequest | None], list[str]]
+"""What :func:`block_requests` gives per row block: each inner chunk's read (``None``: not stored) and key."""
 
-def fetch_blocks(
+
+def _locations(codec: ArrayCodec, block: int) -> list[tuple[str, int]]:
+    """``(object key, inner index)`` of every inner chunk of a row block (one, built directly, when whole-row)."""
+    if codec._whole_rows:
+        per_shard = codec.chunks_per_shard[0]
+        first = block // per_shard if codec.sharded else block
+        key = codec._row_keys.get(first)
+        if key is None:
+            key = codec._row_keys.setdefault(first, codec._key((first, *codec._zeros)))
+        return [(key, block % per_shard)]
+    return [(loc.key, loc.inner_index) for _, loc in codec.chunks_of_block(block)]
+
+
+def block_requests(
     fetcher: ByteFetcher,
     blocks: Sequence[tuple[ArrayCodec, int]],
     shard_indexes: dict[tuple[str, str], NDArray[np.uint64]],
-) -> tuple[list[BlockPayloads], int]:
-    """Fetch every chunk payload of the given row blocks in one concurrent batch (two for shards).
+) -> list[BlockRequests]:
+    """The reads of every chunk payload of the given row blocks, fetching the shard indexes they need.
 
     ``shard_indexes`` caches the shard indexes already read, by ``(array name, shard key)``; the
-    missing ones are fetched together first and added. Returns the payloads per block and the number
-    of chunk payloads fetched.
+    missing ones are fetched together in one batch and added. Requests of consecutive inner chunks
+    of a shard come out as adjacent byte ranges, which a local fetcher reads with one ``pread``.
 
     Raises
     ------
     ChunkDecodeError
         If a shard index is corrupt.
     """
-    locations = [codec.chunks_of_block(block) for codec, block in blocks]
+    locations = [_locations(codec, block) for codec, block in blocks]
     index_requests: dict[tuple[str, str], tuple[ArrayCodec, ByteRequest]] = {}
     for (codec, _), locs in zip(blocks, locations, strict=True):
         if not codec.sharded:
             continue
-        for _, loc in locs:
-            ikey = (codec.name, loc.key)
+        for key, _ in locs:
+            ikey = (codec.name, key)
             if ikey not in shard_indexes and ikey not in index_requests:
                 request = (
-                    ByteRequest(loc.key, suffix=codec.index_nbytes)
+                    ByteRequest(key, suffix=codec.index_nbytes)
                     if codec.index_at_end
-                    else ByteRequest(loc.key, start=0, stop=codec.index_nbytes)
+                    else ByteRequest(key, start=0, stop=codec.index_nbytes)
                 )
                 index_requests[ikey] = (codec, request)
     if index_requests:
@@ -336,19 +377,48 @@ def fetch_blocks(
             shard_indexes[ikey] = (
                 codec.missing_index() if payload is None else codec.parse_shard_index(ikey[1], payload)
             )
-    requests: list[ByteRequest | None] = []
+    result: list[BlockRequests] = []
+    entries: dict[tuple[str, str], list[list[int]]] = {}  # each shard index as Python ints, once per call
     for (codec, _), locs in zip(blocks, locations, strict=True):
-        for _, loc in locs:
-            if not codec.sharded:
-                requests.append(ByteRequest(loc.key))
-                continue
-            span = codec.shard_payload_range(shard_indexes[(codec.name, loc.key)], loc.inner_index)
-            requests.append(None if span is None else ByteRequest(loc.key, start=span[0], stop=span[1]))
-    present = [r for r in requests if r is not None]
+        if not codec.sharded:
+            result.append(([ByteRequest(key) for key, _ in locs], [key for key, _ in locs]))
+            continue
+        requests: list[ByteRequest | None] = []
+        for key, inner in locs:
+            ikey = (codec.name, key)
+            index = entries.get(ikey)
+            if index is None:
+                index = entries[ikey] = shard_indexes[ikey].tolist()
+            offset, nbytes = index[inner]
+            missing = offset == MISSING_CHUNK and nbytes == MISSING_CHUNK
+            requests.append(None if missing else ByteRequest(key, offset, offset + nbytes))
+        result.append((requests, [key for key, _ in locs]))
+    return result
+
+
+def read_blocks(fetcher: ByteFetcher, wanted: Sequence[BlockRequests]) -> tuple[list[BlockPayloads], int]:
+    """Fetch the requests of :func:`block_requests` in one batch: payloads per block, and how many were read."""
+    present = [r for requests, _ in wanted for r in requests if r is not None]
     fetched = iter(fetcher.fetch(present))
-    result: list[BlockPayloads] = []
-    wanted = iter(requests)
-    for locs in locations:
-        chunk_payloads = [None if next(wanted) is None else next(fetched) for _ in locs]
-        result.append((chunk_payloads, [loc.key for _, loc in locs]))
+    result: list[BlockPayloads] = [
+        ([None if r is None else next(fetched) for r in requests], keys) for requests, keys in wanted
+    ]
     return result, len(present)
+
+
+def fetch_blocks(
+    fetcher: ByteFetcher,
+    blocks: Sequence[tuple[ArrayCodec, int]],
+    shard_indexes: dict[tuple[str, str], NDArray[np.uint64]],
+) -> tuple[list[BlockPayloads], int]:
+    """Fetch every chunk payload of the given row blocks in one concurrent batch (two for shards).
+
+    ``shard_indexes`` caches the shard indexes already read (see :func:`block_requests`). Returns the
+    payloads per block and the number of chunk payloads fetched.
+
+    Raises
+    ------
+    ChunkDecodeError
+        If a shard index is corrupt.
+    """
+    return read_blocks(fetcher, block_requests(fetcher, blocks, shard_indexes))

@@ -30,14 +30,16 @@ from zarr.storage import LocalStore
 
 from dali_alchemi.csr import concat_aranges
 from dali_alchemi.errors import ChunkDecodeError
+from dali_alchemi.store.batches import read_and_finish
 from dali_alchemi.store.cache import BlockCache, CacheStats
-from dali_alchemi.store.codecs import fetch_blocks
+from dali_alchemi.store.codecs import block_requests, fetch_blocks, read_blocks
 from dali_alchemi.store.fetch import ByteFetcher, LocalFetcher, StoreFetcher
 from dali_alchemi.store.gather import (
     BlockJob,
     LevelPlan,
     balanced_groups,
     block_layout,
+    contiguous_groups,
     plan_rows,
     plan_system_rows,
     rows_view,
@@ -421,37 +423,61 @@ class BlockEngine:
         take: Callable[[tuple[str, NDArray[Any]]], None],
         shared: SharedBlocks | None,
     ) -> None:
-        """Fetch the jobs' missing blocks in one batch, decode (and publish) them, scatter every job."""
+        """Fetch the jobs' missing blocks, decode (and publish) them, scatter every job.
+
+        From a local store each pool task reads its own blocks' chunks just before decoding them, in
+        batches of about :data:`~dali_alchemi.store.batches.READ_BATCH_BYTES` (neighbouring chunks
+        of a shard in one ``pread``): payloads are decoded while still in the CPU cache and their
+        memory is reused, and the pool is crossed once rather than twice. Other stores' chunks are
+        fetched in one concurrent batch first.
+        """
         missing = [job for job in jobs if job.data is None]
         self._blocks_decoded += len(missing)
+        local: LocalFetcher | None = None
         try:
             if missing:
-                fetched = self._fetch_blocks([(job.handle.codec, job.block) for job in missing])  # type: ignore[misc]
-                for job, payloads in zip(missing, fetched, strict=True):
-                    job.payloads = payloads
+                fetcher = self._io_fetcher()
+                blocks = [(job.handle.codec, job.block) for job in missing]
+                wanted = block_requests(fetcher, blocks, self._shard_indexes)  # type: ignore[arg-type]
+                if isinstance(fetcher, LocalFetcher):
+                    local = fetcher
+                    for job, requests in zip(missing, wanted, strict=True):
+                        job.requests = requests
+                    self._chunks_fetched += sum(r is not None for requests, _ in wanted for r in requests)
+                else:
+                    fetched, count = read_blocks(fetcher, wanted)
+                    self._chunks_fetched += count
+                    for job, payloads in zip(missing, fetched, strict=True):
+                        job.payloads = payloads
         except BaseException:
             for job in missing if shared is not None else []:
                 shared.release(job.handle.name, job.block)  # type: ignore[union-attr]
             raise
 
-        def run(group: list[BlockJob]) -> None:
-            for job in group:
-                codec = job.handle.codec
-                assert codec is not None
-                if job.data is None:
-                    key = (job.handle.name, job.block)
-                    try:
-                        job.data = codec.decode_block(job.block, *job.payloads)  # type: ignore[misc]
-                    except BaseException:
-                        if shared is not None:
-                            shared.release(*key)
-                        raise
-                    job.payloads = None
+        def finish(job: BlockJob) -> None:
+            codec = job.handle.codec
+            assert codec is not None
+            if job.data is None:
+                key = (job.handle.name, job.block)
+                try:
+                    job.data = codec.decode_block(job.block, *job.payloads)  # type: ignore[misc]
+                except BaseException:
                     if shared is not None:
-                        job.data = shared.publish(*key, job.data)
-                        self._published.add(key)
-                    self.cache.put(key, job.data)
-                scatter(outputs[job.handle.name], job.plan, job.lo, job.hi, job.data, job.block * codec.block_rows)
+                        shared.release(*key)
+                    raise
+                job.payloads = None
+                if shared is not None:
+                    job.data = shared.publish(*key, job.data)
+                    self._published.add(key)
+                self.cache.put(key, job.data)
+            scatter(outputs[job.handle.name], job.plan, job.lo, job.hi, job.data, job.block * codec.block_rows)
+
+        def run(group: list[BlockJob]) -> None:
+            if local is None:
+                for job in group:
+                    finish(job)
+            else:
+                read_and_finish(local, group, finish)
 
         rows = sum(job.hi - job.lo for job in jobs) + sum(outputs[name].shape[0] for name, _ in resident)
         if not missing and rows <= INLINE_ROWS:
@@ -460,7 +486,8 @@ class BlockEngine:
                 take(item)
             return
         pool = self._pool()
-        tasks = [pool.submit(run, group) for group in balanced_groups(jobs, self.num_threads * TASKS_PER_THREAD)]
+        split = balanced_groups if local is None else contiguous_groups
+        tasks = [pool.submit(run, group) for group in split(jobs, self.num_threads * TASKS_PER_THREAD)]
         tasks += [pool.submit(take, item) for item in resident]
         errors = []
         for task in tasks:

@@ -9,7 +9,9 @@ of the plan, so each block is decoded once and scattered with one fancy-index as
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,6 +21,7 @@ from dali_alchemi.csr import concat_aranges
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
+    from dali_alchemi.store.fetch import ByteRequest
     from dali_alchemi.store.snapshot import ArrayHandle
     from dali_alchemi.types import CountArray, IndexArray, PtrArray
 
@@ -70,7 +73,7 @@ def plan_system_rows(physical: IndexArray, order: IndexArray) -> LevelPlan:
 
 @dataclass(slots=True)
 class BlockJob:
-    """One row block of one array in a read: where its rows go, and its data or payloads."""
+    """One row block of one array in a read: where its rows go, and its data, payloads or reads."""
 
     handle: ArrayHandle
     block: int
@@ -79,6 +82,7 @@ class BlockJob:
     hi: int
     data: NDArray[Any] | None
     payloads: tuple[list[Any | None], list[str]] | None = None
+    requests: tuple[list[ByteRequest | None], list[str]] | None = None  # reads still to do, and chunk keys
 
 
 def block_layout(job: BlockJob) -> tuple[np.dtype[Any], tuple[int, ...]]:
@@ -102,6 +106,26 @@ def balanced_groups(jobs: list[BlockJob], n_groups: int) -> list[list[BlockJob]]
     return [g for g in groups if g]
 
 
+def contiguous_groups(jobs: list[BlockJob], n_groups: int) -> list[list[BlockJob]]:
+    """Split jobs into at most ``n_groups`` consecutive runs of similar cost, keeping their order.
+
+    A job costs its block's bytes when it must be decoded, plus the bytes of the rows it scatters.
+    Consecutive jobs are mostly neighbouring blocks of one array, whose chunks lie side by side in a
+    shard, so a run's reads merge into few ``pread`` calls.
+    """
+    if len(jobs) <= n_groups:
+        return [[job] for job in jobs]
+    costs = np.empty(len(jobs), dtype=np.int64)
+    for k, job in enumerate(jobs):
+        codec = job.handle.codec
+        assert codec is not None
+        costs[k] = (job.hi - job.lo + (codec.block_rows if job.data is None else 0)) * codec.row_nbytes + 1
+    cum = np.cumsum(costs)
+    cuts = np.searchsorted(cum, cum[-1] * np.arange(1, n_groups) / n_groups, side="right").tolist()
+    bounds = [0, *cuts, len(jobs)]
+    return [jobs[a:b] for a, b in pairwise(bounds) if b > a]
+
+
 def working_set_groups(jobs: list[BlockJob], limit: int) -> list[list[BlockJob]]:
     """Consecutive runs of jobs whose decoded blocks add up to at most ``limit`` bytes (one job at least)."""
     groups: list[list[BlockJob]] = []
@@ -121,16 +145,23 @@ def working_set_groups(jobs: list[BlockJob], limit: int) -> list[list[BlockJob]]
     return groups
 
 
+_ROW_DTYPES: dict[int, np.dtype[Any]] = {}
+"""Opaque row dtypes by row size in bytes (building a ``np.dtype`` costs microseconds; there are few sizes)."""
+
+
 def rows_view(arr: NDArray[Any]) -> NDArray[Any]:
     """``arr`` as a 1-D array of opaque rows, so fancy indexing moves each row with one copy."""
     if arr.ndim == 1:
         return arr
-    row_bytes = arr.dtype.itemsize * int(np.prod(arr.shape[1:]))
-    return arr.reshape(arr.shape[0], -1).view(np.dtype((np.void, row_bytes))).reshape(arr.shape[0])
+    n = arr.shape[0]
+    row_bytes = arr.dtype.itemsize * math.prod(arr.shape[1:])
+    row = _ROW_DTYPES.get(row_bytes)
+    if row is None:
+        row = _ROW_DTYPES.setdefault(row_bytes, np.dtype((np.void, row_bytes)))
+    return arr.reshape(n, -1).view(row).reshape(n)
 
 
 def scatter(out: NDArray[Any], plan: LevelPlan, lo: int, hi: int, block: NDArray[Any], first_row: int) -> None:
     """Copy plan rows ``[lo, hi)`` (all inside one block starting at ``first_row``) to their destinations."""
     rows = plan.rows[lo:hi] - first_row
-    dest = plan.dest[lo:hi]
-    rows_view(out)[dest] = np.take(rows_view(block), rows)
+    rows_view(out)[plan.dest[lo:hi]] = rows_view(block)[rows]

@@ -172,3 +172,45 @@ def test_codec_chains_the_decoder_does_not_know_are_unsupported() -> None:
     with pytest.raises(UnsupportedCodecError, match="codec BZ2"):
         _codec(other)
     assert issubclass(UnsupportedCodecError, NotImplementedError)
+
+
+@pytest.mark.parametrize(
+    "compressors",
+    [None, [BloscCodec()], [ZstdCodec(level=3)], [GzipCodec()], [Crc32cCodec()], [BloscCodec(), Crc32cCodec()]],
+    ids=["raw", "blosc-lz4", "zstd", "gzip", "crc32c", "blosc-crc32c"],
+)
+def test_payloads_sliced_from_a_merged_read_decode_like_bytes(compressors: list[Any] | None) -> None:
+    arr, store = _array(chunks=(4, 3), compressors=compressors)
+    codec = _codec(arr)
+    good = _raw(store, "x/c/1/0")
+    assert good is not None
+    merged = memoryview(b"head" + good + b"tail")  # what a local read of neighbouring ranges hands out
+    got = codec.decode_block(1, [merged[4 : 4 + len(good)]], ["x/c/1/0"])
+    assert got.dtype == np.float32 and not got.flags.writeable
+    assert np.array_equal(got, VALUES[4:8])
+    with pytest.raises(ChunkDecodeError, match=r"^Array 'core/x': chunk 'x/c/1/0' could not be decoded: "):
+        codec.decode_block(1, [merged[4 : len(good)]], ["x/c/1/0"])  # cut short, as at the end of a file
+    with pytest.raises(ChunkDecodeError, match=r"chunk 'x/c/1/0' could not be decoded"):
+        codec.decode_block(1, [merged[4:4]], ["x/c/1/0"])  # wholly past the end: empty
+
+
+def test_the_last_short_block_and_a_wrong_sized_blosc_frame() -> None:
+    arr, store = _array(chunks=(4, 3), compressors=[BloscCodec()])
+    codec = _codec(arr)
+    assert np.array_equal(_block(codec, store, 2), VALUES[8:])  # rows 8-9 of a 4-row chunk
+    other, other_store = _array(values=np.arange(15, dtype=np.float32).reshape(5, 3), chunks=(5, 3),
+                                compressors=[BloscCodec()])  # fmt: skip
+    wrong = _raw(other_store, "x/c/0/0")  # a valid frame of 5 rows where 4 are expected
+    assert wrong is not None and _codec(other).decode_block(0, [wrong], ["x/c/0/0"]).shape == (5, 3)
+    with pytest.raises(ChunkDecodeError, match=r"blosc frame decodes to 60 bytes, expected 48"):
+        codec.decode_block(0, [wrong], ["x/c/0/0"])
+
+
+@pytest.mark.parametrize("compressor", [ZstdCodec(level=3), GzipCodec()], ids=["zstd", "gzip"])
+def test_a_valid_frame_of_too_few_bytes_is_refused_not_left_half_filled(compressor: Any) -> None:
+    arr, _ = _array(chunks=(4, 3), compressors=[compressor])
+    _, small_store = _array(values=VALUES[:1], chunks=(1, 3), compressors=[compressor])
+    short = _raw(small_store, "x/c/0/0")  # a good frame of one row where a block of four is expected
+    assert short is not None
+    with pytest.raises(ChunkDecodeError, match=r"chunk 'x/c/0/0' could not be decoded: decoded 12 bytes, expected 48"):
+        _codec(arr).decode_block(0, [short], ["x/c/0/0"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import weakref
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ import pytest
 import zarr
 
 from dali_alchemi.csr import concat_aranges
+from dali_alchemi.errors import ChunkDecodeError
+from dali_alchemi.store import batches
 from dali_alchemi.store.codecs import ArrayCodec
 from dali_alchemi.store.engine import RESIDENT, BlockEngine
 from dali_alchemi.store.gather import BlockJob, LevelPlan, balanced_groups
@@ -206,3 +209,57 @@ def test_a_read_touching_every_block_holds_only_the_cache_and_one_working_set(
 def test_the_working_set_must_be_positive() -> None:
     with pytest.raises(ValueError, match="working_set_bytes must be >= 1"):
         BlockEngine(cache_bytes=0, num_threads=1, max_concurrency=1, working_set_bytes=0)
+
+
+def test_local_reads_in_tiny_batches_mixed_with_cached_blocks_match_zarr(
+    sharded_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(batches, "READ_BATCH_BYTES", 1)  # every block read apart, just before its decode
+    snap = _snapshot(sharded_store)
+    names = ["positions", "atomic_numbers", "neighbor_list", "energy"]
+    engine = _engine(cache_bytes=1 << 26, threads=2)
+    some = np.arange(0, snap.n_physical, 40)
+    engine.read(snap, some, names)
+    fetched = engine.stats().chunks_fetched
+    physical = np.random.default_rng(5).permutation(snap.n_physical)[:200]  # cached blocks and new ones
+    got = engine.read(snap, physical, names)
+    for name in names:
+        assert np.array_equal(got.fields[name], _expected(sharded_store, snap, physical, name)), name
+    new = sum(len(_blocks_of(snap, physical, n) - _blocks_of(snap, some, n)) for n in names)
+    assert 0 < new < _blocks_touched(snap, physical, names)  # some blocks came from the cache
+    assert engine.stats().chunks_fetched - fetched == new
+    engine.close()
+
+
+def _rows(snap: Snapshot, physical: np.ndarray, name: str) -> np.ndarray:
+    handle = snap.handles[name]
+    if handle.level == "system":
+        return physical
+    ptr = snap.atoms_ptr if handle.level == "atom" else snap.edges_ptr
+    return concat_aranges(ptr[physical], ptr[physical + 1] - ptr[physical])
+
+
+def _blocks_of(snap: Snapshot, physical: np.ndarray, name: str) -> set[int]:
+    codec = snap.handles[name].codec
+    assert codec is not None
+    return set((_rows(snap, physical, name) // codec.block_rows).tolist())
+
+
+def test_an_inner_chunk_cut_short_in_a_local_shard_is_named(sharded_store: Path, tmp_path: Path) -> None:
+    path = tmp_path / "cut.zarr"
+    shutil.copytree(sharded_store, path)
+    snap = _snapshot(path)
+    codec = snap.handles["positions"].codec
+    assert codec is not None and codec.sharded and codec.index_at_end
+    key = codec.chunks_of_block(1)[0][1].key
+    shard = (path / key).read_bytes()
+    index = codec.parse_shard_index(key, shard[-codec.index_nbytes :])
+    offset = int(index[1, 0])
+    (path / key).write_bytes(shard[: offset + 5] + shard[-codec.index_nbytes :])  # chunk 1 cut, index intact
+    engine = _engine(cache_bytes=0, threads=2)
+    everything = np.arange(_snapshot(path).n_physical)
+    with pytest.raises(ChunkDecodeError, match=rf"Array 'core/positions': chunk '{key}' could not be decoded"):
+        engine.read(_snapshot(path), everything, ["positions"])
+    got = engine.read(_snapshot(path), everything[:1], ["positions"])  # rows of block 0 still read
+    assert np.array_equal(got.fields["positions"], _expected(sharded_store, snap, everything[:1], "positions"))
+    engine.close()

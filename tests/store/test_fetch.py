@@ -12,6 +12,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import MemoryStore
 
+from dali_alchemi.store import fetch as fetch_module
 from dali_alchemi.store.fetch import INLINE_READS, ByteRequest, LocalFetcher, StoreFetcher
 
 OBJECTS = {f"a/c/{i}": bytes(range(i, i + 40)) for i in range(12)}
@@ -116,3 +117,65 @@ def test_store_reads_overlap_up_to_max_concurrency() -> None:
 def test_max_concurrency_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_concurrency must be >= 1, got 0"):
         StoreFetcher(MemoryStore(), max_concurrency=0)
+
+
+def _counting_preads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Record every ``os.pread`` the local fetcher makes, as ``(length, offset)``."""
+    calls: list[tuple[int, int]] = []
+    real = fetch_module.os.pread
+
+    def pread(fd: int, length: int, offset: int) -> bytes:
+        calls.append((length, offset))
+        return real(fd, length, offset)
+
+    monkeypatch.setattr(fetch_module.os, "pread", pread)
+    return calls
+
+
+def test_neighbouring_ranges_of_one_file_are_read_once_and_match_separate_reads(
+    local: LocalFetcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = OBJECTS["a/c/3"]
+    spans = [(0, 7), (7, 15), (18, 25), (25, 25), (30, 40)]  # adjacent, a 3-byte gap, empty, a 5-byte gap
+    requests = [ByteRequest("a/c/3", start=a, stop=b) for a, b in spans]
+    separate = [local.read([r])[0] for r in requests]
+    calls = _counting_preads(monkeypatch)
+    merged = local.read(requests)
+    assert calls == [(40, 0)]  # one read from the first start to the last stop
+    assert all(isinstance(p, memoryview) for p in merged)
+    assert _as_bytes(merged) == _as_bytes(separate) == [data[a:b] for a, b in spans]
+
+
+def test_ranges_that_overlap_change_file_or_lie_far_apart_are_read_apart(
+    local: LocalFetcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fetch_module, "MERGE_GAP", 4)
+    requests = [
+        ByteRequest("a/c/3", start=0, stop=10),
+        ByteRequest("a/c/3", start=5, stop=12),  # overlaps the last one
+        ByteRequest("a/c/4", start=12, stop=20),  # another file
+        ByteRequest("a/c/4", start=25, stop=30),  # 5 bytes on: beyond the gap of 4
+        ByteRequest("a/c/4", suffix=3),
+    ]
+    calls = _counting_preads(monkeypatch)
+    got = _as_bytes(local.read(requests))
+    assert len(calls) == 5
+    assert got == [OBJECTS["a/c/3"][0:10], OBJECTS["a/c/3"][5:12], OBJECTS["a/c/4"][12:20], OBJECTS["a/c/4"][25:30],
+                   OBJECTS["a/c/4"][-3:]]  # fmt: skip
+
+
+def test_a_merged_read_past_the_end_of_the_file_reads_short_like_separate_reads(local: LocalFetcher) -> None:
+    data = OBJECTS["a/c/5"]  # 40 bytes
+    requests = [ByteRequest("a/c/5", start=30, stop=36), ByteRequest("a/c/5", start=36, stop=44),
+                ByteRequest("a/c/5", start=44, stop=50)]  # fmt: skip
+    merged = _as_bytes(local.read(requests))
+    assert merged == _as_bytes([local.read([r])[0] for r in requests]) == [data[30:36], data[36:40], b""]
+
+
+def test_a_merged_read_spans_at_most_merge_bytes(local: LocalFetcher, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fetch_module, "MERGE_BYTES", 16)
+    requests = [ByteRequest("a/c/6", start=a, stop=a + 8) for a in range(0, 40, 8)]
+    calls = _counting_preads(monkeypatch)
+    got = _as_bytes(local.read(requests))
+    assert calls == [(16, 0), (16, 16), (8, 32)]
+    assert got == [OBJECTS["a/c/6"][a : a + 8] for a in range(0, 40, 8)]

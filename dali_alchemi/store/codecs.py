@@ -341,6 +341,37 @@ def _locations(codec: ArrayCodec, block: int) -> list[tuple[str, int]]:
     return [(loc.key, loc.inner_index) for _, loc in codec.chunks_of_block(block)]
 
 
+def load_shard_indexes(
+    fetcher: ByteFetcher,
+    shards: Sequence[tuple[ArrayCodec, str]],
+    shard_indexes: dict[tuple[str, str], NDArray[np.uint64]],
+) -> None:
+    """Fetch, in one batch, and parse the indexes of the ``(array, shard key)`` pairs not in ``shard_indexes``.
+
+    A shard that was never written gets an index of missing inner chunks.
+
+    Raises
+    ------
+    ChunkDecodeError
+        If a shard index is corrupt.
+    """
+    wanted: dict[tuple[str, str], tuple[ArrayCodec, ByteRequest]] = {}
+    for codec, key in shards:
+        ikey = (codec.name, key)
+        if ikey not in shard_indexes and ikey not in wanted:
+            request = (
+                ByteRequest(key, suffix=codec.index_nbytes)
+                if codec.index_at_end
+                else ByteRequest(key, start=0, stop=codec.index_nbytes)
+            )
+            wanted[ikey] = (codec, request)
+    if not wanted:
+        return
+    raw = fetcher.fetch([request for _, request in wanted.values()])
+    for (ikey, (codec, _)), payload in zip(wanted.items(), raw, strict=True):
+        shard_indexes[ikey] = codec.missing_index() if payload is None else codec.parse_shard_index(ikey[1], payload)
+
+
 def block_requests(
     fetcher: ByteFetcher,
     blocks: Sequence[tuple[ArrayCodec, int]],
@@ -358,25 +389,11 @@ def block_requests(
         If a shard index is corrupt.
     """
     locations = [_locations(codec, block) for codec, block in blocks]
-    index_requests: dict[tuple[str, str], tuple[ArrayCodec, ByteRequest]] = {}
-    for (codec, _), locs in zip(blocks, locations, strict=True):
-        if not codec.sharded:
-            continue
-        for key, _ in locs:
-            ikey = (codec.name, key)
-            if ikey not in shard_indexes and ikey not in index_requests:
-                request = (
-                    ByteRequest(key, suffix=codec.index_nbytes)
-                    if codec.index_at_end
-                    else ByteRequest(key, start=0, stop=codec.index_nbytes)
-                )
-                index_requests[ikey] = (codec, request)
-    if index_requests:
-        raw = fetcher.fetch([req for _, req in index_requests.values()])
-        for (ikey, (codec, _)), payload in zip(index_requests.items(), raw, strict=True):
-            shard_indexes[ikey] = (
-                codec.missing_index() if payload is None else codec.parse_shard_index(ikey[1], payload)
-            )
+    load_shard_indexes(
+        fetcher,
+        [(codec, key) for (codec, _), locs in zip(blocks, locations, strict=True) if codec.sharded for key, _ in locs],
+        shard_indexes,
+    )
     result: list[BlockRequests] = []
     entries: dict[tuple[str, str], list[list[int]]] = {}  # each shard index as Python ints, once per call
     for (codec, _), locs in zip(blocks, locations, strict=True):

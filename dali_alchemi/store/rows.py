@@ -28,13 +28,13 @@ import google_crc32c
 import numpy as np
 
 from dali_alchemi.errors import ChunkDecodeError
-from dali_alchemi.store.codecs import MISSING_CHUNK
-from dali_alchemi.store.fetch import ByteFetcher, ByteRequest
+from dali_alchemi.store.codecs import MISSING_CHUNK, load_shard_indexes
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from dali_alchemi.store.codecs import ArrayCodec
+    from dali_alchemi.store.fetch import ByteFetcher
 
 CHECKSUM_BYTES = 4
 """Bytes of the ``crc32c`` that ends a checksummed chunk."""
@@ -199,7 +199,7 @@ class RowReader:
         if where is None or where.rows is not rows:
             where = self._located[key] = _Locations.of(rows, codec.block_rows, codec.chunks_per_shard[0])
         if codec.sharded:
-            self._load_indexes(codec, [codec.shard_key(f) for f in where.files])
+            load_shard_indexes(self.fetcher, [(codec, codec.shard_key(f)) for f in where.files], self.shard_indexes)
         return where
 
     def _read_file(
@@ -325,17 +325,3 @@ class RowReader:
         fill = np.full(1, codec.fill_value, dtype=codec.stored_dtype).view(np.uint8)
         per_row = np.tile(fill, codec.row_nbytes // codec.stored_dtype.itemsize)
         out[rows_missing] = per_row
-
-    def _load_indexes(self, codec: ArrayCodec, keys: list[str]) -> None:
-        """Fetch and parse the shard indexes of ``keys`` not held yet, in one batch."""
-        wanted = [k for k in keys if (codec.name, k) not in self.shard_indexes]
-        if not wanted:
-            return
-        requests = [
-            ByteRequest(k, suffix=codec.index_nbytes) if codec.index_at_end else ByteRequest(k, stop=codec.index_nbytes)
-            for k in wanted
-        ]
-        for k, payload in zip(wanted, self.fetcher.fetch(requests), strict=True):
-            self.shard_indexes[(codec.name, k)] = (
-                codec.missing_index() if payload is None else codec.parse_shard_index(k, payload)
-            )

@@ -78,6 +78,14 @@ def sharded_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def raw_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same 300 structures, core arrays uncompressed (read in place), checksummed."""
+    path = tmp_path_factory.mktemp("stores") / "raw.zarr"
+    config = WriteConfig(core=ArrayConfig(compressors=(), chunk_size=97))
+    return write_synthetic_store(path, 300, seed=7, min_atoms=10, max_atoms=40, config=config)
+
+
+@pytest.fixture(scope="session")
 def reader(small_store: Path) -> Iterator[AtomicDataZarrReader]:
     """An open reader over ``small_store``, shared by the session; tests must not close it."""
     with AtomicDataZarrReader(small_store) as r:

@@ -150,6 +150,7 @@ class BlockEngine:
         self._fetcher: ByteFetcher | None = None
         self._shard_indexes: dict[tuple[str, str], NDArray[np.uint64]] = {}
         self._verified: dict[str, NDArray[np.bool_]] = {}
+        self._in_place = False
         self._files_read = 0
         self._files_mapped = 0
         self._packed_reads = 0
@@ -166,6 +167,8 @@ class BlockEngine:
             self._shared = self._shared_root.scoped(_snapshot_token(snapshot))
         self._shard_indexes.clear()
         self._verified = {}
+        raw_bytes = sum(h.codec.row_nbytes * h.shape[0] for h in snapshot.handles.values() if h.codec and _raw(h))
+        self._in_place = isinstance(snapshot.location.store, LocalStore) and raw_bytes > self.cache.capacity_bytes // 2
         self._fetcher = None  # follows the location, which a defragment may have moved
 
     def holds_shard_indexes(self) -> bool:
@@ -296,7 +299,7 @@ class BlockEngine:
             if handle.codec is None:
                 outputs[name][plan.dest] = _read_through_zarr(handle, plan.rows)
                 continue
-            if in_place is not None and reads_rows(handle.codec):
+            if in_place is not None and reads_rows(handle.codec):  # reads_in_place(handle), known to have a codec
                 in_place.prepare(handle.codec, plan.rows)
                 raw.append((name, handle.codec, plan))
                 continue
@@ -353,21 +356,21 @@ class BlockEngine:
             task.result()
 
     def reads_in_place(self, handle: ArrayHandle) -> bool:
-        """Whether ``handle``'s rows are read in place (uncompressed, in a local directory) instead of decoded."""
-        snapshot = self._snapshot
-        return (
-            snapshot is not None
-            and handle.codec is not None
-            and isinstance(snapshot.location.store, LocalStore)
-            and reads_rows(handle.codec)
-        )
+        """Whether ``handle``'s rows are read in place instead of through the cache.
+
+        They are for an uncompressed array of a local directory store, once the store's uncompressed
+        arrays would fill more than half the cache: below that, keeping their blocks (or whole arrays)
+        decoded in the cache is faster still (README, "Datasets bigger than memory").
+        """
+        return self._in_place and _raw(handle)
 
     def _row_reader(self) -> RowReader | None:
-        """A reader of uncompressed rows in place, for a local directory store (``None`` otherwise)."""
+        """A reader of uncompressed rows in place, when this store's are read so (``None`` otherwise)."""
+        if not self._in_place:
+            return None
         assert self._snapshot is not None
         store = self._snapshot.location.store
-        if not isinstance(store, LocalStore):
-            return None
+        assert isinstance(store, LocalStore)
         return RowReader(Path(store.root), self._io_fetcher(), self._shard_indexes, self._verified)
 
     def _gather_group(
@@ -520,6 +523,11 @@ class BlockEngine:
         result, fetched = fetch_blocks(self._io_fetcher(), blocks, self._shard_indexes)
         self._chunks_fetched += fetched
         return result
+
+
+def _raw(handle: ArrayHandle) -> bool:
+    """Whether ``handle``'s rows could be read in place (raw chunks of whole rows)."""
+    return handle.codec is not None and reads_rows(handle.codec)
 
 
 def _snapshot_token(snapshot: Snapshot) -> str:

@@ -449,6 +449,19 @@ def test_block_shuffle_through_workers_gives_the_plans_batches(reader: AtomicDat
     assert sorted(i for b in got for i in b.sample_indices.tolist()) == list(range(len(reader)))
 
 
+@pytest.mark.parametrize("shuffle", ["block", True])
+def test_an_uncompressed_store_read_in_place_by_workers_gives_the_same_batches(
+    raw_store: Path, reader: AtomicDataZarrReader, shuffle: object
+) -> None:
+    with DALIDataLoader(
+        raw_store, batch_size=16, seed=3, shuffle=shuffle, num_workers=2, start_method="fork", device="cpu",
+        cache_bytes=0,  # rows read in place, not through the cache
+    ) as loader:  # fmt: skip
+        got = list(loader)
+    assert_batches_equal(got, reference_batches(reader, loader.plan, 0))  # the compressed store's values
+    assert sorted(i for b in got for i in b.sample_indices.tolist()) == list(range(len(reader)))
+
+
 def test_shared_cache_for_a_source_that_cannot_share_is_refused(small_store: Path, other_store: Path) -> None:
     with pytest.raises(ConfigError, match="shared_cache=True needs one store the loader opens itself, got a list"):
         DALIDataLoader([small_store, other_store], batch_size=8, shared_cache=True)

@@ -17,8 +17,7 @@ from dali_alchemi.config import ArrayConfig, WriteConfig
 from dali_alchemi.store import rows as rows_module
 from dali_alchemi.store.rows import IN_PLACE_SPAN_SIZE
 
-RAW = {
-    "crc32c": WriteConfig(core=ArrayConfig(compressors=(), chunk_size=97)),
+RAW = {  # besides the session's raw_store: 97-row chunks, checksummed
     "plain": WriteConfig(core=ArrayConfig(compressors=(), chunk_size=97, checksum=False)),
     "sharded-crc32c": WriteConfig(core=ArrayConfig(compressors=(), chunk_size=64, shard_size=256)),
     "sharded-plain": WriteConfig(core=ArrayConfig(compressors=(), chunk_size=64, shard_size=256, checksum=False)),
@@ -26,13 +25,14 @@ RAW = {
 
 
 @pytest.fixture(scope="module")
-def raw_stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The 300 structures of ``small_store``, uncompressed, in each layout of :data:`RAW`."""
+def raw_stores(tmp_path_factory: pytest.TempPathFactory, raw_store: Path) -> dict[str, Path]:
+    """The 300 structures of ``small_store``, uncompressed, in each layout of :data:`RAW` and ``raw_store``'s."""
     root = tmp_path_factory.mktemp("raw")
-    return {
+    stores = {
         name: write_synthetic_store(root / f"{name}.zarr", 300, seed=7, min_atoms=10, max_atoms=40, config=config)
         for name, config in RAW.items()
     }
+    return {"crc32c": raw_store, **stores}
 
 
 @pytest.fixture()
@@ -51,7 +51,7 @@ def _assert_same(got: object, want: object) -> None:
     np.testing.assert_array_equal(got.n_edges, want.n_edges)  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("layout", sorted(RAW))
+@pytest.mark.parametrize("layout", ["crc32c", *sorted(RAW)])
 @pytest.mark.parametrize("order", ["shuffled", "sequential", "duplicates"])
 def test_in_place_rows_equal_the_decoded_ones(
     raw_stores: dict[str, Path], reader: AtomicDataZarrReader, layout: str, order: str
@@ -62,7 +62,7 @@ def test_in_place_rows_equal_the_decoded_ones(
         "sequential": np.arange(40, 260),
         "duplicates": np.array([7, 299, 7, 0, -1, 150, 151, 150]),
     }[order]
-    with AtomicDataZarrReader(raw_stores[layout], cache_bytes=1 << 20) as raw:
+    with AtomicDataZarrReader(raw_stores[layout], cache_bytes=0) as raw:
         _assert_same(raw.read_packed(indices), reader.read_packed(indices))
         stats = raw.stats()
     assert stats.chunks_fetched == 0 and stats.blocks_decoded == 0  # core arrays: nothing decoded
@@ -98,10 +98,33 @@ def test_both_ways_of_reading_a_file_agree(raw_stores: dict[str, Path], monkeypa
 
 
 def test_spans_of_a_store_read_in_place_do_not_follow_chunks(raw_stores: dict[str, Path], small_store: Path) -> None:
-    with AtomicDataZarrReader(raw_stores["crc32c"]) as raw, AtomicDataZarrReader(small_store) as decoded:
+    with AtomicDataZarrReader(raw_stores["crc32c"], cache_bytes=0) as raw, AtomicDataZarrReader(small_store) as decoded:
         spans = raw.sample_chunk_bounds()
         np.testing.assert_array_equal(spans, np.append(np.arange(0, 300, IN_PLACE_SPAN_SIZE), 300))
         assert not np.array_equal(decoded.sample_chunk_bounds(), spans)
+
+
+def test_a_store_that_fits_half_the_cache_is_kept_decoded_instead(
+    raw_stores: dict[str, Path], small_store: Path
+) -> None:
+    raw_bytes = sum(
+        zarr.open_array(raw_stores["crc32c"] / "core" / name, mode="r").nbytes
+        for name in zarr.open_group(raw_stores["crc32c"] / "core", mode="r").array_keys()
+    )
+    indices = np.random.default_rng(4).permutation(300)
+    with AtomicDataZarrReader(raw_stores["crc32c"], cache_bytes=2 * raw_bytes + 1) as cached:
+        first = cached.read_packed(indices)
+        second = cached.read_packed(indices)
+        stats = cached.stats()
+        spans = cached.sample_chunk_bounds()
+    assert stats.files_read == 0 and stats.blocks_decoded > 0 and stats.cache.hits > 0  # through the cache
+    with AtomicDataZarrReader(small_store) as decoded:
+        np.testing.assert_array_equal(spans, decoded.sample_chunk_bounds())  # spans follow chunks again
+        _assert_same(first, decoded.read_packed(indices))
+    _assert_same(second, first)
+    with AtomicDataZarrReader(raw_stores["crc32c"], cache_bytes=2 * raw_bytes - 1024) as in_place:
+        in_place.read_packed(indices)
+        assert in_place.stats().files_read > 0 and in_place.stats().chunks_fetched == 0
 
 
 def test_each_chunk_checksum_is_verified_once_per_reader(raw_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:

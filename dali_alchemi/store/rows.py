@@ -183,6 +183,9 @@ class RowReader:
         where = self.prepare(codec, rows)
         for k, file in enumerate(where.files):  # once per file (a chunk, or a shard of many)
             lo, hi = where.row_bounds[k], where.row_bounds[k + 1]
+            if not codec.sharded:
+                self._read_chunk(codec, file, where.local[lo:hi], flat[lo:hi])
+                continue
             first, last = where.chunk_bounds[k], where.chunk_bounds[k + 1]
             self._read_file(
                 codec, file, where.touched[first:last], where.position[lo:hi] - first, where.local[lo:hi], flat[lo:hi]
@@ -202,6 +205,55 @@ class RowReader:
             load_shard_indexes(self.fetcher, [(codec, codec.shard_key(f)) for f in where.files], self.shard_indexes)
         return where
 
+    def _read_chunk(self, codec: ArrayCodec, chunk: int, local: NDArray[np.int64], out: NDArray[np.uint8]) -> None:
+        """Fill ``out`` with rows ``local`` of chunk ``chunk``, stored alone in its file (unsharded)."""
+        key = codec.shard_key(chunk)
+        chunk_bytes = codec.block_rows * codec.row_nbytes
+        stored_bytes = chunk_bytes + (CHECKSUM_BYTES if codec.chunk_checksum else 0)
+        try:
+            fd = os.open(os.path.join(self.root, key), os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            self._fill_missing(codec, key, np.array([chunk]), np.ones(out.shape[0], dtype=np.bool_), out)
+            return
+        corrupt = False
+        try:
+            size = os.fstat(fd).st_size
+            if size < stored_bytes:
+                raise ChunkDecodeError(
+                    f"Array {codec.name!r}: chunk {chunk} in {key!r} holds {size} bytes, expected {stored_bytes} for "
+                    f"{codec.block_rows} rows of {codec.row_nbytes} bytes (a truncated or rewritten chunk)",
+                    array=codec.name, chunk=key,
+                )  # fmt: skip
+            with self._lock:
+                self.files_read += 1
+            byte_at = local * codec.row_nbytes
+            done = self.verified.get(codec.name)
+            verified = not codec.chunk_checksum or (done is not None and bool(done[chunk]))
+            if verified and _read_runs(fd, byte_at, codec.row_nbytes, out, aligned=True):
+                return
+            with self._lock:
+                self.files_mapped += 1
+            with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
+                data = np.frombuffer(mapped, dtype=np.uint8)
+                try:
+                    if not verified:
+                        corrupt = (
+                            self._verify(codec, data, np.array([chunk]), np.zeros(1, np.int64), chunk_bytes) is not None
+                        )
+                    if not corrupt:
+                        rows = data[:chunk_bytes].reshape(codec.block_rows, codec.row_nbytes)
+                        np.take(rows, local, axis=0, out=out)
+                        del rows
+                finally:
+                    del data  # the views must go before the map closes
+        finally:
+            os.close(fd)
+        if corrupt:  # raised here, once the map is closed (a traceback would keep it open)
+            raise ChunkDecodeError(
+                f"Array {codec.name!r}: chunk {chunk} in {key!r} could not be decoded: crc32c checksum mismatch",
+                array=codec.name, chunk=key,
+            )  # fmt: skip
+
     def _read_file(
         self,
         codec: ArrayCodec,
@@ -211,7 +263,7 @@ class RowReader:
         local: NDArray[np.int64],
         out: NDArray[np.uint8],
     ) -> None:
-        """Fill ``out`` with rows of one file: chunk ``touched[position[i]]``, row ``local[i]`` of it, for row i."""
+        """Fill ``out`` with rows of one shard: chunk ``touched[position[i]]``, row ``local[i]`` of it, for row i."""
         key = codec.shard_key(file)
         chunk_bytes = codec.block_rows * codec.row_nbytes
         stored_bytes = chunk_bytes + (CHECKSUM_BYTES if codec.chunk_checksum else 0)

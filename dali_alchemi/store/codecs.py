@@ -257,6 +257,17 @@ class ArrayCodec:
             raise ChunkDecodeError(
                 f"Array {self.name!r}: shard index of {key!r} is corrupt: {err}", array=self.name, chunk=key
             ) from err
+        offsets, lengths = index[:, 0], index[:, 1]
+        written = (offsets != MISSING_CHUNK) | (lengths != MISSING_CHUNK)
+        limit = np.uint64(1 << 62)  # no file is this large; larger entries would overflow offset arithmetic
+        bad = written & ((offsets >= limit) | (lengths >= limit))
+        if bad.any():
+            at = int(np.argmax(bad))
+            raise ChunkDecodeError(
+                f"Array {self.name!r}: shard index of {key!r} is corrupt: inner chunk {at} has offset "
+                f"{int(offsets[at])} and length {int(lengths[at])}",
+                array=self.name, chunk=key,
+            )  # fmt: skip
         return index
 
     def missing_index(self) -> NDArray[np.uint64]:

@@ -6,9 +6,10 @@ which is the start of the chunk's file, or the inner chunk's offset in its shard
 structure then costs its own bytes, not the decode of every chunk it touches: that is what keeps a
 full shuffle fast on a store far larger than the decoded-chunk cache.
 
-The rows of one read are gathered file by file with one vectorised take over a read-only memory map,
-and each map is closed before the next file is opened, so a read holds at most one file's pages in the
-process (the data stays in the operating system's page cache, not in this process). Every chunk's
+The rows of one file are read with one ``preadv`` per cluster of nearby rows (gaps under
+:data:`MAX_GAP_BYTES`), or, when they are scattered, with one vectorised take over a read-only memory
+map that is closed before the next file is opened, so a read holds at most one file's pages per thread
+in the process (the data stays in the operating system's page cache, not in this process). Every chunk's
 length is checked against its shape; a trailing ``crc32c`` is checked the first time this reader
 touches the chunk (the whole chunk is hashed then), so each chunk is verified once per process and
 store state, and a corrupt one is a :class:`~dali_alchemi.errors.ChunkDecodeError` as on the decode path.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +92,24 @@ class _Locations:
         )
 
 
+def _regular_size(fd: int, codec: ArrayCodec, key: str) -> int:
+    """The size of the open file ``fd``, which must be a regular file (not a directory in a chunk's place)."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise ChunkDecodeError(
+            f"Array {codec.name!r}: {key!r} is not a regular file, so it holds no chunk", array=codec.name, chunk=key
+        )
+    return info.st_size
+
+
+def _raise_if_failed(codec: ArrayCodec, key: str, failure: str) -> None:
+    """Raise what taking rows from ``key`` failed with (a layout the length checks did not catch)."""
+    if failure:
+        raise ChunkDecodeError(
+            f"Array {codec.name!r}: rows of {key!r} could not be read in place: {failure}", array=codec.name, chunk=key
+        )
+
+
 def _read_runs(fd: int, byte_at: NDArray[np.int64], row_nbytes: int, out: NDArray[np.uint8], *, aligned: bool) -> bool:
     """Read rows lying in fewer than :data:`MAX_RUNS` clusters with one ``preadv`` per cluster, into ``out``.
 
@@ -99,6 +119,8 @@ def _read_runs(fd: int, byte_at: NDArray[np.int64], row_nbytes: int, out: NDArra
     more scattered than that: mapping the file and taking them is then cheaper than a call per cluster.
     """
     gaps = np.diff(byte_at) - row_nbytes  # bytes between one row's end and the next row's start
+    if gaps.size and int(gaps.min()) < 0:  # inner chunks stored out of order (the format allows it): map
+        return False
     breaks = np.flatnonzero(gaps > MAX_GAP_BYTES) + 1
     if breaks.size >= MAX_RUNS:
         return False
@@ -216,9 +238,10 @@ class RowReader:
             self._fill_missing(codec, key, np.array([chunk]), np.ones(out.shape[0], dtype=np.bool_), out)
             return
         corrupt = False
+        failure = ""
         try:
-            size = os.fstat(fd).st_size
-            if size < stored_bytes:
+            size = _regular_size(fd, codec, key)
+            if size != stored_bytes:
                 raise ChunkDecodeError(
                     f"Array {codec.name!r}: chunk {chunk} in {key!r} holds {size} bytes, expected {stored_bytes} for "
                     f"{codec.block_rows} rows of {codec.row_nbytes} bytes (a truncated or rewritten chunk)",
@@ -244,10 +267,13 @@ class RowReader:
                         rows = data[:chunk_bytes].reshape(codec.block_rows, codec.row_nbytes)
                         np.take(rows, local, axis=0, out=out)
                         del rows
+                except (IndexError, ValueError) as err:  # kept as text: a traceback would keep the map open
+                    failure = f"{type(err).__name__}: {err}"
                 finally:
                     del data  # the views must go before the map closes
         finally:
             os.close(fd)
+        _raise_if_failed(codec, key, failure)
         if corrupt:  # raised here, once the map is closed (a traceback would keep it open)
             raise ChunkDecodeError(
                 f"Array {codec.name!r}: chunk {chunk} in {key!r} could not be decoded: crc32c checksum mismatch",
@@ -288,8 +314,8 @@ class RowReader:
                 self._fill_missing(codec, key, touched[missing], missing[position], out)
             if fd < 0 or missing.all():
                 return
-            size = os.fstat(fd).st_size
-            bad = ~missing & ((lengths != stored_bytes) | (offsets + lengths > size))
+            size = _regular_size(fd, codec, key)
+            bad = ~missing & ((lengths != stored_bytes) | (offsets < 0) | (offsets + lengths > size))
             if bad.any():
                 at = int(np.argmax(bad))
                 raise ChunkDecodeError(
@@ -311,6 +337,7 @@ class RowReader:
             with self._lock:
                 self.files_mapped += 1
             corrupt = None
+            failure = ""
             with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
                 data = np.frombuffer(mapped, dtype=np.uint8)
                 try:
@@ -319,11 +346,14 @@ class RowReader:
                     if corrupt is None:
                         present = None if not missing.any() else ~missing[position]
                         _take_rows(data, byte_at, present, codec.row_nbytes, out, aligned=not codec.sharded)
+                except (IndexError, ValueError) as err:  # kept as text: a traceback would keep the map open
+                    failure = f"{type(err).__name__}: {err}"
                 finally:
                     del data  # the views must go before the map closes
         finally:
             if fd >= 0:
                 os.close(fd)
+        _raise_if_failed(codec, key, failure)
         if corrupt is not None:  # raised here, once the map is closed (a traceback would keep it open)
             raise ChunkDecodeError(
                 f"Array {codec.name!r}: chunk {corrupt} in {key!r} could not be decoded: crc32c checksum mismatch",

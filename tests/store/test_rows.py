@@ -194,3 +194,63 @@ def test_a_missing_chunk_reads_as_the_fill_value_in_a_store_written_elsewhere(ra
     np.testing.assert_array_equal(positions[97:194], 0.0)  # the lost chunk's rows
     assert np.abs(positions[:97]).sum() > 0 and np.abs(positions[194:]).sum() > 0
     assert ptr[-1] == positions.shape[0]
+
+
+def _rewrite_shard(shard: Path, n_inner: int, order: list[int], *, index_edit: dict[int, int] | None = None) -> None:
+    """Store shard ``shard``'s inner chunks in file order ``order`` (the format allows any), re-indexed."""
+    data = shard.read_bytes()
+    index = np.frombuffer(data[-(16 * n_inner + 4) : -4], dtype="<u8").reshape(n_inner, 2)
+    chunks = [data[o : o + n] for o, n in index.tolist()]
+    body, new = b"", np.zeros((n_inner, 2), dtype="<u8")
+    for k in order:
+        new[k] = (len(body), len(chunks[k]))
+        body += chunks[k]
+    for k, offset in (index_edit or {}).items():
+        new[k, 0] = offset
+    raw = new.tobytes()
+    shard.write_bytes(body + raw + np.uint32(google_crc32c.value(raw)).tobytes())
+
+
+@pytest.mark.parametrize("layout", ["sharded-plain", "sharded-crc32c"])
+def test_inner_chunks_stored_out_of_order_read_right_every_time(
+    raw_stores: dict[str, Path], reader: AtomicDataZarrReader, tmp_path: Path, layout: str
+) -> None:
+    path = tmp_path / "permuted.zarr"
+    shutil.copytree(raw_stores[layout], path)
+    _rewrite_shard(path / "core" / "positions" / "c" / "0" / "0", 4, [1, 0, 3, 2])
+    indices = np.arange(0, 12)
+    want = reader.read_packed(indices).fields["positions"]
+    with AtomicDataZarrReader(path, cache_bytes=0) as raw:
+        for _ in range(2):  # the second read finds the chunks verified and may read them by clusters
+            np.testing.assert_array_equal(raw.read_packed(indices).fields["positions"], want)
+
+
+def test_a_shard_index_pointing_past_any_file_is_an_error(raw_stores: dict[str, Path], tmp_path: Path) -> None:
+    path = tmp_path / "index.zarr"
+    shutil.copytree(raw_stores["sharded-plain"], path)
+    _rewrite_shard(path / "core" / "positions" / "c" / "0" / "0", 4, [0, 1, 2, 3], index_edit={1: 2**64 - 2**40})
+    for cache in (0, 1 << 30):  # read in place, and decoded
+        with AtomicDataZarrReader(path, cache_bytes=cache) as raw:
+            with pytest.raises(
+                ChunkDecodeError, match=r"shard index of 'core/positions/c/0/0' is corrupt: inner chunk 1"
+            ):
+                raw.read_packed(np.arange(12))
+
+
+def test_a_chunk_file_with_bytes_added_is_an_error(raw_copy: Path) -> None:
+    chunk = raw_copy / "core" / "positions" / "c" / "1" / "0"
+    chunk.write_bytes(chunk.read_bytes() + bytes(8))
+    with AtomicDataZarrReader(raw_copy, cache_bytes=0) as raw:
+        with pytest.raises(
+            ChunkDecodeError, match=r"chunk 1 in 'core/positions/c/1/0' holds 1176 bytes, expected 1168"
+        ):
+            raw.read_packed(np.arange(300))
+
+
+def test_a_directory_in_place_of_a_chunk_is_an_error(raw_copy: Path) -> None:
+    chunk = raw_copy / "core" / "positions" / "c" / "1" / "0"
+    chunk.unlink()
+    chunk.mkdir()
+    with AtomicDataZarrReader(raw_copy, cache_bytes=0) as raw:
+        with pytest.raises(ChunkDecodeError, match=r"'core/positions/c/1/0' is not a regular file"):
+            raw.read_packed(np.arange(300))

@@ -22,6 +22,7 @@ import mmap
 import os
 import stat
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,12 +103,13 @@ def _regular_size(fd: int, codec: ArrayCodec, key: str) -> int:
     return info.st_size
 
 
-def _raise_if_failed(codec: ArrayCodec, key: str, failure: str) -> None:
-    """Raise what taking rows from ``key`` failed with (a layout the length checks did not catch)."""
-    if failure:
-        raise ChunkDecodeError(
-            f"Array {codec.name!r}: rows of {key!r} could not be read in place: {failure}", array=codec.name, chunk=key
-        )
+def _length_error(codec: ArrayCodec, chunk: int, key: str, held: int, expected: int) -> ChunkDecodeError:
+    """The error for chunk ``chunk`` of ``key`` holding ``held`` bytes where its shape needs ``expected``."""
+    return ChunkDecodeError(
+        f"Array {codec.name!r}: chunk {chunk} in {key!r} holds {held} bytes, expected {expected} for "
+        f"{codec.block_rows} rows of {codec.row_nbytes} bytes (a truncated or rewritten chunk)",
+        array=codec.name, chunk=key,
+    )  # fmt: skip
 
 
 def _read_runs(fd: int, byte_at: NDArray[np.int64], row_nbytes: int, out: NDArray[np.uint8], *, aligned: bool) -> bool:
@@ -209,7 +211,7 @@ class RowReader:
                 self._read_chunk(codec, file, where.local[lo:hi], flat[lo:hi])
                 continue
             first, last = where.chunk_bounds[k], where.chunk_bounds[k + 1]
-            self._read_file(
+            self._read_shard(
                 codec, file, where.touched[first:last], where.position[lo:hi] - first, where.local[lo:hi], flat[lo:hi]
             )
         return out if stored.isnative else out.astype(codec.dtype)
@@ -237,50 +239,24 @@ class RowReader:
         except (FileNotFoundError, NotADirectoryError):
             self._fill_missing(codec, key, np.array([chunk]), np.ones(out.shape[0], dtype=np.bool_), out)
             return
-        corrupt = False
-        failure = ""
         try:
             size = _regular_size(fd, codec, key)
             if size != stored_bytes:
-                raise ChunkDecodeError(
-                    f"Array {codec.name!r}: chunk {chunk} in {key!r} holds {size} bytes, expected {stored_bytes} for "
-                    f"{codec.block_rows} rows of {codec.row_nbytes} bytes (a truncated or rewritten chunk)",
-                    array=codec.name, chunk=key,
-                )  # fmt: skip
-            with self._lock:
-                self.files_read += 1
-            byte_at = local * codec.row_nbytes
-            done = self.verified.get(codec.name)
-            verified = not codec.chunk_checksum or (done is not None and bool(done[chunk]))
-            if verified and _read_runs(fd, byte_at, codec.row_nbytes, out, aligned=True):
+                raise _length_error(codec, chunk, key, size, stored_bytes)
+            self._count(mapped=False)
+            verified = not codec.chunk_checksum or self._is_verified(codec, np.array([chunk]))
+            if verified and _read_runs(fd, local * codec.row_nbytes, codec.row_nbytes, out, aligned=True):
                 return
-            with self._lock:
-                self.files_mapped += 1
-            with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
-                data = np.frombuffer(mapped, dtype=np.uint8)
-                try:
-                    if not verified:
-                        corrupt = (
-                            self._verify(codec, data, np.array([chunk]), np.zeros(1, np.int64), chunk_bytes) is not None
-                        )
-                    if not corrupt:
-                        rows = data[:chunk_bytes].reshape(codec.block_rows, codec.row_nbytes)
-                        np.take(rows, local, axis=0, out=out)
-                        del rows
-                except (IndexError, ValueError) as err:  # kept as text: a traceback would keep the map open
-                    failure = f"{type(err).__name__}: {err}"
-                finally:
-                    del data  # the views must go before the map closes
+
+            def take(data: NDArray[np.uint8]) -> None:
+                np.take(data[:chunk_bytes].reshape(codec.block_rows, codec.row_nbytes), local, axis=0, out=out)
+
+            unverified = None if verified else (np.array([chunk]), np.zeros(1, dtype=np.int64))
+            self._take_mapped(fd, size, codec, key, unverified, take)
         finally:
             os.close(fd)
-        _raise_if_failed(codec, key, failure)
-        if corrupt:  # raised here, once the map is closed (a traceback would keep it open)
-            raise ChunkDecodeError(
-                f"Array {codec.name!r}: chunk {chunk} in {key!r} could not be decoded: crc32c checksum mismatch",
-                array=codec.name, chunk=key,
-            )  # fmt: skip
 
-    def _read_file(
+    def _read_shard(
         self,
         codec: ArrayCodec,
         file: int,
@@ -293,17 +269,12 @@ class RowReader:
         key = codec.shard_key(file)
         chunk_bytes = codec.block_rows * codec.row_nbytes
         stored_bytes = chunk_bytes + (CHECKSUM_BYTES if codec.chunk_checksum else 0)
-        if codec.sharded:
-            index = self.shard_indexes[(codec.name, key)]
-            inner = touched - file * codec.chunks_per_shard[0]
-            offsets, lengths = index[inner, 0], index[inner, 1]
-            missing = (offsets == MISSING_CHUNK) & (lengths == MISSING_CHUNK)
-            offsets = np.where(missing, 0, offsets).astype(np.int64)
-            lengths = np.where(missing, stored_bytes, lengths).astype(np.int64)
-        else:
-            offsets = np.zeros(1, dtype=np.int64)
-            lengths = np.full(1, stored_bytes, dtype=np.int64)
-            missing = np.zeros(1, dtype=np.bool_)
+        index = self.shard_indexes[(codec.name, key)]
+        inner = touched - file * codec.chunks_per_shard[0]
+        offsets, lengths = index[inner, 0], index[inner, 1]
+        missing = (offsets == MISSING_CHUNK) & (lengths == MISSING_CHUNK)
+        offsets = np.where(missing, 0, offsets).astype(np.int64)
+        lengths = np.where(missing, stored_bytes, lengths).astype(np.int64)
         try:
             fd = os.open(os.path.join(self.root, key), os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
@@ -318,49 +289,72 @@ class RowReader:
             bad = ~missing & ((lengths != stored_bytes) | (offsets < 0) | (offsets + lengths > size))
             if bad.any():
                 at = int(np.argmax(bad))
-                raise ChunkDecodeError(
-                    f"Array {codec.name!r}: chunk {int(touched[at])} in {key!r} holds "
-                    f"{int(min(lengths[at], max(size - offsets[at], 0)))} bytes, expected {stored_bytes} for "
-                    f"{codec.block_rows} rows of {codec.row_nbytes} bytes (a truncated or rewritten chunk)",
-                    array=codec.name, chunk=key,
-                )  # fmt: skip
-            with self._lock:
-                self.files_read += 1
+                held = int(min(lengths[at], max(size - offsets[at], 0)))
+                raise _length_error(codec, int(touched[at]), key, held, stored_bytes)
+            self._count(mapped=False)
             byte_at = offsets[position] + local * codec.row_nbytes
-            unverified = codec.chunk_checksum and not self._is_verified(codec, touched)
-            if (
-                not missing.any()
-                and not unverified
-                and _read_runs(fd, byte_at, codec.row_nbytes, out, aligned=not codec.sharded)
-            ):
+            verified = not codec.chunk_checksum or self._is_verified(codec, touched)
+            if not missing.any() and verified and _read_runs(fd, byte_at, codec.row_nbytes, out, aligned=False):
                 return
-            with self._lock:
-                self.files_mapped += 1
-            corrupt = None
-            failure = ""
-            with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
-                data = np.frombuffer(mapped, dtype=np.uint8)
-                try:
-                    if codec.chunk_checksum:
-                        corrupt = self._verify(codec, data, touched[~missing], offsets[~missing], chunk_bytes)
-                    if corrupt is None:
-                        present = None if not missing.any() else ~missing[position]
-                        _take_rows(data, byte_at, present, codec.row_nbytes, out, aligned=not codec.sharded)
-                except (IndexError, ValueError) as err:  # kept as text: a traceback would keep the map open
-                    failure = f"{type(err).__name__}: {err}"
-                finally:
-                    del data  # the views must go before the map closes
+            present = None if not missing.any() else ~missing[position]
+
+            def take(data: NDArray[np.uint8]) -> None:
+                _take_rows(data, byte_at, present, codec.row_nbytes, out)
+
+            unverified = None if not codec.chunk_checksum else (touched[~missing], offsets[~missing])
+            self._take_mapped(fd, size, codec, key, unverified, take)
         finally:
             if fd >= 0:
                 os.close(fd)
-        _raise_if_failed(codec, key, failure)
-        if corrupt is not None:  # raised here, once the map is closed (a traceback would keep it open)
+
+    def _take_mapped(
+        self,
+        fd: int,
+        size: int,
+        codec: ArrayCodec,
+        key: str,
+        unverified: tuple[NDArray[np.int64], NDArray[np.int64]] | None,
+        take: Callable[[NDArray[np.uint8]], None],
+    ) -> None:
+        """Map file ``fd``, check the checksums of ``unverified`` ``(chunks, offsets)``, and ``take`` its rows.
+
+        Errors are raised once the map is closed: a traceback holding a view of it would keep it open.
+        """
+        self._count(mapped=True)
+        corrupt: int | None = None
+        failure = ""
+        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
+            data = np.frombuffer(mapped, dtype=np.uint8)
+            try:
+                if unverified is not None:
+                    corrupt = self._verify(codec, data, *unverified, codec.block_rows * codec.row_nbytes)
+                if corrupt is None:
+                    take(data)
+            except (IndexError, ValueError) as err:  # a layout the length checks missed; kept as text
+                failure = f"{type(err).__name__}: {err}"
+            finally:
+                del data  # the views must go before the map closes
+        if failure:
+            raise ChunkDecodeError(
+                f"Array {codec.name!r}: rows of {key!r} could not be read in place: {failure}",
+                array=codec.name, chunk=key,
+            )  # fmt: skip
+        if corrupt is not None:
             raise ChunkDecodeError(
                 f"Array {codec.name!r}: chunk {corrupt} in {key!r} could not be decoded: crc32c checksum mismatch",
                 array=codec.name, chunk=key,
             )  # fmt: skip
 
+    def _count(self, *, mapped: bool) -> None:
+        """Count a file read in place (``mapped``: of those, one that was mapped)."""
+        with self._lock:
+            if mapped:
+                self.files_mapped += 1
+            else:
+                self.files_read += 1
+
     def _is_verified(self, codec: ArrayCodec, chunks: NDArray[np.int64]) -> bool:
+        """Whether every one of ``chunks`` passed its checksum in this reader already."""
         done = self.verified.get(codec.name)
         return done is not None and bool(done[chunks].all())
 

@@ -167,7 +167,8 @@ class BlockEngine:
             self._shared = self._shared_root.scoped(_snapshot_token(snapshot))
         self._shard_indexes.clear()
         self._verified = {}
-        raw_bytes = sum(h.codec.row_nbytes * h.shape[0] for h in snapshot.handles.values() if h.codec and _raw(h))
+        raw = [h.codec for h in snapshot.handles.values() if h.codec is not None and reads_rows(h.codec)]
+        raw_bytes = sum(codec.row_nbytes * codec.shape[0] for codec in raw)
         self._in_place = isinstance(snapshot.location.store, LocalStore) and raw_bytes > self.cache.capacity_bytes // 2
         self._fetcher = None  # follows the location, which a defragment may have moved
 
@@ -299,7 +300,7 @@ class BlockEngine:
             if handle.codec is None:
                 outputs[name][plan.dest] = _read_through_zarr(handle, plan.rows)
                 continue
-            if in_place is not None and reads_rows(handle.codec):  # reads_in_place(handle), known to have a codec
+            if in_place is not None and reads_rows(handle.codec):
                 in_place.prepare(handle.codec, plan.rows)
                 raw.append((name, handle.codec, plan))
                 continue
@@ -362,7 +363,7 @@ class BlockEngine:
         arrays would fill more than half the cache: below that, keeping their blocks (or whole arrays)
         decoded in the cache is faster still (README, "Datasets bigger than memory").
         """
-        return self._in_place and _raw(handle)
+        return self._in_place and handle.codec is not None and reads_rows(handle.codec)
 
     def _row_reader(self) -> RowReader | None:
         """A reader of uncompressed rows in place, when this store's are read so (``None`` otherwise)."""
@@ -523,11 +524,6 @@ class BlockEngine:
         result, fetched = fetch_blocks(self._io_fetcher(), blocks, self._shard_indexes)
         self._chunks_fetched += fetched
         return result
-
-
-def _raw(handle: ArrayHandle) -> bool:
-    """Whether ``handle``'s rows could be read in place (raw chunks of whole rows)."""
-    return handle.codec is not None and reads_rows(handle.codec)
 
 
 def _snapshot_token(snapshot: Snapshot) -> str:

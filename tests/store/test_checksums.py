@@ -19,23 +19,7 @@ from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter, ChunkDecode
 from dali_alchemi.bench.synth import synthetic_samples
 from dali_alchemi.config import ArrayConfig, WriteConfig
 from dali_alchemi.store.layout import Integrity, parse_integrity
-
-N = 40
-CONFIG = WriteConfig(core=ArrayConfig(chunk_size=64), meta=ArrayConfig(chunk_size=16))
-
-
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("checksums") / "store.zarr"
-    AtomicDataZarrWriter(path, CONFIG).write(synthetic_samples(N, seed=4))
-    return path
-
-
-@pytest.fixture()
-def store(pristine: Path, tmp_path: Path) -> Path:
-    path = tmp_path / "store.zarr"
-    shutil.copytree(pristine, path)
-    return path
+from tests.store.conftest import CONFIG, N
 
 
 def _promise(attrs: Any) -> dict[str, Any]:

@@ -12,29 +12,11 @@ import pytest
 import zarr
 
 from dali_alchemi import AtomicDataZarrWriter, StoreNotFoundError
-from dali_alchemi.bench.synth import synthetic_samples
 from dali_alchemi.cli import main
-from dali_alchemi.config import ArrayConfig, WriteConfig
 from dali_alchemi.store.journal import DeleteOp, write_journal
 from dali_alchemi.store.location import resolve_store
 from dali_alchemi.store.verify import VerifyReport, verify_store
-
-N = 40
-CONFIG = WriteConfig(core=ArrayConfig(chunk_size=64), meta=ArrayConfig(chunk_size=16))
-
-
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("verify") / "store.zarr"
-    AtomicDataZarrWriter(path, CONFIG).write(synthetic_samples(N, seed=8))
-    return path
-
-
-@pytest.fixture()
-def store(pristine: Path, tmp_path: Path) -> Path:
-    path = tmp_path / "store.zarr"
-    shutil.copytree(pristine, path)
-    return path
+from tests.store.conftest import N
 
 
 def _kinds(report: VerifyReport) -> list[tuple[str, str | None, str | None]]:

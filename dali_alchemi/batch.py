@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from dali_alchemi import csr
 from dali_alchemi.csr import exclusive_cumsum
-from dali_alchemi.errors import FieldLevelError
+from dali_alchemi.errors import FieldAssignmentError, FieldLevelError
 from dali_alchemi.store import layout
 from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.types import PerLevel
@@ -336,6 +336,65 @@ class Batch:
 
     def __contains__(self, name: object) -> bool:
         return name in self.fields
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """``batch.name = tensor`` adds (or replaces) a field, its level read from the leading dimension.
+
+        Raises
+        ------
+        FieldLevelError
+            When the leading dimension matches no level's rows, or several (say ``num_graphs ==
+            num_nodes``): :meth:`add_field` names the level.
+        FieldAssignmentError
+            For a value that is not a tensor with at least one dimension (also a ``TypeError``).
+        """
+        if name in Batch.__slots__:
+            object.__setattr__(self, name, value)
+            return
+        if name in self.levels:
+            self.add_field(name, value, self.levels[name])
+            return
+        rows = self._level_rows()
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            raise FieldAssignmentError(
+                f"batch.{name} = ... needs a tensor with one row per atom ({rows['atom']}), edge ({rows['edge']}) "
+                f"or structure ({rows['system']}); got {type(value).__name__}"
+                + (" with no dimensions" if isinstance(value, torch.Tensor) else "")
+            )
+        matches = [level for level, n in rows.items() if n == value.shape[0]]
+        if len(matches) != 1:
+            found = "matches no level" if not matches else f"matches {' and '.join(matches)} level"
+            raise FieldLevelError(
+                f"Cannot tell the level of {name!r} from its leading dimension {value.shape[0]}: it {found} "
+                f"(atoms {rows['atom']}, edges {rows['edge']}, structures {rows['system']}); "
+                f"use batch.add_field({name!r}, tensor, level='atom' | 'edge' | 'system')"
+            )
+        self.add_field(name, value, matches[0])
+
+    def _level_rows(self) -> dict[str, int]:
+        return {"atom": self.num_nodes, "edge": self.num_edges, "system": self.num_graphs}
+
+    def add_field(self, name: str, tensor: torch.Tensor, level: Level) -> None:
+        """Add or replace field ``name`` at ``level``; its leading dimension must be that level's row count.
+
+        Raises
+        ------
+        FieldLevelError
+            For an unknown level, or a row count that does not fit it.
+        FieldAssignmentError
+            If ``tensor`` is not a tensor with at least one dimension.
+        """
+        rows = self._level_rows()
+        if level not in rows:
+            raise FieldLevelError(f"level must be 'atom', 'edge' or 'system', got {level!r}")
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
+            raise FieldAssignmentError(f"Field {name!r} needs a tensor with at least one dimension, got {tensor!r}")
+        if tensor.shape[0] != rows[level]:
+            raise FieldLevelError(
+                f"Field {name!r} at {level} level needs {rows[level]} rows, got a tensor of shape {tuple(tensor.shape)}"
+            )
+        self.fields[name] = tensor
+        self.levels[name] = level
 
     @property
     def keys(self) -> dict[str, set[str]]:

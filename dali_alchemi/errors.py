@@ -123,6 +123,14 @@ class FieldMismatchError(DaliAlchemiError, ValueError):
     """Stores read as one dataset disagree on a field (level, dtype or row shape); names both stores."""
 
 
+class FieldAssignmentError(DaliAlchemiError, TypeError):
+    """A value assigned to a Batch attribute cannot be a field (not a tensor, or 0-dimensional)."""
+
+
+class NvalchemiNotInstalledError(DaliAlchemiError, ImportError):
+    """Something that needs nvalchemi-toolkit was used where it cannot be imported; says how to install it."""
+
+
 class MetricInputError(DaliAlchemiError, ValueError):
     """The inputs of a shuffle-quality metric do not fit together (an order, its batches, the values)."""
 

@@ -108,3 +108,35 @@ def test_to_cuda_keeps_values() -> None:
         Batch.from_packed(batch.to_packed(), device="cuda").neighbor_list.cpu().tolist() == batch.neighbor_list.tolist()
     )
     assert batch.pin_memory().positions.is_pinned()
+
+
+def test_assigning_a_field_infers_its_level_from_the_leading_dimension() -> None:
+    batch = Batch.from_samples(_two())  # 2 structures, 7 atoms, 5 edges
+    stress = torch.zeros(2, 3, 3)
+    batch.stress = stress
+    assert batch.levels["stress"] == "system" and batch.stress is stress and "stress" in batch
+    batch.charges = torch.ones(7)
+    batch.edge_weight = torch.ones(5, 1)
+    assert batch.levels["charges"] == "atom" and batch.levels["edge_weight"] == "edge"
+    assert batch[1]["stress"].shape == (1, 3, 3) and batch[1]["charges"].shape == (4,)
+    assert batch.to("cpu").stress is not None  # the new fields travel with the batch
+    batch.positions = batch.positions + 1  # replacing a field keeps its level
+    assert batch.levels["positions"] == "atom"
+    with pytest.raises(ValueError, match=r"leading dimension 3: it matches no level .*add_field\('x'"):
+        batch.x = torch.zeros(3)
+    with pytest.raises(TypeError, match="needs a tensor"):
+        batch.note = "text"
+    with pytest.raises(ValueError, match="'positions' at atom level needs 7 rows"):
+        batch.positions = torch.zeros(2, 3)
+
+
+def test_an_ambiguous_leading_dimension_is_refused_and_add_field_decides() -> None:
+    first = _two()[0]
+    first["neighbor_list"] = np.array([[0, 1], [1, 2], [2, 0]])
+    square = Batch.from_samples([first, first])  # 6 atoms and 6 edges: a 6-row tensor fits both levels
+    with pytest.raises(ValueError, match="matches atom and edge level"):
+        square.weights = torch.ones(6)
+    square.add_field("weights", torch.ones(6), "edge")
+    assert square.levels["weights"] == "edge"
+    with pytest.raises(ValueError, match="level must be"):
+        square.add_field("w", torch.ones(6), "graph")  # type: ignore[arg-type]

@@ -40,3 +40,11 @@ def test_to_nvalchemi(batch: Batch) -> None:
     for name in batch.fields:
         assert torch.equal(getattr(theirs, name), batch[name]), name
     assert torch.equal(theirs.batch_ptr, batch.batch_ptr) and torch.equal(theirs.batch_idx, batch.batch_idx)
+
+
+def test_to_nvalchemi_equals_nvalchemis_own_collation(batch: Batch) -> None:
+    nv = pytest.importorskip("nvalchemi.data", reason="nvalchemi-toolkit is not installed")
+    from tests.interop.nvalchemi_checks import assert_same_nvalchemi_batch
+
+    reference = nv.Batch.from_raw_dicts(batch.to_data_list(), device=batch.device, field_levels=dict(batch.levels))
+    assert_same_nvalchemi_batch(to_nvalchemi(batch), reference, key_order=True)

@@ -19,7 +19,8 @@ import torch
 
 from dali_alchemi.augment import apply_augmentations, check_augmentations
 from dali_alchemi.config import LoaderConfig
-from dali_alchemi.errors import ConfigError, DeviceError, LoaderClosedError, LoaderError
+from dali_alchemi.errors import ConfigError, DeviceError, LoaderClosedError, LoaderError, PlanError
+from dali_alchemi.interop.nvalchemi_batch import from_batch
 from dali_alchemi.interop.read_many import ReadManyAdapter, as_packed_reader
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.pipeline import lifetime
@@ -35,7 +36,6 @@ from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
     from dali_alchemi.augment import Augmentation
-    from dali_alchemi.batch import Batch
     from dali_alchemi.interop.read_many import ReadManyReader
     from dali_alchemi.plan import BlockShuffle, EpochPlan, Plan
     from dali_alchemi.store.location import StoreLike
@@ -55,6 +55,9 @@ full packed-read rate, while reading on a background thread of the training proc
 
 DEFAULT_BATCHES_PER_WINDOW = 16
 """Batches read with one call to the reader by default (nvalchemi's ``prefetch_factor``)."""
+
+BATCH_TYPES = ("native", "nvalchemi")
+"""What a DALIDataLoader can yield: this project's Batch, or nvalchemi's (``batch_type=``)."""
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -180,6 +183,11 @@ class DALIDataLoader:
     augmentations
         Per-structure transforms applied on ``device`` to every batch (see :mod:`dali_alchemi.augment`),
         seeded by ``(seed, epoch, batch index)`` so they are reproducible, also after a resume.
+    batch_type
+        What iteration yields: ``"native"`` (this project's :class:`~dali_alchemi.batch.Batch`, the
+        default) or ``"nvalchemi"`` (an ``nvalchemi.data.Batch`` over the same tensors, built without
+        a step per structure: :func:`~dali_alchemi.interop.nvalchemi_batch.from_batch`; needs
+        nvalchemi-toolkit). Augmentations and padding are applied before the conversion.
 
     Iteration resumes where the loader stands: ``(epoch, batch)`` advances as batches are yielded,
     and moves to the next epoch when one ends. :meth:`set_epoch` jumps to the start of an epoch;
@@ -225,7 +233,11 @@ class DALIDataLoader:
         layout: str = "window",
         augmentations: Sequence[Augmentation] = (),
         shared_cache: bool = False,
+        batch_type: str = "native",
     ) -> None:
+        if batch_type not in BATCH_TYPES:
+            raise ConfigError(f"batch_type must be one of {BATCH_TYPES}, got {batch_type!r}")
+        self.batch_type = batch_type
         self.augmentations = check_augmentations(augmentations)
         self.config = LoaderConfig(
             batches_per_window=batches_per_window, num_workers=num_workers, device=str(device),
@@ -315,6 +327,23 @@ class DALIDataLoader:
             raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
         self._epoch, self._batch = int(epoch), 0
 
+    def use_plan(self, plan: Plan, epoch: int = 0) -> None:
+        """Continue with ``plan`` from the start of its epoch ``epoch`` (a plan recorded from a sampler, say).
+
+        The pipeline's source carries the plan, so the pipeline is rebuilt at the next iteration
+        (cheap with ``num_workers=0``; with workers it restarts them).
+
+        Raises
+        ------
+        PlanError
+            If the plan was made for another number of structures than the reader has.
+        """
+        if plan.num_samples != len(self.reader):
+            raise PlanError(f"the plan is for {plan.num_samples} structures; the reader has {len(self.reader)}")
+        self.set_epoch(epoch)
+        self._discard_pipeline()
+        self.plan, self._epoch_plan = plan, None
+
     def state_dict(self) -> dict[str, Any]:
         """The position (epoch and batches already yielded in it) and the plan it belongs to, as plain data."""
         return {"epoch": self._epoch, "batch": self._batch, "plan": self.plan.to_dict()}
@@ -339,7 +368,7 @@ class DALIDataLoader:
         self._epoch, self._batch = epoch, batch
 
     # -- iteration ----------------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise LoaderClosedError("This DALIDataLoader is closed; build a new one")
         if self._batch >= len(self) and self._batch:
@@ -350,7 +379,7 @@ class DALIDataLoader:
         self._generation += 1
         return self._iterate(self._generation)
 
-    def _iterate(self, generation: int) -> Iterator[Batch]:
+    def _iterate(self, generation: int) -> Iterator[Any]:
         assert self._outputs is not None
         windows = self._windows = WindowIterator(self._pipe, self._outputs, self.specs, self.device)
         self._pipe_next = None  # mid-epoch until the epoch ends cleanly
@@ -369,7 +398,7 @@ class DALIDataLoader:
                     if self.pad_shape is not None:
                         batch = pad_batch(batch, **self.pad_shape.to_kwargs())
                     self._batch += 1
-                    yield batch
+                    yield from_batch(batch) if self.batch_type == "nvalchemi" else batch
         except LoaderError:
             if generation != self._generation:
                 raise  # superseded: the pipeline belongs to the newer iteration now

@@ -5,7 +5,8 @@ module per policy: ``base`` (the seam), ``order`` (permutations, sharding), ``fi
 (:class:`FixedBatchPlan`, ``batch_size`` structures per batch), ``budget`` (:class:`BudgetPlan`,
 batches bounded by atoms and edges), ``mixture`` (:class:`MixturePlan`, several datasets at set
 rates), ``block`` (:class:`BlockShufflePlan`, a chunk-aware shuffle with elastic resume), ``quality``
-(how well an order is shuffled, as numbers) and ``arguments`` (the loaders' plan arguments -> a plan).
+(how well an order is shuffled, as numbers), ``recorded`` (:class:`RecordedPlan`, an epoch drawn from a
+torch sampler) and ``arguments`` (the loaders' plan arguments -> a plan).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dali_alchemi.plan.fixed import FixedBatchPlan
 from dali_alchemi.plan.mixture import MixturePlan
 from dali_alchemi.plan.order import epoch_order, resolve_shard, shard
 from dali_alchemi.plan.quality import batch_ks, gap_quality, shuffle_quality
+from dali_alchemi.plan.recorded import RecordedPlan
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -38,6 +40,7 @@ __all__ = [
     "PadShape",
     "Plan",
     "PlanArguments",
+    "RecordedPlan",
     "StoreChunking",
     "Window",
     "batch_ks",

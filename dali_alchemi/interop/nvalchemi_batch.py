@@ -75,6 +75,7 @@ def build_batch(
         SegmentedLevelStorage,
         UniformLevelStorage,
     )
+    from tensordict import TensorDict
 
     if int(n_atoms.numel()) == 0:
         raise ValueError("Cannot create batch from empty data list")
@@ -90,23 +91,32 @@ def build_batch(
         keys[_KEY_OF_LEVEL[level]].add(name)
     schema = LevelSchema()
     groups: dict[str, Any] = {}
-    if grouped["atoms"]:
-        groups["atoms"] = SegmentedLevelStorage(
-            data=grouped["atoms"], device=device, segment_lengths=_lengths(n_atoms, device), validate=False,
-            attr_map=schema,
-        )  # fmt: skip
-    if grouped["edges"]:
-        groups["edges"] = SegmentedLevelStorage(
-            data=grouped["edges"], device=device, segment_lengths=_lengths(n_edges, device), validate=False,
-            attr_map=schema,
-        )  # fmt: skip
-    if grouped["system"]:
-        groups["system"] = UniformLevelStorage(data=grouped["system"], device=device, validate=False, attr_map=schema)
-    storage = MultiLevelStorage(groups=groups, attr_map=schema, validate=False)
+    for group, counts in (("atoms", n_atoms), ("edges", n_edges), ("system", None)):
+        data = grouped[group]
+        if not data:
+            continue
+        rows = next(iter(data.values())).shape[0]
+        # The tensors are already what the storage would make of them (same device, contiguous), so the
+        # TensorDict is built without re-checking each one: per batch that check cost more than the read.
+        td = TensorDict._new_unsafe(source=data, batch_size=torch.Size([rows]), device=device)
+        if counts is None:
+            groups[group] = UniformLevelStorage(data=td, device=device, validate=False, attr_map=schema)
+        else:
+            lengths = _lengths(counts, device)
+            groups[group] = SegmentedLevelStorage(
+                data=td, device=device, segment_lengths=lengths, validate=False, attr_map=schema
+            )
+    # Every group is on ``device`` already: set the groups on an empty storage rather than have the
+    # constructor move each group to the device it is on.
+    storage = MultiLevelStorage(attr_map=schema, validate=False)
+    storage.groups = groups
+    storage.device = device
     return NvBatch._construct(device=device, keys=keys, storage=storage, data_class=AtomicData)
 
 
 def _lengths(counts: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if counts.device == device and counts.dtype == torch.int32:
+        return counts
     return counts.to(device=device, dtype=torch.int32, non_blocking=True)
 
 

@@ -13,7 +13,8 @@ Reading takes one of two routes, decided when the loader is built:
   :class:`~dali_alchemi.pipeline.loader.DALIDataLoader` over the dataset's reader (its packed reads; a
   reader with only nvalchemi's ``read_many`` goes through a
   :class:`~dali_alchemi.interop.read_many.ReadManyAdapter`), reading ``prefetch_factor`` batches per
-  window on a background thread. Each batch becomes an ``nvalchemi.data.Batch`` on the dataset's device
+  window in the dataset's ``num_workers`` DALI worker processes (nvalchemi's prefetch threads become
+  processes; 0, or a reader that does not pickle, reads on one background thread). Each batch becomes an ``nvalchemi.data.Batch`` on the dataset's device
   by :func:`~dali_alchemi.interop.nvalchemi_batch.build_batch`. With ``skip_validation=False`` (the
   default) nvalchemi's per-sample ``AtomicData`` validation is done by
   :class:`~dali_alchemi.nvalchemi._atomic.AtomicDataRules` (representatives validated once, casts and
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import pickle
 from collections.abc import Iterator, Sequence
 from math import ceil
 from typing import TYPE_CHECKING, Any
@@ -41,7 +43,12 @@ import torch
 
 from dali_alchemi.interop.nvalchemi_batch import build_batch
 from dali_alchemi.interop.read_many import as_packed_reader
+from dali_alchemi.nvalchemi._epochs import EpochFolderPlan
 from dali_alchemi.plan.recorded import RecordedPlan
+from dali_alchemi.store.shared import make_shared_folder, remove_shared_folder
+
+DEFAULT_NUM_WORKERS = 2
+"""DALI worker processes for a dataset without ``num_workers`` (nvalchemi's default, and DALIDataLoader's)."""
 
 if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
@@ -66,7 +73,11 @@ class _Replay:
 
 
 class _PackedRoute:
-    """The fast route: a DALIDataLoader over the dataset's (or datasets') reader, one plan per epoch."""
+    """The fast route: one DALIDataLoader over the dataset's (or datasets') reader for every epoch.
+
+    Each epoch's batches are recorded into an :class:`~dali_alchemi.nvalchemi._epochs.EpochFolderPlan`
+    before the epoch starts, so the loader's pipeline and worker processes live across epochs.
+    """
 
     def __init__(self, dataset: Any, batches_per_window: int) -> None:
         from nvalchemi.data.datapipes import MultiDataset
@@ -76,6 +87,8 @@ class _PackedRoute:
 
         children = list(dataset.datasets) if isinstance(dataset, MultiDataset) else [dataset]
         devices = {str(child.target_device) for child in children}
+        if len(devices) > 1:
+            raise ValueError(f"The datasets of a MultiDataset must share one device, got {sorted(devices)}")
         self.device = children[0].target_device
         readers = [as_packed_reader(child.reader) for child in children]
         levels = [dict(getattr(child.reader, "field_levels", None) or {}) for child in children]
@@ -83,7 +96,6 @@ class _PackedRoute:
             AtomicDataRules(reader, level) for child, reader, level in zip(children, readers, levels, strict=True)
             if not child.skip_validation
         ]  # fmt: skip
-        self.validate = bool(self.rules)
         # One set of rules serves every batch, so the datasets must be validated alike.
         self.uniform = len({(tuple(r.order or ()), tuple(r.casts.items()), r.fills) for r in self.rules}) <= 1
         if len(children) == 1:
@@ -92,21 +104,30 @@ class _PackedRoute:
         else:
             shared = [name for name in readers[0].field_specs if all(name in r.field_specs for r in readers[1:])]
             self.reader = self._owned = MultiReader(readers, fields=shared)
-        if len(devices) > 1:
-            raise ValueError(f"The datasets of a MultiDataset must share one device, got {sorted(devices)}")
         self.batches_per_window = batches_per_window
+        # nvalchemi's Dataset(num_workers=) sizes its prefetch thread pool; here the prefetching workers
+        # are DALI's worker processes (0: one background thread), so the same number sizes them.
+        workers = int(getattr(dataset, "num_workers", DEFAULT_NUM_WORKERS))
+        self.num_workers = workers if workers > 0 and _pickles(self.reader) else 0
+        self._folder = make_shared_folder()
+        self.plan = EpochFolderPlan(self._folder, len(self.reader))
+        self._next_epoch = 0
         self._loader: DALIDataLoader | None = None
 
     def epoch(self, batches: list[list[int]]) -> Iterator[Any]:
         from dali_alchemi.pipeline.loader import DALIDataLoader
 
-        plan = RecordedPlan.from_batches(batches, num_samples=len(self.reader))
+        epoch = self._next_epoch
+        self._next_epoch += 1
+        recorded = RecordedPlan.from_batches(batches, num_samples=len(self.reader), epoch=epoch).epoch(epoch)
+        self.plan.record(recorded)
         if self._loader is None:
             self._loader = DALIDataLoader(
-                self.reader, plan=plan, num_workers=0, device=self.device, batches_per_window=self.batches_per_window
-            )
-        else:
-            self._loader.use_plan(plan)
+                self.reader, plan=self.plan, num_workers=self.num_workers, device=self.device,
+                batches_per_window=self.batches_per_window,
+            )  # fmt: skip
+        if (self._loader.epoch, self._loader.state_dict()["batch"]) != (epoch, 0):
+            self._loader.set_epoch(epoch)  # the last epoch was left part way: the pipeline restarts here
         rules = self.rules[0] if self.rules else None
         for batch in self._loader:
             yield self._to_nvalchemi(batch, rules)
@@ -125,6 +146,17 @@ class _PackedRoute:
             self._loader.close()
         if self._owned is not None:
             self._owned.close()
+        remove_shared_folder(self._folder)
+
+
+def _pickles(reader: PackedReader) -> bool:
+    """Whether ``reader`` can go to DALI's worker processes (else the loader reads on a thread)."""
+    try:
+        pickle.dumps(reader)
+    except Exception as err:  # any failure to pickle means: no workers
+        logger.info("the reader does not pickle (%s: %s); reading on a background thread", type(err).__name__, err)
+        return False
+    return True
 
 
 def packed_route_applies(dataset: Any) -> bool:

@@ -19,7 +19,7 @@ import torch
 
 from dali_alchemi.augment import apply_augmentations, check_augmentations
 from dali_alchemi.config import LoaderConfig
-from dali_alchemi.errors import ConfigError, DeviceError, LoaderClosedError, LoaderError, PlanError
+from dali_alchemi.errors import ConfigError, DeviceError, LoaderClosedError, LoaderError
 from dali_alchemi.interop.nvalchemi_batch import from_batch
 from dali_alchemi.interop.read_many import ReadManyAdapter, as_packed_reader
 from dali_alchemi.padding import pad_batch
@@ -326,23 +326,6 @@ class DALIDataLoader:
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
         self._epoch, self._batch = int(epoch), 0
-
-    def use_plan(self, plan: Plan, epoch: int = 0) -> None:
-        """Continue with ``plan`` from the start of its epoch ``epoch`` (a plan recorded from a sampler, say).
-
-        The pipeline's source carries the plan, so the pipeline is rebuilt at the next iteration
-        (cheap with ``num_workers=0``; with workers it restarts them).
-
-        Raises
-        ------
-        PlanError
-            If the plan was made for another number of structures than the reader has.
-        """
-        if plan.num_samples != len(self.reader):
-            raise PlanError(f"the plan is for {plan.num_samples} structures; the reader has {len(self.reader)}")
-        self.set_epoch(epoch)
-        self._discard_pipeline()
-        self.plan, self._epoch_plan = plan, None
 
     def state_dict(self) -> dict[str, Any]:
         """The position (epoch and batches already yielded in it) and the plan it belongs to, as plain data."""

@@ -22,6 +22,11 @@ nv = pytest.importorskip("nvalchemi.data.datapipes", reason="nvalchemi-toolkit i
 da = pytest.importorskip("dali_alchemi.nvalchemi")
 
 
+WORKERS = 0
+"""DALI worker processes of our datasets: none (a background thread), since starting workers costs seconds per
+loader; test_dali_workers_deliver_the_same_batches runs with them."""
+
+
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     root = tmp_path_factory.mktemp("nvloader")
@@ -48,7 +53,7 @@ def _pair(
     theirs = list(nv.DataLoader(nv.Dataset(nv.AtomicDataZarrReader(store), **options), **loader))
     if seed is not None:
         torch.manual_seed(seed)
-    ours = list(da.DataLoader(da.Dataset(store, **options), **loader))
+    ours = list(da.DataLoader(da.Dataset(store, **{"num_workers": WORKERS, **options}), **loader))
     return ours, theirs
 
 
@@ -63,6 +68,17 @@ def test_plain_batches_equal_nvalchemis(stores: tuple[str, str], prefetch_factor
     ours, theirs = _pair(stores[0], batch_size=5, prefetch_factor=prefetch_factor)
     assert len(ours) == 8  # ceil(37 / 5): the short last batch is kept
     _assert_same(ours, theirs)
+
+
+def test_dali_workers_deliver_the_same_batches(stores: tuple[str, str]) -> None:
+    torch.manual_seed(2)
+    theirs = list(
+        nv.DataLoader(nv.Dataset(nv.AtomicDataZarrReader(stores[0]), device="cpu"), batch_size=5, shuffle=True)
+    )
+    torch.manual_seed(2)
+    loader = da.DataLoader(da.Dataset(stores[0], device="cpu", num_workers=2), batch_size=5, shuffle=True)
+    _assert_same(list(loader), theirs)
+    loader.close()
 
 
 def test_skip_validation_gives_nvalchemis_raw_batches(stores: tuple[str, str]) -> None:
@@ -101,7 +117,7 @@ def test_shuffled_with_the_global_seed_and_with_a_seeded_generator(stores: tuple
         return list(make(dataset, batch_size=4, sampler=sampler))
 
     _assert_same(
-        loaders(da.DataLoader, da.Dataset(stores[0], device="cpu")),
+        loaders(da.DataLoader, da.Dataset(stores[0], device="cpu", num_workers=WORKERS)),
         loaders(nv.DataLoader, nv.Dataset(nv.AtomicDataZarrReader(stores[0]), device="cpu")),
     )
 
@@ -120,7 +136,7 @@ def test_a_sampler_and_a_batch_sampler_decide_the_batches(stores: tuple[str, str
 def test_drop_last_and_len(stores: tuple[str, str]) -> None:
     ours, theirs = _pair(stores[0], batch_size=5, drop_last=True)
     _assert_same(ours, theirs)
-    loader = da.DataLoader(da.Dataset(stores[0], device="cpu"), batch_size=5, drop_last=True)
+    loader = da.DataLoader(da.Dataset(stores[0], device="cpu", num_workers=WORKERS), batch_size=5, drop_last=True)
     assert len(loader) == 7 == len(ours) and all(b.num_graphs == 5 for b in ours)
 
 
@@ -136,7 +152,9 @@ def test_batch_transforms_run_on_every_batch(stores: tuple[str, str]) -> None:
     def broken(batch):  # type: ignore[no-untyped-def]
         raise KeyError("no such thing")
 
-    loader = da.DataLoader(da.Dataset(stores[0], device="cpu"), batch_size=6, batch_transforms=[broken])
+    loader = da.DataLoader(
+        da.Dataset(stores[0], device="cpu", num_workers=WORKERS), batch_size=6, batch_transforms=[broken]
+    )
     with pytest.raises(RuntimeError) as caught:
         next(iter(loader))
     assert isinstance(caught.value.__cause__, KeyError)
@@ -147,7 +165,8 @@ def test_per_sample_transforms_run_as_in_nvalchemi(stores: tuple[str, str]) -> N
         data.positions = data.positions + float(metadata["index"])
         return data, metadata
 
-    ours, theirs = _pair(stores[0], dataset={"transforms": [shift]}, batch_size=7)
+    # nvalchemi's own route prefetches on the dataset's thread pool, which needs a worker
+    ours, theirs = _pair(stores[0], dataset={"transforms": [shift], "num_workers": 1}, batch_size=7)
     _assert_same(ours, theirs)
     loader = da.DataLoader(da.Dataset(stores[0], device="cpu", transforms=[shift]), batch_size=7)
     assert loader.route == "nvalchemi"
@@ -160,7 +179,7 @@ def test_two_ranks_through_distributed_sampler(stores: tuple[str, str]) -> None:
     for rank in (0, 1):
         per_loader = []
         for make, dataset in (
-            (da.DataLoader, da.Dataset(stores[0], device="cpu")),
+            (da.DataLoader, da.Dataset(stores[0], device="cpu", num_workers=WORKERS)),
             (nv.DataLoader, nv.Dataset(nv.AtomicDataZarrReader(stores[0]), device="cpu")),
         ):
             sampler = DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=True, seed=4)
@@ -178,8 +197,8 @@ def test_two_ranks_through_distributed_sampler(stores: tuple[str, str]) -> None:
     assert not all(torch.equal(a, b) for a, b in zip(first, [b.positions for b in seen[0][1]], strict=True))
 
 
-def _multi(make_dataset: Callable[[str], Any], stores: tuple[str, str]) -> Any:
-    return nv.MultiDataset(*(make_dataset(store) for store in stores))
+def _multi(make_dataset: Callable[[str], Any], stores: tuple[str, str], **options: Any) -> Any:
+    return nv.MultiDataset(*(make_dataset(store) for store in stores), **options)
 
 
 def test_multidataset_with_its_samplers(stores: tuple[str, str]) -> None:
@@ -187,7 +206,7 @@ def test_multidataset_with_its_samplers(stores: tuple[str, str]) -> None:
         return nv.Dataset(nv.AtomicDataZarrReader(store), device="cpu")
 
     def ours_ds(store: str) -> Any:
-        return da.Dataset(store, device="cpu")
+        return da.Dataset(store, device="cpu", num_workers=WORKERS)
 
     def batches(make: Callable[..., Any], dataset: Any, how: str) -> list[Any]:
         if how == "plain":
@@ -199,7 +218,7 @@ def test_multidataset_with_its_samplers(stores: tuple[str, str]) -> None:
         return list(make(dataset, batch_sampler=sampler))
 
     for how in ("plain", "sampler", "batch_sampler"):
-        ours_multi = _multi(ours_ds, stores)
+        ours_multi = _multi(ours_ds, stores, num_workers=WORKERS)
         loader = da.DataLoader(ours_multi, batch_size=2)
         assert loader.route == "packed"
         # A batch mixing datasets is made by nvalchemi with append and index_select, which reorder the keys.
@@ -222,7 +241,7 @@ def test_in_memory_dataset_is_handed_to_nvalchemis_path(stores: tuple[str, str])
 
 
 def test_arguments_attributes_and_errors_are_nvalchemis(stores: tuple[str, str]) -> None:
-    dataset = da.Dataset(stores[0], device="cpu")
+    dataset = da.Dataset(stores[0], device="cpu", num_workers=WORKERS)
     loader = da.DataLoader(dataset)
     reference = nv.DataLoader(dataset)
     for name in ("batch_size", "shuffle", "drop_last", "prefetch_factor", "num_streams", "use_streams", "pin_memory"):
@@ -243,7 +262,7 @@ def test_arguments_attributes_and_errors_are_nvalchemis(stores: tuple[str, str])
 
 
 def test_set_epoch_step_skips_batches_once(stores: tuple[str, str]) -> None:
-    dataset = da.Dataset(stores[0], device="cpu")
+    dataset = da.Dataset(stores[0], device="cpu", num_workers=WORKERS)
     loader = da.DataLoader(dataset, batch_size=5)
     full = list(loader)
     loader.set_epoch_step(6)
@@ -278,7 +297,7 @@ def test_a_training_step_through_nvalchemis_neighbor_list_hook(
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
     hook = NeighborListHook(NeighborConfig(cutoff=0.6))
     losses = []
-    for batch in da.DataLoader(da.Dataset(stores[1], device="cpu"), batch_size=8, shuffle=True):
+    for batch in da.DataLoader(da.Dataset(stores[1], device="cpu", num_workers=WORKERS), batch_size=8, shuffle=True):
         hook(HookContext(batch=batch), None)  # replaces the edges group with its own neighbor list
         sender, receiver = batch.neighbor_list[:, 0].long(), batch.neighbor_list[:, 1].long()
         cell = batch.cell[batch.batch_idx.long()[sender]]

@@ -30,7 +30,7 @@ DECODE_CACHE_BYTES = 64 << 20
 ORDERS: dict[str, bool | str] = {"shuffle": True, "block": "block", "sequential": False}
 """The benchmark's orders and the ``shuffle=`` each loader gets for it."""
 
-NO_BLOCK_ORDER = ("nvalchemi", "nvalchemi-reader", "pyg-dynamic")
+NO_BLOCK_ORDER = ("nvalchemi", "dropin", "pyg-dynamic")
 """Loaders (name prefixes) with no block order of their own."""
 
 Shuffle = bool | str
@@ -166,8 +166,13 @@ def _nvalchemi_store(store: str) -> Any:
     return store
 
 
-def _nvalchemi(store: str, shuffle: bool, s: LoaderSettings, *, dropin: bool = False) -> Runnable:
-    """nvalchemi's DataLoader over its own reader, or (``dropin``) over :class:`NvalchemiDropInReader`."""
+def _nvalchemi(
+    store: str, shuffle: bool, s: LoaderSettings, *, dropin: bool = False, skip_validation: bool = True
+) -> Runnable:
+    """nvalchemi's DataLoader over its own reader, or (``dropin``) over :class:`NvalchemiDropInReader`.
+
+    ``skip_validation=False`` is nvalchemi's default Dataset (one validated ``AtomicData`` per structure).
+    """
     from nvalchemi.data.datapipes import DataLoader, Dataset
 
     if dropin:
@@ -179,7 +184,7 @@ def _nvalchemi(store: str, shuffle: bool, s: LoaderSettings, *, dropin: bool = F
         from nvalchemi.data.datapipes import AtomicDataZarrReader as NvReader
 
         reader = NvReader(_nvalchemi_store(store))
-    dataset = Dataset(reader, device=s.device, skip_validation=True)
+    dataset = Dataset(reader, device=s.device, skip_validation=skip_validation)
     loader = DataLoader(
         dataset, batch_size=s.batch_size, shuffle=shuffle, prefetch_factor=s.batches_per_window,
         pin_memory=s.device.type == "cuda", use_streams=s.device.type == "cuda",
@@ -190,6 +195,33 @@ def _nvalchemi(store: str, shuffle: bool, s: LoaderSettings, *, dropin: bool = F
         loader.set_epoch(epoch)
 
     return _BatchLoader(loader, set_epoch, s.device, reader.close)
+
+
+def _dropin_module(store: str, shuffle: bool, s: LoaderSettings) -> Runnable:
+    """:mod:`dali_alchemi.nvalchemi` with its defaults (validation on), set up as the nvalchemi loaders are."""
+    from dali_alchemi.nvalchemi import DataLoader, Dataset
+
+    options: dict[str, Any] = {} if s.cache_bytes is None else {"cache_bytes": s.cache_bytes}
+    if options:
+        from dali_alchemi.nvalchemi import AtomicDataZarrReader
+
+        dataset = Dataset(AtomicDataZarrReader(store, **options), device=s.device)
+    else:
+        dataset = Dataset(store, device=s.device)
+    loader = DataLoader(
+        dataset, batch_size=s.batch_size, shuffle=shuffle, prefetch_factor=s.batches_per_window,
+        pin_memory=s.device.type == "cuda",
+    )  # fmt: skip
+
+    def set_epoch(epoch: int) -> None:
+        torch.manual_seed(s.seed + epoch)  # its RandomSampler draws from torch's global generator, as nvalchemi's
+        loader.set_epoch(epoch)
+
+    def close() -> None:
+        loader.close()
+        dataset.reader.close()
+
+    return _BatchLoader(loader, set_epoch, s.device, close)
 
 
 class _ReadManyOnly:
@@ -355,7 +387,11 @@ def _no_block(name: str, shuffle: Shuffle) -> bool:
 def open_loader(name: str, store: str, shuffle: Shuffle, settings: LoaderSettings) -> Runnable:
     """Open loader ``name`` (see :data:`LOADER_HELP`); raises :class:`ConfigError` for an unknown name."""
     if name == "nvalchemi":
+        return _nvalchemi(store, _no_block(name, shuffle), settings, skip_validation=False)
+    if name == "nvalchemi-fast":
         return _nvalchemi(store, _no_block(name, shuffle), settings)
+    if name == "dropin":
+        return _dropin_module(store, _no_block(name, shuffle), settings)
     if name == "nvalchemi-reader":
         return _NvalchemiReads(store, shuffle, settings)
     if name == "nvalchemi-dropin":
@@ -399,7 +435,7 @@ def open_loader(name: str, store: str, shuffle: Shuffle, settings: LoaderSetting
 def validate_names(names: list[str]) -> None:
     """Raise :class:`ConfigError` (a ``ValueError``) naming the first unknown loader."""
     for name in names:
-        if name not in ("nvalchemi", "nvalchemi-dropin", *LIMITS) and not (
+        if name not in ("nvalchemi", "nvalchemi-fast", "nvalchemi-dropin", "dropin", *LIMITS) and not (
             _PATTERN.match(name) or _READ_MANY_PATTERN.match(name)
         ):
             raise ConfigError(f"Unknown loader {name!r}; choose from: {LOADER_HELP}")

@@ -169,11 +169,11 @@ class BenchRun:
 def measure(name: str, order: str, store: str, config: BenchConfig, device: torch.device) -> Measurement:
     """Run one loader for ``config.epochs`` epochs over ``store`` and time it."""
     result = Measurement(loader=name, order=order)
-    if name.startswith("nvalchemi") and not nvalchemi_available():
+    if name.startswith(("nvalchemi", "dropin")) and not nvalchemi_available():
         result.note = "not installed"
         return result
     budget = config.max_atoms is not None or config.max_edges is not None
-    if name in ("nvalchemi", "nvalchemi-dropin") and budget:
+    if name in ("nvalchemi", "nvalchemi-fast", "nvalchemi-dropin", "dropin") and budget:
         result.note = "no atom budget"
         return result
     if order == "block" and name.startswith(NO_BLOCK_ORDER):

@@ -161,6 +161,20 @@ def test_read_many_loaders_deliver_what_the_native_loader_does(small_store: Path
             every_atom,
             10,
         )
+def test_the_nvalchemi_loaders_deliver_every_structure(small_store: Path) -> None:
+    validate_names(["nvalchemi", "nvalchemi-fast", "dropin"])
+    config = BenchConfig(loaders=("nvalchemi-fast", "dropin"), orders=("shuffle",), rounds=1, epochs=1, batch_size=32)
+    every_atom = measure("packed", "shuffle", str(small_store), config, torch.device("cpu")).unit_atoms
+    for name in config.loaders:
+        got = measure(name, "shuffle", str(small_store), config, torch.device("cpu"))
+        assert got.note == "not installed" or (got.unit_atoms, got.units) == (every_atom, 10), name
+    budget = BenchConfig(loaders=("dropin",), orders=("shuffle",), rounds=1, epochs=1, max_atoms=500)
+    assert measure("dropin", "shuffle", str(small_store), budget, torch.device("cpu")).note in (
+        "no atom budget",
+        "not installed",
+    )
+
+
 def test_max_batches_measures_the_first_batches_of_each_epoch(small_store: Path) -> None:
     config = BenchConfig(loaders=("dali-w0", "packed"), rounds=1, epochs=2, batch_size=8, max_batches=5,
                          batches_per_window=2)  # fmt: skip

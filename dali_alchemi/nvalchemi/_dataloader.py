@@ -139,7 +139,8 @@ class _PackedRoute:
             order = rules.order
         n_atoms = torch.from_numpy(np.asarray(batch.num_nodes_list, dtype=np.int32))
         n_edges = torch.from_numpy(np.asarray(batch.num_edges_list, dtype=np.int32))
-        return build_batch(batch.fields, batch.levels, n_atoms, n_edges, device=batch.device, order=order)
+        # The dataset's device as nvalchemi names it (``cuda``, not ``cuda:0``): nvalchemi's batches carry that.
+        return build_batch(batch.fields, batch.levels, n_atoms, n_edges, device=self.device, order=order)
 
     def close(self) -> None:
         if self._loader is not None:

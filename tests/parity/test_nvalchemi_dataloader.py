@@ -312,3 +312,16 @@ def test_a_training_step_through_nvalchemis_neighbor_list_hook(
         assert batch.edge_ptr.shape == (batch.num_nodes + 1,) and int(batch.edge_ptr[-1]) == batch.num_edges
         losses.append(float(loss))
     assert len(losses) == 3 and all(np.isfinite(losses))
+
+
+@pytest.mark.gpu
+def test_batches_on_cuda_with_pinned_reads_equal_nvalchemis(stores: tuple[str, str]) -> None:
+    torch.manual_seed(6)
+    dataset = nv.Dataset(nv.AtomicDataZarrReader(stores[0]), device="cuda")
+    theirs = list(nv.DataLoader(dataset, batch_size=6, shuffle=True, pin_memory=True))
+    torch.manual_seed(6)
+    loader = da.DataLoader(da.Dataset(stores[0], device="cuda"), batch_size=6, shuffle=True, pin_memory=True)
+    ours = list(loader)
+    assert ours[0].device.type == "cuda" and ours[0].positions.is_cuda
+    _assert_same(ours, theirs)
+    loader.close()

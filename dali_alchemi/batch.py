@@ -371,7 +371,7 @@ class Batch:
             )
         self.add_field(name, value, matches[0])
 
-    def _level_rows(self) -> dict[str, int]:
+    def _level_rows(self) -> dict[Level, int]:
         return {"atom": self.num_nodes, "edge": self.num_edges, "system": self.num_graphs}
 
     def add_field(self, name: str, tensor: torch.Tensor, level: Level) -> None:

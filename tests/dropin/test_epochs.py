@@ -12,7 +12,7 @@ from dali_alchemi.errors import PlanError
 from dali_alchemi.plan import EpochPlan, Plan
 
 pytest.importorskip("nvalchemi.data.datapipes", reason="nvalchemi-toolkit is not installed")
-from dali_alchemi.nvalchemi._epochs import EpochFolderPlan  # noqa: E402
+from dali_alchemi.nvalchemi._epochs import EpochFolderPlan
 
 
 def test_recorded_epochs_are_read_back_by_a_copy_and_old_ones_dropped(tmp_path: Path) -> None:

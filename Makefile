@@ -6,8 +6,10 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 BENCH_ARGS ?=
+# Tests run in one pytest worker per core (pytest-xdist), each test file whole in one worker.
+TEST_ARGS ?= -n auto --dist loadfile
 
-.PHONY: install test demo lint bench gpu-check parity clean
+.PHONY: install test stress test-under-load demo lint bench gpu-check parity clean
 
 install: $(STAMP)
 
@@ -19,7 +21,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(TEST_ARGS)
+
+# The long randomised runs that `make test` leaves out: 100 random Ctrl-Cs, random kills, deep fuzzing.
+stress: install
+	$(BIN)/python -m pytest -m stress $(TEST_ARGS)
+
+# `make test` RUNS times (default 3) while BUSY processes (default: one per core) keep every core busy.
+test-under-load: install
+	bash scripts/test-under-load.sh
 
 demo: install
 	$(BIN)/dali-alchemi bench --rounds 1 --json bench-results/demo.json --plot bench-results/demo.png $(BENCH_ARGS)

@@ -10,12 +10,14 @@ each chunk was fetched. It serves GET and HEAD, byte ranges (``Range: bytes=a-b`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from functools import partial
 from http import HTTPStatus
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -36,7 +38,8 @@ class _Handler(SimpleHTTPRequestHandler):
         """Wait the injected latency; True when this request was chosen to fail."""
         self.server.count(self.command, self.path)
         if self.server.latency_s:
-            time.sleep(self.server.latency_s)
+            with self.server.in_flight():
+                time.sleep(self.server.latency_s)
         if self.server.should_fail():
             self.send_error(HTTPStatus.SERVICE_UNAVAILABLE, "injected failure")
             return True
@@ -92,10 +95,24 @@ class _Server(ThreadingHTTPServer):
         self._lock = threading.Lock()
         self.requests: Counter[tuple[str, str]] = Counter()
         self.failures = 0
+        self.waiting = 0
+        self.peak_waiting = 0
 
     def count(self, method: str, path: str) -> None:
         with self._lock:
             self.requests[(method, path.split("?")[0])] += 1
+
+    @contextlib.contextmanager
+    def in_flight(self) -> Iterator[None]:
+        """Counts a request as waiting out its latency, and keeps the most that waited at once."""
+        with self._lock:
+            self.waiting += 1
+            self.peak_waiting = max(self.peak_waiting, self.waiting)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.waiting -= 1
 
     def should_fail(self) -> bool:
         if not self.failure_rate:
@@ -144,9 +161,19 @@ class StoreServer:
         """Requests answered with an injected 503 so far."""
         return self._server.failures
 
+    @property
+    def peak_concurrency(self) -> int:
+        """The most requests that were waiting out their latency at the same moment (0 without latency).
+
+        Above 1 means the client overlapped its requests; a client that fetches one at a time keeps it at 1
+        however fast or slow the machine is.
+        """
+        return self._server.peak_waiting
+
     def reset_counts(self) -> None:
         self._server.requests.clear()
         self._server.failures = 0
+        self._server.peak_waiting = 0
 
     def start(self) -> StoreServer:
         self._thread.start()

@@ -72,13 +72,15 @@ class TreeMemorySampler:
     """Samples this process tree's PSS on a thread while a block runs; keeps the start and the peak.
 
     ``start_bytes`` is the tree when the block begins, ``peak_bytes`` the largest sample (the start and
-    the end included), ``peak_processes`` the most processes seen in one sample.
+    the end included), ``peak_processes`` the most processes seen in one sample, and ``samples`` how many
+    samples were taken (a run shorter than ``interval`` has only its start and end).
     """
 
     def __init__(self, interval: float = SAMPLE_INTERVAL_S) -> None:
         self.interval = interval
         self.start_bytes, self.peak_processes = tree_pss()
         self.peak_bytes = self.start_bytes
+        self.samples = 1
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dali-alchemi-memory", daemon=True)
 
@@ -86,6 +88,7 @@ class TreeMemorySampler:
         size, count = tree_pss()
         self.peak_bytes = max(self.peak_bytes, size)
         self.peak_processes = max(self.peak_processes, count)
+        self.samples += 1
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import time
 
 import numpy as np
 import pytest
 
 from dali_alchemi.bench.memory import MB, TreeMemorySampler, children, process_pss, tree_pss
+from tests.processes import HANG_S, wait_until
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc")
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), r
 def _hold(nbytes: int, ready: object, done: object) -> None:
     data = np.ones(nbytes, dtype=np.uint8)  # written: private pages of the child
     ready.set()  # type: ignore[attr-defined]
-    done.wait(20)  # type: ignore[attr-defined]
+    done.wait(HANG_S)  # type: ignore[attr-defined]
     del data
 
 
@@ -25,7 +25,7 @@ def _touch_shared(ready: object, done: object) -> None:
     total = int(_SHARED.sum())  # read only: the parent's pages stay shared (copy on write)
     assert total > 0
     ready.set()  # type: ignore[attr-defined]
-    done.wait(20)  # type: ignore[attr-defined]
+    done.wait(HANG_S)  # type: ignore[attr-defined]
 
 
 _SHARED = np.zeros(0, dtype=np.uint8)
@@ -41,7 +41,7 @@ def test_a_childs_private_memory_is_counted_and_shared_pages_once() -> None:
     child = ctx.Process(target=_hold, args=(64 * MB, ready, done))
     child.start()
     try:
-        assert ready.wait(20)
+        assert ready.wait(HANG_S)
         assert child.pid in children(os.getpid())
         with_child, count = tree_pss()
         assert count >= processes + 1
@@ -56,7 +56,7 @@ def test_a_childs_private_memory_is_counted_and_shared_pages_once() -> None:
     reader = ctx.Process(target=_touch_shared, args=(ready, done))
     reader.start()
     try:
-        assert ready.wait(20)
+        assert ready.wait(HANG_S)
         shared, _ = tree_pss()
         rss_sum = sum(_rss(pid) for pid in (os.getpid(), reader.pid))
         assert shared - own < 40 * MB  # the 128 MB are split between the two, not counted twice
@@ -78,7 +78,9 @@ def _rss(pid: int | None) -> int:
 def test_the_sampler_keeps_the_start_and_the_peak() -> None:
     with TreeMemorySampler(interval=0.01) as memory:
         block = np.ones(48 * MB, dtype=np.uint8)
-        time.sleep(0.05)
-        del block
+        held_from = memory.samples
+        assert wait_until(lambda: memory.samples >= held_from + 2), "the sampler thread took no sample"
+        del block  # at least one whole sample saw it
     assert memory.start_mb > 0 and memory.peak_processes >= 1
     assert memory.peak_mb - memory.start_mb > 40
+    assert memory.samples >= held_from + 3  # and the last one, at the end

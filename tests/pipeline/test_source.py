@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pickle
 import threading
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -24,6 +23,7 @@ from dali_alchemi.pipeline.source import (
     output_specs,
     source_error,
 )
+from tests.processes import HANG_S
 
 
 def _source(reader: AtomicDataZarrReader, **options: object) -> WindowSource:
@@ -95,13 +95,14 @@ class _SlowWindows:
     """Stands in for a WindowSource whose reads wait until released (a stalled disk or network)."""
 
     def __init__(self) -> None:
-        self.release = threading.Event()
+        self.reading, self.release = threading.Event(), threading.Event()
 
     def num_windows(self, epoch_idx: int) -> int:
         return 10
 
     def read_window(self, epoch_idx: int, iteration: int) -> tuple[list[np.ndarray], ...]:
-        self.release.wait(30)
+        self.reading.set()
+        self.release.wait(HANG_S)
         return ([np.full(1, iteration)],)
 
 
@@ -112,10 +113,9 @@ def test_closing_the_read_ahead_does_not_wait_for_a_stalled_read() -> None:
     results: list[object] = []
     caller = threading.Thread(target=lambda: results.append(source(SimpleNamespace(epoch_idx=0, iteration=0))))
     caller.start()
-    time.sleep(0.2)  # window 0 is being read, windows 1 and 2 wait behind it
-    started = time.monotonic()
+    assert windows.reading.wait(HANG_S), "window 0 was never read"
     source.close(timeout=0.2)
-    assert time.monotonic() - started < 1.5
+    assert caller.is_alive() and not windows.release.is_set()  # close() returned while the read still stalls
     windows.release.set()
     caller.join(5)
     assert [r[0][0].tolist() for r in results] == [[0]]  # type: ignore[index]  # the read in progress still ends

@@ -206,16 +206,26 @@ def test_a_writer_killed_at_every_phase_leaves_old_or_new(op: str, tmp_path: Pat
         assert scenario.check_after_recovery(trial) == recovered, (op, phase)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.stress
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("op", ["append", "delete", "add_custom_replace", "defragment"])
 def test_a_writer_killed_at_random_moments_leaves_old_or_new(op: str, tmp_path: Path) -> None:
+    """Kills at random moments, aimed by what the last kill interrupted, until 16 kills have landed and at
+    least two phases were interrupted: however busy the machine, kills then fall inside the operation."""
     scenario = Scenario(tmp_path, op)
     rng = random.Random(op)
-    interrupted = Counter()
-    for k in range(16):
+    interrupted: Counter[str] = Counter()
+    aim = scenario.duration
+    for k in range(64):
+        if k >= 16 and len(interrupted) >= 2:
+            break
         trial = scenario.fresh(f"random-{k}")
-        reached = _run_child(trial, op, kill_after=rng.uniform(0, scenario.duration * 1.1))
+        reached = _run_child(trial, op, kill_after=rng.uniform(0, aim * 1.1))
         interrupted[reached[-1] if reached else "start"] += 1
+        if not reached:  # killed before the first phase: aim later next time
+            aim *= 1.3
+        elif reached[-1] == "done":  # finished first: aim earlier
+            aim /= 1.3
         scenario.check(trial, f"killed after {reached}")
         scenario.check_after_recovery(trial)
     assert len(interrupted) >= 2, f"{op}: random kills only interrupted {dict(interrupted)}"

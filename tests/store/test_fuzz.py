@@ -123,16 +123,11 @@ def _mutate(path: Path, kind: str, data: st.DataObject) -> None:
         chunk.write_bytes(bytes(raw))
 
 
-# Random draws: every chunk of the store carries a crc32c checksum, so a chunk cut short, emptied or
-# flipped fails to decode instead of decoding to garbage (a truncated meta chunk once decoded through
-# blosc "successfully"); a fresh draw each run finds what a fixed one would miss.
-@settings(
-    max_examples=120,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
-@given(kind=st.sampled_from(["pointer", "mask", "attributes", "chunk"]), data=st.data())
-def test_mutated_stores_read_correctly_or_fail_cleanly(pristine: Path, kind: str, data: st.DataObject) -> None:
+MUTATIONS = st.sampled_from(["pointer", "mask", "attributes", "chunk"])
+FUZZ = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]}
+
+
+def _read_correctly_or_fail_cleanly(pristine: Path, kind: str, data: st.DataObject) -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "store.zarr"
         shutil.copytree(pristine, path)
@@ -149,6 +144,24 @@ def test_mutated_stores_read_correctly_or_fail_cleanly(pristine: Path, kind: str
             assert np.array_equal(packed.fields[name], values), (kind, name)
         if single is not None and "positions" in expected:  # a field of an unknown level is left out
             assert np.array_equal(single["positions"].numpy(), expected["positions"][-single["positions"].shape[0] :])
+
+
+# Random draws: every chunk of the store carries a crc32c checksum, so a chunk cut short, emptied or
+# flipped fails to decode instead of decoding to garbage (a truncated meta chunk once decoded through
+# blosc "successfully"); a fresh draw each run finds what a fixed one would miss. `make test` draws a
+# few dozen, `make stress` a couple of thousand.
+@settings(max_examples=40, **FUZZ)
+@given(kind=MUTATIONS, data=st.data())
+def test_mutated_stores_read_correctly_or_fail_cleanly(pristine: Path, kind: str, data: st.DataObject) -> None:
+    _read_correctly_or_fail_cleanly(pristine, kind, data)
+
+
+@pytest.mark.stress
+@pytest.mark.timeout(1800)
+@settings(max_examples=2000, **FUZZ)
+@given(kind=MUTATIONS, data=st.data())
+def test_many_mutated_stores_read_correctly_or_fail_cleanly(pristine: Path, kind: str, data: st.DataObject) -> None:
+    _read_correctly_or_fail_cleanly(pristine, kind, data)
 
 
 def test_a_store_claiming_a_trillion_atoms_fails_before_allocating(pristine: Path, tmp_path: Path) -> None:

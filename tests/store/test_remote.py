@@ -54,11 +54,10 @@ def test_a_shuffled_epoch_fetches_each_chunk_once_and_overlaps_requests(
         loader = DALIDataLoader(server.url + "s.zarr", batch_size=32, batches_per_window=4, num_workers=workers,
                                 start_method="fork", device="cpu", shared_cache=shared)  # fmt: skip
         server.reset_counts()
-        started = time.perf_counter()
         delivered = [b.sample_indices for b in loader]
-        elapsed = time.perf_counter() - started
         loader.close()
         gets = _chunk_gets(server)
+        overlapped = server.peak_concurrency
     assert np.array_equal(np.sort(np.concatenate(delivered)), np.arange(N))
     windows = loader.plan.epoch(0).num_windows(4)
     # each reading process's cache fetches a chunk once per epoch; workers sharing decoded chunks (a
@@ -66,11 +65,10 @@ def test_a_shuffled_epoch_fetches_each_chunk_once_and_overlaps_requests(
     assert max(gets.values()) == (1 if shared or not workers else max(gets.values())) <= max(1, workers) <= windows
     assert len(gets) <= chunks and sum(gets.values()) <= chunks * (1 if shared else max(1, workers))
     requests = sum(server.requests.values())
-    # overlapped: well under the serial time (with sharing, a worker also waits for chunks another claimed)
-    bound = (1.0 if shared else 0.5) * requests * LATENCY
-    assert elapsed < bound, f"{requests} requests took {elapsed:.2f}s: fetches did not overlap"
+    # overlapped: the server had several requests waiting at once (a serial client never has two)
+    assert overlapped > 1, f"{requests} requests, never more than one at a time: fetches did not overlap"
     print(f"workers={workers}: {requests} requests ({sum(gets.values())} chunk GETs for {chunks} chunks, "
-          f"{windows} windows) in {elapsed:.2f}s; serial would be {requests * LATENCY:.2f}s")  # fmt: skip
+          f"{windows} windows), up to {overlapped} at once")  # fmt: skip
 
 
 @pytest.fixture(scope="module")

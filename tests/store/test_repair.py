@@ -300,7 +300,8 @@ def test_sharded_int32_store_with_deleted_samples(tmp_path: Path) -> None:
     assert zarr.open_array(path / "core" / "neighbor_list").shards == (64, 2)
 
 
-@pytest.mark.slow
+@pytest.mark.stress
+@pytest.mark.timeout(1800)
 def test_a_repair_killed_at_random_moments_leaves_old_or_new(nv_fixture: Path, tmp_path: Path) -> None:
     import random
     import time

@@ -42,6 +42,7 @@ from dali_alchemi.interop.assemble import (
 )
 from dali_alchemi.store.journal import CREATE_PREFIX, sibling
 from dali_alchemi.store.location import resolve_store
+from dali_alchemi.store.lock import WriterLock
 from dali_alchemi.store.writer import AtomicDataZarrWriter
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 
     from dali_alchemi.batch import Batch
     from dali_alchemi.config import WriteConfig
-    from dali_alchemi.store.location import StoreLike
+    from dali_alchemi.store.location import StoreLike, StoreLocation
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +137,22 @@ def write_atoms(
         if np.dtype(dtype) not in (np.float32, np.float64):
             raise ValueError(f"{name} must be float32 or float64, got {np.dtype(dtype)}")
     location = resolve_store(store, read_only=False, must_exist=False)
+    local = location.local_root
+    if local is None:
+        return _convert(structures, store, location, cutoff, float_dtype, system_float_dtype, missing, tolerance,
+                        chunk, config, progress)  # fmt: skip
+    local.parent.mkdir(parents=True, exist_ok=True)
+    with WriterLock(location, "convert"):  # its spool and build beside the path are its own until it ends
+        return _convert(structures, store, location, cutoff, float_dtype, system_float_dtype, missing, tolerance,
+                        chunk, config, progress)  # fmt: skip
+
+
+def _convert(
+    structures: Iterable[Atoms], store: StoreLike, location: StoreLocation, cutoff: float | None,
+    float_dtype: DTypeLike, system_float_dtype: DTypeLike, missing: MissingPolicy, tolerance: float, chunk: int,
+    config: WriteConfig | None, progress: Callable[[str, int], None] | None,
+) -> ConversionReport:  # fmt: skip
+    """:func:`write_atoms` once its arguments are checked (and a local path's writer lock held)."""
     local = location.local_root
     if local is not None:
         AtomicDataZarrWriter(store).recover()  # what a killed conversion or writer left beside the path

@@ -22,6 +22,7 @@ from dali_alchemi.csr import concat_aranges
 from dali_alchemi.store import layout
 from dali_alchemi.store.arrays import complete, truncate_array
 from dali_alchemi.store.journal import (
+    CREATE_PREFIX,
     DEFRAGMENT_NEW,
     DEFRAGMENT_OLD,
     JOURNAL_SUFFIX,
@@ -42,6 +43,7 @@ from dali_alchemi.store.journal import (
     staging_suffix,
 )
 from dali_alchemi.store.location import StoreLocation, open_group
+from dali_alchemi.store.lock import LOCK_SUFFIX
 from dali_alchemi.store.validate import MetaInfo, check_meta
 from dali_alchemi.types import PerLevel
 
@@ -88,6 +90,7 @@ def recover(loc: StoreLocation, phase: Callable[[str], None] = _no_phase) -> str
         meta = check_meta(root, store=loc.display)
         apply_delete(root, meta, np.asarray(op.physical, dtype=np.int64), phase)
     remove_staging(loc)
+    remove_partial_files(loc)
     clear_journal(loc)
     return op.OP
 
@@ -186,14 +189,34 @@ def finish_repair_swap(loc: StoreLocation, key: str, phase: Callable[[str], None
 
 
 def remove_staging(loc: StoreLocation) -> None:
-    """Delete what a killed writer left beside a local store (never the journal or the store)."""
+    """Delete what a killed writer left beside a local store (never the journal, the lock or the store).
+
+    That is its staging directories and copies moved aside, and also what a killed conversion left
+    beside the store it was building there (``..<name>.dali-alchemi-create-*``: that store's own
+    staging and lock). Called under the writer lock, so none of it belongs to a live writer.
+    """
     if loc.local_root is None:
         return
-    journal = sibling(loc, JOURNAL_SUFFIX)
-    for path in siblings(loc):
-        if path == journal:
+    journal, lock = sibling(loc, JOURNAL_SUFFIX), sibling(loc, LOCK_SUFFIX)
+    nested = loc.local_root.parent.glob(f"..{loc.local_root.name}.dali-alchemi-{CREATE_PREFIX}*")
+    for path in [*siblings(loc), *sorted(nested)]:
+        if path in (journal, lock):
             continue
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         else:
+            path.unlink(missing_ok=True)
+
+
+def remove_partial_files(loc: StoreLocation) -> None:
+    """Delete the ``*.partial`` files inside a local store: chunks zarr was writing when a writer was killed.
+
+    zarr's local store writes each object to ``<key>.<random>.partial`` and renames it into place, so
+    such a file is never part of the store; only a crashed writer leaves one (walks the whole store,
+    which is why it runs only when an interrupted operation is recovered).
+    """
+    if loc.local_root is None or not loc.local_root.is_dir():
+        return
+    for path in loc.local_root.rglob("*.partial"):
+        if path.is_file():
             path.unlink(missing_ok=True)

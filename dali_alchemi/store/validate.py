@@ -19,7 +19,7 @@ from dali_alchemi.store import layout
 from dali_alchemi.store.codecs import ArrayCodec, fetch_blocks
 from dali_alchemi.store.fetch import StoreFetcher
 from dali_alchemi.store.journal import AS_IS, ReadView
-from dali_alchemi.store.location import open_group
+from dali_alchemi.store.location import open_group, root_groups
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ def check_meta(root: Any, *, store: str, view: ReadView = AS_IS) -> MetaInfo:
     longer than the old state they are read at (``view.rows``); during a delete, ``view.deleted``
     samples are read as deleted.
     """
-    groups = frozenset(name for name, _ in root.groups())
+    groups = frozenset(root_groups(root))
     for required in (layout.META_GROUP, layout.CORE_GROUP):
         if required not in groups:
             raise StoreFormatError(f"Store {store} is missing the {required!r} group")

@@ -37,7 +37,7 @@ from dali_alchemi.store.codecs import ArrayCodec, fetch_blocks
 from dali_alchemi.store.engine import default_threads
 from dali_alchemi.store.fetch import ByteFetcher, LocalFetcher, StoreFetcher
 from dali_alchemi.store.journal import read_journal
-from dali_alchemi.store.location import StoreLike, resolve_store
+from dali_alchemi.store.location import StoreLike, resolve_store, root_groups
 from dali_alchemi.store.validate import check_chunk_size, memory_budget, open_root
 
 if TYPE_CHECKING:
@@ -250,7 +250,7 @@ def verify_store(
         found.add("format", str(err))
         return _report(loc.display, found, started, samples=-1, live=0, arrays=0, walker=None,
                        integrity=layout.Integrity(), unchecksummed=())  # fmt: skip
-    groups = {name: group for name, group in root.groups()}
+    groups = root_groups(root)
     arrays: dict[str, Any] = {}
     for group_name in (layout.META_GROUP, layout.CORE_GROUP, layout.CUSTOM_GROUP):
         if group_name in groups:

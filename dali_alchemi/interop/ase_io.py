@@ -187,7 +187,8 @@ def _convert(
         custom = {**decision.custom, **{f"{name}{PRESENT_SUFFIX}": "system" for name in decision.filled}}
         build = sibling(location, f"{CREATE_PREFIX}convert-{tag}") if local is not None else None
         try:
-            writer = AtomicDataZarrWriter(store if build is None else build, config)
+            # a filled field holds NaN where its structure had no value (its *_present mask says where)
+            writer = AtomicDataZarrWriter(store if build is None else build, config, allow_nonfinite=set(decision.filled))
             chunks = spool.chunks(
                 decision, float_dtype=float_dtype, system_float_dtype=system_float_dtype, tolerance=tolerance,
                 loss=report.precision,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dali_alchemi.csr import concat_aranges
+from dali_alchemi.errors import StoreFormatError
 from dali_alchemi.store import layout
 from dali_alchemi.store.arrays import complete, truncate_array
 from dali_alchemi.store.journal import (
@@ -88,6 +89,12 @@ def recover(loc: StoreLocation, phase: Callable[[str], None] = _no_phase) -> str
     elif isinstance(op, DeleteOp):
         root = open_group(loc, mode="r+")
         meta = check_meta(root, store=loc.display)
+        beyond = [p for p in op.physical if p >= meta.n_physical]
+        if beyond:
+            raise StoreFormatError(
+                f"Store {loc.display}: the write journal of 'delete' names samples {beyond[:5]} of a store with "
+                f"{meta.n_physical} samples; nothing was changed"
+            )
         apply_delete(root, meta, np.asarray(op.physical, dtype=np.int64), phase)
     remove_staging(loc)
     remove_partial_files(loc)
@@ -121,6 +128,7 @@ def _roll_back_append(loc: StoreLocation, op: AppendOp) -> None:
     """Truncate every array to the sizes it had before an interrupted append."""
     root = open_group(loc, mode="r+")
     schema = layout.parse_schema(root.attrs.asdict(), store=loc.display)
+    _check_append_record(loc, root, op, schema.num_samples)
     rows = op.rows
     for name, level in schema.field_levels.items():
         group = schema.group_of(name)
@@ -134,6 +142,33 @@ def _roll_back_append(loc: StoreLocation, op: AppendOp) -> None:
     ):  # fmt: skip
         truncate_array(meta[name], length)
     root.attrs.update(layout.StoreSchema(num_samples=n, core=schema.core, custom=schema.custom).to_attributes())
+
+
+def _check_append_record(loc: StoreLocation, root: Any, op: AppendOp, num_samples: int) -> None:
+    """Refuse an append record whose old state is not a prefix of the store (before anything is truncated).
+
+    An interrupted append extends every array and leaves the first ``samples + 1`` pointers as they
+    were, and the root's ``num_samples`` is the old count until its last step (then the new one, which
+    the pointers hold).
+    """
+    meta = root[layout.META_GROUP]
+    atoms_ptr, edges_ptr = meta[layout.ATOMS_PTR], meta[layout.EDGES_PTR]
+    n = op.samples
+    problem = None
+    if n + 1 > min(atoms_ptr.shape[0], edges_ptr.shape[0]):
+        problem = f"{n} old samples, but the pointers hold {atoms_ptr.shape[0] - 1}"
+    elif (int(atoms_ptr[n]), int(edges_ptr[n])) != (op.atoms, op.edges):
+        problem = (
+            f"{op.atoms} atoms and {op.edges} edges before sample {n}, but the pointers say "
+            f"{int(atoms_ptr[n])} and {int(edges_ptr[n])}"
+        )
+    elif num_samples not in (-1, n, atoms_ptr.shape[0] - 1):
+        problem = f"{n} old samples, but the store records {num_samples}"
+    if problem is not None:
+        raise StoreFormatError(
+            f"Store {loc.display}: the write journal of 'append' does not fit the store ({problem}); nothing was "
+            f"rolled back"
+        )
 
 
 def _roll_back_add_custom(loc: StoreLocation, op: AddCustomOp) -> None:

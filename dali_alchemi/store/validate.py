@@ -248,15 +248,9 @@ def check_data_array(
         raise StoreFormatError(
             f"Store {store}: array {group}/{name} has {shape[0]} rows; expected {expected_rows[level]} {what}"
         )
-    kinds = layout.EXPECTED_DTYPE_KINDS.get(name)
-    dtype = np.dtype(arr.dtype)
-    if kinds is not None and dtype.kind not in kinds:
-        raise StoreFormatError(f"Store {store}: array {group}/{name} has dtype {dtype}, which cannot hold {name}")
-    trailing = layout.EXPECTED_TRAILING_SHAPES.get(name)
-    if trailing is not None and shape[1:] != trailing:
-        raise StoreFormatError(
-            f"Store {store}: array {group}/{name} has shape {shape}; expected [rows, {', '.join(map(str, trailing))}]"
-        )
+    problem = layout.field_array_problem(name, arr.dtype, shape)
+    if problem is not None:
+        raise StoreFormatError(f"Store {store}: array {group}/{name} {problem}")
     return level
 
 

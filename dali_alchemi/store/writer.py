@@ -22,7 +22,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,7 +42,16 @@ from dali_alchemi.store import layout
 from dali_alchemi.store.arrays import extend_array, promise, write_array
 from dali_alchemi.store.defragment import DEFAULT_DEFRAGMENT_WINDOW
 from dali_alchemi.store.defragment import defragment as run_defragment
-from dali_alchemi.store.encode import Samples, check_neighbor_list, disk_arrays, field_names, to_packed
+from dali_alchemi.store.encode import (
+    Samples,
+    check_disk,
+    check_field_name,
+    check_neighbor_list,
+    check_stored,
+    disk_arrays,
+    field_names,
+    to_packed,
+)
 from dali_alchemi.store.generation import bumped
 from dali_alchemi.store.indices import checked_indices
 from dali_alchemi.store.journal import (
@@ -87,6 +96,11 @@ class AtomicDataZarrWriter:
         Seconds each operation waits for another writer of the same store to finish (see
         :mod:`dali_alchemi.store.lock`); 0, the default, raises
         :class:`~dali_alchemi.errors.StoreLockedError` at once, naming that writer.
+    allow_nonfinite
+        Store NaN and inf in float fields. By default they are refused (``SampleDataError`` naming the
+        field and sample, before anything is written): nvalchemi stores them silently, and a NaN
+        position or label poisons a training run far from its cause. Pass ``True`` for stores that
+        mark missing labels with NaN, or the names of the fields that may (convert's filled fields).
 
     Attributes
     ----------
@@ -96,11 +110,19 @@ class AtomicDataZarrWriter:
     """
 
     def __init__(
-        self, store: StoreLike, config: WriteConfig | Mapping[str, Any] | None = None, *, lock_timeout: float = 0.0
+        self,
+        store: StoreLike,
+        config: WriteConfig | Mapping[str, Any] | None = None,
+        *,
+        lock_timeout: float = 0.0,
+        allow_nonfinite: bool | Collection[str] = False,
     ) -> None:
         if not lock_timeout >= 0:
             raise ValueError(f"lock_timeout must be >= 0 seconds, got {lock_timeout}")
         self.lock_timeout = float(lock_timeout)
+        self.allow_nonfinite: bool | frozenset[str] = (
+            allow_nonfinite if isinstance(allow_nonfinite, bool) else frozenset(allow_nonfinite)
+        )
         self._location: StoreLocation = resolve_store(store, read_only=False, must_exist=False)
         if config is None:
             config = WriteConfig()
@@ -183,7 +205,7 @@ class AtomicDataZarrWriter:
                 raise SampleDataError("No data provided to write.")
             if "atom" not in packed.levels.values():
                 raise SampleDataError("Samples need at least one atom-level field (e.g. atomic_numbers, positions)")
-            check_neighbor_list(packed)
+            disk = self._checked_disk(packed, 0)
             unknown = sorted(set(custom) - set(packed.fields))
             if unknown:
                 raise SampleDataError(f"custom= names fields the samples do not have: {unknown}")
@@ -192,12 +214,12 @@ class AtomicDataZarrWriter:
                 raise SampleDataError(f"{clash} must stay core fields")
             local = self._local
             if local is None:
-                self._write_new(self._root_for_new(self._location), packed, frozenset(custom))
+                self._write_new(self._root_for_new(self._location), packed, disk, frozenset(custom))
                 self._phase("done")
                 return
             staging = sibling(self._location, f"{CREATE_PREFIX}{uuid.uuid4().hex[:8]}")
             try:
-                self._write_new(zarr.open_group(str(staging), mode="w"), packed, frozenset(custom))
+                self._write_new(zarr.open_group(str(staging), mode="w"), packed, disk, frozenset(custom))
                 self._phase("staged")
                 os.rename(staging, local)
             except BaseException:
@@ -209,7 +231,18 @@ class AtomicDataZarrWriter:
     def _root_for_new(loc: StoreLocation) -> Any:
         return open_group(loc, mode="a")  # "w" would clear the store, the writer lock with it
 
-    def _write_new(self, root: Any, packed: PackedSamples, custom: frozenset[str] = frozenset()) -> None:
+    def _checked_disk(self, packed: PackedSamples, atom_base: int) -> dict[str, NDArray[Any]]:
+        """The arrays ``packed`` puts on disk, checked by the reader's rules before any is written."""
+        for name in packed.fields:
+            check_field_name(name)
+        check_neighbor_list(packed)
+        disk = disk_arrays(packed, atom_base)
+        check_disk(packed, disk, allow_nonfinite=self.allow_nonfinite)
+        return disk
+
+    def _write_new(
+        self, root: Any, packed: PackedSamples, disk: Mapping[str, NDArray[Any]], custom: frozenset[str] = frozenset()
+    ) -> None:
         meta = root.create_group(layout.META_GROUP)
         groups = {
             layout.CORE_GROUP: root.create_group(layout.CORE_GROUP),
@@ -227,7 +260,7 @@ class AtomicDataZarrWriter:
         for name, values in meta_arrays.items():
             configs.append(self.config.for_array(layout.META_GROUP, name))
             write_array(meta, name, values, configs[-1])
-        for name, values in disk_arrays(packed, 0).items():
+        for name, values in disk.items():
             group = layout.CUSTOM_GROUP if name in custom else layout.CORE_GROUP
             configs.append(self.config.for_array(group, name))
             write_array(groups[group], name, values, configs[-1])
@@ -276,9 +309,8 @@ class AtomicDataZarrWriter:
                     raise SampleDataError(
                         f"Field {name!r} is {store_levels[name]!r} in the store but {level!r} in the new samples"
                     )
-            check_neighbor_list(packed)
             atom_base, edge_base, n_old = int(meta.atoms_ptr[-1]), int(meta.edges_ptr[-1]), meta.n_physical
-            disk = disk_arrays(packed, atom_base)
+            disk = self._checked_disk(packed, atom_base)
             arrays = {name: root[f"{meta.schema.group_of(name)}/{name}"] for name in disk}
             for name, values in disk.items():
                 arr = arrays[name]
@@ -324,12 +356,13 @@ class AtomicDataZarrWriter:
         StoreNotFoundError
             If the store does not exist (a ``FileNotFoundError``).
         SampleDataError
-            If ``data.shape[0]`` is not the physical size of that level (deleted samples included), or
-            ``key`` is already a core field (a ``ValueError``).
+            If ``data.shape[0]`` is not the physical size of that level (deleted samples included),
+            ``key`` is already a core field or no usable name, the array breaks the rules the reader
+            checks, or holds NaN or inf without ``allow_nonfinite`` (a ``ValueError``); all before
+            anything is written.
         """
         checked: Level = layout.check_level(level, what=f"custom array {key!r}")
-        if not key or "/" in key or key.startswith("."):
-            raise SampleDataError(f"Invalid custom array name {key!r}: use a plain name without '/' or a leading '.'")
+        check_field_name(key)
         with self._locked("add_custom"):
             root, meta = self._open()
             values = data.detach().cpu().numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
@@ -341,6 +374,9 @@ class AtomicDataZarrWriter:
                 raise SampleDataError(
                     f"{key!r} is already a core field of this store; choose another name for the custom array"
                 )
+            ptr = {"atom": meta.atoms_ptr, "edge": meta.edges_ptr, "system": None}[checked]
+            allowed = self.allow_nonfinite if isinstance(self.allow_nonfinite, bool) else key in self.allow_nonfinite
+            check_stored(key, values, allow_nonfinite=allowed, rows_ptr=ptr)
             previous = meta.schema.custom.get(key)
             journal = AddCustomOp(key=key, level=checked, previous=previous, state=AddCustomState.STAGING)
             write_journal(self._location, journal)

@@ -297,23 +297,3 @@ def _memory_refusal(data: dict[str, Any]) -> BaseException:
 def test_a_negative_timeout_is_refused(store: Path) -> None:
     with pytest.raises(ValueError, match="lock_timeout"):
         AtomicDataZarrWriter(store, lock_timeout=-1)
-
-
-# -- leftovers of dead operations ----------------------------------------------------------------------
-def test_recovery_removes_partial_files_and_a_dead_conversions_build(store: Path) -> None:
-    reached_r, reached_w = FORK.Pipe(duplex=False)
-    go_r, _ = FORK.Pipe(duplex=False)
-    proc = _start(_append_blocked_at, str(store), "data", reached_w, go_r)
-    reached_r.recv()
-    os.kill(proc.pid, signal.SIGKILL)  # type: ignore[arg-type]
-    proc.join(HANG_S)
-    partial = store / "core" / "positions" / "c" / "0.0123abc.partial"
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    partial.write_bytes(b"half a chunk")
-    build = store.with_name(f".{store.name}.dali-alchemi-create-convert-1234")
-    nested = build.with_name(f".{build.name}.dali-alchemi-create-5678")
-    nested.mkdir()
-    (nested / "zarr.json").write_text("{}")
-    assert AtomicDataZarrWriter(store).recover() == "append"
-    assert not partial.exists() and not nested.exists()
-    assert sorted(p.name for p in store.parent.iterdir()) == ["store.zarr"]

@@ -57,7 +57,9 @@ def open_root(loc: StoreLocation) -> Any:
     try:
         root = open_group(loc, mode="r")
     except (BaseZarrError, FileNotFoundError, KeyError, ValueError, TypeError) as err:
-        raise StoreFormatError(f"Store {loc.display} is not a zarr group: {err}") from err
+        raise StoreFormatError(
+            f"Store {loc.display} is not a zarr group: its zarr.json is unreadable: {type(err).__name__}: {err}"
+        ) from err
     version = root.metadata.zarr_format
     if version != 3:
         raise StoreFormatError(f"Store {loc.display} is zarr format {version}; expected zarr format 3")

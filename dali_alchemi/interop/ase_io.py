@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,7 +226,14 @@ def read_structures(path: str | Path, *, index: str = ":", format: str | None = 
     """Stream ``ase.Atoms`` from any file ASE reads (extxyz, ``.db``, ``.traj``, ...) without loading it whole.
 
     An ASE database (``.db``, ``.json``) is read row by row with each row's key-value pairs and data
-    in ``atoms.info`` (``ase.io`` leaves them out).
+    in ``atoms.info`` (``ase.io`` leaves them out). The frame headers of an (ext)xyz file are checked
+    first (:func:`check_xyz_counts`), so a header claiming more atoms than the file holds is refused
+    before ASE starts parsing.
+
+    Raises
+    ------
+    SampleDataError
+        If an xyz frame claims more atoms than the rest of the file can hold.
     """
     from ase.io import iread
     from ase.io.formats import filetype
@@ -234,7 +241,53 @@ def read_structures(path: str | Path, *, index: str = ":", format: str | None = 
     kind = format or filetype(str(path))
     if kind in DATABASE_FORMATS and index == ":":
         return _database_rows(path)
+    if kind in XYZ_FORMATS:
+        check_xyz_counts(path)
     return iter(iread(str(path), index=index, format=format))
+
+
+XYZ_FORMATS = ("xyz", "extxyz")
+"""Formats whose frames start with an atom count (checked against the file's size before parsing)."""
+MIN_ATOM_LINE_BYTES = 8
+"""The shortest line an atom can have in an xyz file (``"H 0 0 0\\n"``)."""
+
+
+def check_xyz_counts(path: str | Path) -> int:
+    """Check every frame's atom count against what is left of the file; return the number of frames.
+
+    One pass over the lines at C speed (no parsing), before ASE's: a count that ``MIN_ATOM_LINE_BYTES``
+    bytes per atom line could not fit in the rest of the file (a header claiming 10^12 atoms) is refused,
+    where ASE would go on reading for ever. A frame that does not start with a count is left for ASE
+    to report. Compressed files are not checked.
+
+    Raises
+    ------
+    SampleDataError
+        Naming the file, the frame and the claimed count.
+    """
+    size = os.path.getsize(path)
+    frames = 0
+    with open(path, "rb") as fh:
+        if fh.read(2) in (b"\x1f\x8b", b"BZ"):  # gzip, bzip2: sizes say nothing
+            return 0
+        fh.seek(0)
+        while line := fh.readline():
+            if not line.strip():
+                continue
+            try:
+                count = int(line.split()[0])
+            except ValueError:
+                return frames  # not a count: ASE's parser reports it
+            fh.readline()  # the comment line
+            left = size - fh.tell()
+            if count < 0 or count * MIN_ATOM_LINE_BYTES > left:
+                raise SampleDataError(
+                    f"{path}: frame {frames} claims {count:,} atoms, but only {left:,} bytes follow its header "
+                    f"(at least {MIN_ATOM_LINE_BYTES} per atom line); the file is truncated or its header is wrong"
+                )
+            deque(itertools.islice(fh, count), maxlen=0)
+            frames += 1
+    return frames
 
 
 def _database_rows(path: str | Path) -> Iterator[Atoms]:

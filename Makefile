@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 BENCH_ARGS ?=
 
-.PHONY: install test demo lint bench gpu-check parity clean
+.PHONY: install test stress demo lint bench gpu-check parity clean
 
 install: $(STAMP)
 
@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml
 
 test: install
 	$(BIN)/python -m pytest
+
+stress: install
+	$(BIN)/python -m pytest -m stress
 
 demo: install
 	$(BIN)/dali-alchemi bench --rounds 1 --json bench-results/demo.json --plot bench-results/demo.png $(BENCH_ARGS)

@@ -126,6 +126,12 @@ def test_two_appending_processes_at_once_both_land(store: Path, trial: int) -> N
     assert not _lock_file(store).exists()
 
 
+@pytest.mark.stress
+@pytest.mark.parametrize("trial", range(30))
+def test_two_appending_processes_at_once_both_land_many_times(store: Path, trial: int) -> None:
+    test_two_appending_processes_at_once_both_land(store, trial)
+
+
 @pytest.mark.parametrize("other", ["defragment", "add_custom", "delete"])
 def test_an_append_and_another_operation_at_once_leave_a_store_that_opens(store: Path, other: str) -> None:
     start, results = FORK.Event(), FORK.Queue()

@@ -224,7 +224,6 @@ class WriterLock:
         self.took_over: LockHolder | None = None
         self._holder: LockHolder | None = None
         self._fd: int | None = None
-        self._reentered = False
         self._id = _lock_id(loc)
 
     @property
@@ -241,7 +240,6 @@ class WriterLock:
             held = _HELD.get(self._id)
             if held is not None and held.thread == me:
                 held.count += 1
-                self._reentered = True
                 return self
         deadline = time.monotonic() + self.timeout
         pause = _FIRST_POLL_S

@@ -114,7 +114,7 @@ class SharedBlocks:
             data = np.memmap(path, dtype=dtype, mode="r", shape=shape)
         except (FileNotFoundError, ValueError, struct.error):
             return None
-        if verify and (magic != _MAGIC or zlib.crc32(data) != crc):
+        if verify and (magic != _MAGIC or zlib.crc32(data.data) != crc):
             self._reject(path, "its bytes do not match the crc32 its publisher recorded")
             return None
         return np.ndarray(shape, dtype=dtype, buffer=data)  # a plain read-only array over the mapping

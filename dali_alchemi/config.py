@@ -224,12 +224,17 @@ class FetchConfig:
         Further attempts after a failed request before giving up with a ``RemoteReadError``.
     backoff_s
         Wait before the first retry; it doubles with every further retry, up to ``max_backoff_s``.
+    timeout_s
+        Longest wait for one request, connecting and reading together (10 s). A server that accepts
+        a connection and never answers costs at most ``timeout_s * (retries + 1)`` plus the back-off
+        per read, then a ``RemoteReadError``; without it, the HTTP stack waits 300 s per attempt.
     """
 
     max_concurrency: int = 32
     retries: int = 4
     backoff_s: float = 0.05
     max_backoff_s: float = 2.0
+    timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.max_concurrency < 1:
@@ -238,6 +243,12 @@ class FetchConfig:
             raise ConfigError(f"retries must be >= 0, got {self.retries}")
         if self.backoff_s < 0 or self.max_backoff_s < self.backoff_s:
             raise ConfigError(f"need 0 <= backoff_s <= max_backoff_s, got {self.backoff_s} and {self.max_backoff_s}")
+        if not self.timeout_s > 0 or self.timeout_s == float("inf"):
+            raise ConfigError(f"timeout_s must be a positive, finite number of seconds, got {self.timeout_s}")
+
+    def worst_case_s(self) -> float:
+        """The longest one read can take before it gives up: every attempt timing out, and the back-off between."""
+        return self.timeout_s * (self.retries + 1) + sum(self.delay(a) for a in range(self.retries))
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (0-based)."""

@@ -160,3 +160,15 @@ class AmbiguousRepairError(RepairError):
 
 class StoreSchemaWarning(DaliAlchemiWarning):
     """A store holds arrays whose level this version cannot interpret (a newer writer's); they are not read."""
+
+
+class StoreLockedError(DaliAlchemiError, TimeoutError):
+    """Another writer holds the store's writer lock (and kept it past the timeout asked for).
+
+    ``holder`` is the :class:`~dali_alchemi.store.lock.LockHolder` it names (pid, host, operation, since
+    when), or ``None`` when the lock names no readable holder.
+    """
+
+    def __init__(self, message: str, *, holder: object | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder

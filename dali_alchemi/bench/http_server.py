@@ -4,8 +4,8 @@ It stands for object storage in the remote-store benchmark and tests: every requ
 ``latency_s`` (requests are served concurrently, one thread each), a seeded fraction of them answer
 ``503 Service Unavailable``, and the server counts requests per path so a test can check how often
 each chunk was fetched. It serves GET and HEAD, byte ranges (``Range: bytes=a-b``, ``bytes=a-``,
-``bytes=-n``) and HTML directory listings, which is what fsspec's HTTP filesystem needs. It binds to
-127.0.0.1 only.
+``bytes=-n``) and HTML directory listings, which is what fsspec's HTTP filesystem needs. Requests
+matching ``stall`` are accepted and never answered, like a hung server. It binds to 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -35,8 +35,12 @@ class _Handler(SimpleHTTPRequestHandler):
         return  # quiet: the counts are the record
 
     def _delay_or_fail(self) -> bool:
-        """Wait the injected latency; True when this request was chosen to fail."""
+        """Wait the injected latency; True when this request was chosen to fail (or stalled)."""
         self.server.count(self.command, self.path)
+        if self.server.stall is not None and self.server.stall.search(self.path):
+            self.server.stopping.wait()  # accepted, never answered: until the server stops
+            self.close_connection = True
+            return True
         if self.server.latency_s:
             with self.server.in_flight():
                 time.sleep(self.server.latency_s)
@@ -86,9 +90,12 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 512  # the default backlog of 5 drops concurrent connections and serialises clients
 
     def __init__(
-        self, address: tuple[str, int], handler: Any, *, latency_s: float, failure_rate: float, seed: int
-    ) -> None:
+        self, address: tuple[str, int], handler: Any, *, latency_s: float, failure_rate: float, seed: int,
+        stall: str | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(address, handler)
+        self.stall = re.compile(stall) if stall is not None else None
+        self.stopping = threading.Event()
         self.latency_s = latency_s
         self.failure_rate = failure_rate
         self._random = random.Random(seed)
@@ -134,15 +141,21 @@ class StoreServer:
         Seconds every request waits before it is answered.
     failure_rate
         Fraction of requests answered with 503, drawn from a generator seeded with ``seed``.
+    stall
+        A regular expression: requests whose path matches it are accepted and never answered (until
+        the server stops), as a hung server or a black-holed connection would.
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], *, latency_s: float = 0.0, failure_rate: float = 0.0, seed: int = 0
-    ) -> None:
+        self, root: str | os.PathLike[str], *, latency_s: float = 0.0, failure_rate: float = 0.0, seed: int = 0,
+        stall: str | None = None,
+    ) -> None:  # fmt: skip
         if not 0.0 <= failure_rate < 1.0:
             raise ValueError(f"failure_rate must be in [0, 1), got {failure_rate}")
         handler = partial(_Handler, directory=str(root))
-        self._server = _Server(("127.0.0.1", 0), handler, latency_s=latency_s, failure_rate=failure_rate, seed=seed)
+        self._server = _Server(
+            ("127.0.0.1", 0), handler, latency_s=latency_s, failure_rate=failure_rate, seed=seed, stall=stall
+        )
         self._thread = threading.Thread(target=self._server.serve_forever, name="store-server", daemon=True)
 
     @property
@@ -180,6 +193,7 @@ class StoreServer:
         return self
 
     def stop(self) -> None:
+        self._server.stopping.set()  # stalled requests end
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()

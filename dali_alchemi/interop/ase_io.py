@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +42,7 @@ from dali_alchemi.interop.assemble import (
 )
 from dali_alchemi.store.journal import CREATE_PREFIX, sibling
 from dali_alchemi.store.location import resolve_store
+from dali_alchemi.store.lock import WriterLock
 from dali_alchemi.store.writer import AtomicDataZarrWriter
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 
     from dali_alchemi.batch import Batch
     from dali_alchemi.config import WriteConfig
-    from dali_alchemi.store.location import StoreLike
+    from dali_alchemi.store.location import StoreLike, StoreLocation
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +138,22 @@ def write_atoms(
             raise ValueError(f"{name} must be float32 or float64, got {np.dtype(dtype)}")
     location = resolve_store(store, read_only=False, must_exist=False)
     local = location.local_root
+    if local is None:
+        return _convert(structures, store, location, cutoff, float_dtype, system_float_dtype, missing, tolerance,
+                        chunk, config, progress)  # fmt: skip
+    local.parent.mkdir(parents=True, exist_ok=True)
+    with WriterLock(location, "convert"):  # its spool and build beside the path are its own until it ends
+        return _convert(structures, store, location, cutoff, float_dtype, system_float_dtype, missing, tolerance,
+                        chunk, config, progress)  # fmt: skip
+
+
+def _convert(
+    structures: Iterable[Atoms], store: StoreLike, location: StoreLocation, cutoff: float | None,
+    float_dtype: DTypeLike, system_float_dtype: DTypeLike, missing: MissingPolicy, tolerance: float, chunk: int,
+    config: WriteConfig | None, progress: Callable[[str, int], None] | None,
+) -> ConversionReport:  # fmt: skip
+    """:func:`write_atoms` once its arguments are checked (and a local path's writer lock held)."""
+    local = location.local_root
     if local is not None:
         AtomicDataZarrWriter(store).recover()  # what a killed conversion or writer left beside the path
     if local is not None and local.exists():
@@ -170,7 +187,8 @@ def write_atoms(
         custom = {**decision.custom, **{f"{name}{PRESENT_SUFFIX}": "system" for name in decision.filled}}
         build = sibling(location, f"{CREATE_PREFIX}convert-{tag}") if local is not None else None
         try:
-            writer = AtomicDataZarrWriter(store if build is None else build, config)
+            # a filled field holds NaN where its structure had no value (its *_present mask says where)
+            writer = AtomicDataZarrWriter(store if build is None else build, config, allow_nonfinite=set(decision.filled))
             chunks = spool.chunks(
                 decision, float_dtype=float_dtype, system_float_dtype=system_float_dtype, tolerance=tolerance,
                 loss=report.precision,
@@ -208,7 +226,14 @@ def read_structures(path: str | Path, *, index: str = ":", format: str | None = 
     """Stream ``ase.Atoms`` from any file ASE reads (extxyz, ``.db``, ``.traj``, ...) without loading it whole.
 
     An ASE database (``.db``, ``.json``) is read row by row with each row's key-value pairs and data
-    in ``atoms.info`` (``ase.io`` leaves them out).
+    in ``atoms.info`` (``ase.io`` leaves them out). The frame headers of an (ext)xyz file are checked
+    first (:func:`check_xyz_counts`), so a header claiming more atoms than the file holds is refused
+    before ASE starts parsing.
+
+    Raises
+    ------
+    SampleDataError
+        If an xyz frame claims more atoms than the rest of the file can hold.
     """
     from ase.io import iread
     from ase.io.formats import filetype
@@ -216,7 +241,53 @@ def read_structures(path: str | Path, *, index: str = ":", format: str | None = 
     kind = format or filetype(str(path))
     if kind in DATABASE_FORMATS and index == ":":
         return _database_rows(path)
+    if kind in XYZ_FORMATS:
+        check_xyz_counts(path)
     return iter(iread(str(path), index=index, format=format))
+
+
+XYZ_FORMATS = ("xyz", "extxyz")
+"""Formats whose frames start with an atom count (checked against the file's size before parsing)."""
+MIN_ATOM_LINE_BYTES = 8
+"""The shortest line an atom can have in an xyz file (``"H 0 0 0\\n"``)."""
+
+
+def check_xyz_counts(path: str | Path) -> int:
+    """Check every frame's atom count against what is left of the file; return the number of frames.
+
+    One pass over the lines at C speed (no parsing), before ASE's: a count that ``MIN_ATOM_LINE_BYTES``
+    bytes per atom line could not fit in the rest of the file (a header claiming 10^12 atoms) is refused,
+    where ASE would go on reading for ever. A frame that does not start with a count is left for ASE
+    to report. Compressed files are not checked.
+
+    Raises
+    ------
+    SampleDataError
+        Naming the file, the frame and the claimed count.
+    """
+    size = os.path.getsize(path)
+    frames = 0
+    with open(path, "rb") as fh:
+        if fh.read(2) in (b"\x1f\x8b", b"BZ"):  # gzip, bzip2: sizes say nothing
+            return 0
+        fh.seek(0)
+        while line := fh.readline():
+            if not line.strip():
+                continue
+            try:
+                count = int(line.split()[0])
+            except ValueError:
+                return frames  # not a count: ASE's parser reports it
+            fh.readline()  # the comment line
+            left = size - fh.tell()
+            if count < 0 or count * MIN_ATOM_LINE_BYTES > left:
+                raise SampleDataError(
+                    f"{path}: frame {frames} claims {count:,} atoms, but only {left:,} bytes follow its header "
+                    f"(at least {MIN_ATOM_LINE_BYTES} per atom line); the file is truncated or its header is wrong"
+                )
+            deque(itertools.islice(fh, count), maxlen=0)
+            frames += 1
+    return frames
 
 
 def _database_rows(path: str | Path) -> Iterator[Atoms]:

@@ -4,7 +4,9 @@ For one structure, every pair (i, j) and lattice image S with ``|r_j + S @ cell 
 edge, except an atom with itself in the home cell. The images searched along a periodic axis are
 those within ``ceil(cutoff / d)`` cells, where ``d`` is the spacing of the lattice planes across that
 axis, so no neighbor is missed for any cell shape. Distances are computed for blocks of rows at a
-time, so memory stays bounded for large structures; there is no Python loop per atom.
+time and images a group at a time, so memory stays bounded for large structures and small cells; a
+cutoff reaching more than :data:`MAX_IMAGES` images is refused before any allocation. There is no
+Python loop per atom.
 """
 
 from __future__ import annotations
@@ -14,11 +16,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dali_alchemi.errors import SampleDataError
+
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 BLOCK_BYTES = 64 << 20
 """Memory for one block of candidate displacement vectors."""
+
+MAX_IMAGES = 1 << 20
+"""Most periodic images searched for one structure (e.g. 101^3: a cutoff 50 times the plane spacing).
+A cell far smaller than the cutoff (a 0.01 A cell, cutoff 5 A: 10^9 images) is refused up front: its
+neighbor list alone would not fit in memory."""
+
+MAX_EDGES = 1 << 26
+"""Most edges one structure may get (67 million: about 3 GiB of neighbor list, shifts and offsets)."""
 
 
 def _complete_lattice(cell: NDArray[np.float64], pbc: NDArray[np.bool_]) -> NDArray[np.float64]:
@@ -37,15 +49,38 @@ def _complete_lattice(cell: NDArray[np.float64], pbc: NDArray[np.bool_]) -> NDAr
     return lattice
 
 
+def image_reach(cell: NDArray[np.floating], pbc: NDArray[np.bool_], cutoff: float) -> NDArray[np.float64]:
+    """Cells searched each way along every axis: ``ceil(cutoff / plane spacing)`` if periodic, else 0.
+
+    As floats, so a cutoff far beyond the plane spacing is counted, never wrapped around an integer.
+    """
+    if not np.any(pbc):
+        return np.zeros(3)
+    lattice = _complete_lattice(np.asarray(cell, dtype=np.float64), pbc)
+    reciprocal = np.linalg.inv(lattice).T  # rows: reciprocal vectors; 1/|b_i| is the plane spacing
+    spacing = 1.0 / np.linalg.norm(reciprocal, axis=1)
+    return np.where(pbc, np.ceil(cutoff / spacing), 0.0)
+
+
 def image_offsets(cell: NDArray[np.floating], pbc: NDArray[np.bool_], cutoff: float) -> NDArray[np.int64]:
-    """Integer lattice offsets ``[K, 3]`` that can hold a neighbor within ``cutoff`` (the home cell first)."""
-    reach = np.zeros(3, dtype=np.int64)
-    if np.any(pbc):
-        lattice = _complete_lattice(np.asarray(cell, dtype=np.float64), pbc)
-        reciprocal = np.linalg.inv(lattice).T  # rows: reciprocal vectors; 1/|b_i| is the plane spacing
-        spacing = 1.0 / np.linalg.norm(reciprocal, axis=1)
-        reach = np.where(pbc, np.ceil(cutoff / spacing).astype(np.int64), 0)
-    axes = [np.arange(-n, n + 1, dtype=np.int64) for n in reach]
+    """Integer lattice offsets ``[K, 3]`` that can hold a neighbor within ``cutoff`` (the home cell first).
+
+    Raises
+    ------
+    SampleDataError
+        If more than :data:`MAX_IMAGES` images would be searched (a cell far smaller than the cutoff),
+        before anything of that size is allocated.
+    """
+    reach = image_reach(cell, pbc, cutoff)
+    count = math.prod(2.0 * float(r) + 1.0 for r in reach)  # a Python float: inf, never a wrapped integer
+    if count > MAX_IMAGES:
+        spacing = ", ".join(f"{cutoff / r:.3g}" if r else "-" for r in reach)
+        raise SampleDataError(
+            f"cutoff {cutoff:g} reaches {count:,.0f} periodic images of this cell (lattice planes about "
+            f"{spacing} apart along its axes): more than {MAX_IMAGES:,}, so its neighbor list cannot be built "
+            f"in bounded memory; use a smaller cutoff or a supercell of the structure"
+        )
+    axes = [np.arange(-int(n), int(n) + 1, dtype=np.int64) for n in reach]
     grid = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, 3)
     home = np.flatnonzero((grid == 0).all(axis=1))[0]
     return np.concatenate([grid[home : home + 1], np.delete(grid, home, axis=0)])
@@ -57,7 +92,14 @@ def radius_graph(
     """Edges ``[E, 2]`` (sender i, receiver j) and their image offsets ``[E, 3]``.
 
     The displacement of an edge is ``positions[j] + offsets @ cell - positions[i]``. Edges come sorted by
-    sender, then image, then receiver.
+    sender, then image, then receiver. Images are searched a group at a time and atoms a block of rows
+    at a time, so the work memory is about :data:`BLOCK_BYTES` whatever the cell and cutoff.
+
+    Raises
+    ------
+    SampleDataError
+        If the cutoff reaches more than :data:`MAX_IMAGES` images, or the structure has more than
+        :data:`MAX_EDGES` edges (found while searching, before more memory is taken).
     """
     if not math.isfinite(cutoff) or cutoff <= 0:
         raise ValueError(f"cutoff must be a positive number, got {cutoff}")
@@ -69,22 +111,35 @@ def radius_graph(
     cell64 = np.asarray(cell, dtype=np.float64).reshape(3, 3)
     offsets = image_offsets(cell64, np.asarray(pbc, dtype=bool).reshape(3), cutoff)
     shifts = offsets.astype(np.float64) @ cell64  # [K, 3]
-    targets = (pos[None, :, :] + shifts[:, None, :]).reshape(-1, 3)  # [K * n, 3]: image k of atom j
-    rows_per_block = max(1, BLOCK_BYTES // (8 * targets.shape[0]))
+    images_per_group = max(1, BLOCK_BYTES // (24 * n))
     senders, receivers, images = [], [], []
+    found = 0
     cutoff2 = cutoff * cutoff
-    target_norms = (targets * targets).sum(axis=1)
-    for start in range(0, n, rows_per_block):
-        block = pos[start : start + rows_per_block]
-        # |t - b|^2 = |t|^2 + |b|^2 - 2 b.t, one matrix product per block
-        d2 = target_norms[None, :] + (block * block).sum(axis=1)[:, None] - 2.0 * (block @ targets.T)  # [rows, K * n]
-        hit = d2 < cutoff2
-        rows = np.arange(start, start + block.shape[0])
-        hit[rows - start, rows] = False  # an atom is not its own neighbor in the home cell (image 0)
-        i, flat = np.nonzero(hit)
-        senders.append(i + start)
-        images.append(flat // n)
-        receivers.append(flat % n)
+    pos_norms = (pos * pos).sum(axis=1)
+    for first_image in range(0, shifts.shape[0], images_per_group):
+        group = shifts[first_image : first_image + images_per_group]
+        targets = (pos[None, :, :] + group[:, None, :]).reshape(-1, 3)  # [k * n, 3]: image k of atom j
+        target_norms = (targets * targets).sum(axis=1)
+        rows_per_block = max(1, BLOCK_BYTES // (8 * targets.shape[0]))
+        for start in range(0, n, rows_per_block):
+            block = pos[start : start + rows_per_block]
+            # |t - b|^2 = |t|^2 + |b|^2 - 2 b.t, one matrix product per block
+            d2 = target_norms[None, :] + pos_norms[start : start + block.shape[0], None] - 2.0 * (block @ targets.T)
+            hit = d2 < cutoff2
+            if first_image == 0:
+                rows = np.arange(start, start + block.shape[0])
+                hit[rows - start, rows] = False  # an atom is not its own neighbor in the home cell (image 0)
+            i, flat = np.nonzero(hit)
+            found += i.size
+            if found > MAX_EDGES:
+                raise SampleDataError(
+                    f"cutoff {cutoff:g} gives this structure of {n} atoms more than {MAX_EDGES:,} edges; "
+                    f"use a smaller cutoff"
+                )
+            senders.append(i + start)
+            images.append(first_image + flat // n)
+            receivers.append(flat % n)
     sender, receiver, image = np.concatenate(senders), np.concatenate(receivers), np.concatenate(images)
-    edges = np.stack([sender, receiver], axis=1).astype(np.int64)
-    return edges, offsets[image]
+    order = np.lexsort((receiver, image, sender))
+    edges = np.stack([sender[order], receiver[order]], axis=1).astype(np.int64)
+    return edges, offsets[image[order]]

@@ -60,6 +60,8 @@ def check_neighbor_list(packed: PackedSamples) -> None:
         values = packed.fields[name]
         if not np.issubdtype(values.dtype, np.integer):
             raise SampleDataError(f"Field {name!r} has dtype {values.dtype}; expected integer atom indices")
+        if values.ndim != 2 or values.shape[1] != 2:
+            raise SampleDataError(f"Field {name!r} has shape {values.shape}; expected [edges, 2] atom index pairs")
         if values.size == 0:
             continue
         bad = csr.first_out_of_range(values, packed.n_atoms, packed.n_edges)
@@ -69,6 +71,55 @@ def check_neighbor_list(packed: PackedSamples) -> None:
                 f"Sample {sample}: {name} holds {values[edge].tolist()} but the sample has "
                 f"{int(packed.n_atoms[sample])} atoms (indices must be sample-local, in [0, n_atoms))"
             )
+
+
+def check_field_name(name: object) -> None:
+    """Refuse a field name that could not be an array of the store (:func:`~dali_alchemi.store.layout.field_name_problem`)."""
+    problem = layout.field_name_problem(name)
+    if problem is not None:
+        raise SampleDataError(f"Field name {name!r} {problem}; use a plain name (letters, digits, '_', '-')")
+
+
+def check_stored(
+    name: str, values: NDArray[Any], *, allow_nonfinite: bool, rows_ptr: NDArray[np.int64] | None = None
+) -> None:
+    """Refuse an array the reader would refuse, or non-finite floats unless ``allow_nonfinite``.
+
+    The same rules as the reader's (:func:`~dali_alchemi.store.layout.field_array_problem`), applied to
+    ``values`` as they will be stored. ``rows_ptr`` (the level's CSR pointers) lets the message name
+    the sample of the first non-finite row. Vectorised: one ``isfinite`` pass per float field.
+    """
+    check_field_name(name)
+    problem = layout.field_array_problem(name, values.dtype, values.shape)
+    if problem is not None:
+        raise SampleDataError(f"Field {name!r} {problem}")
+    if allow_nonfinite or values.dtype.kind not in "fc" or values.size == 0:
+        return
+    finite = np.isfinite(values)
+    if finite.all():
+        return
+    flat = int(np.argmin(finite.reshape(len(values), -1).all(axis=1)))
+    where = f"row {flat}"
+    if rows_ptr is not None:
+        where += f" (sample {int(np.searchsorted(rows_ptr, flat, side='right')) - 1})"
+    raise SampleDataError(
+        f"Field {name!r}: {where} holds {values[flat].tolist()!r}, not finite (NaN or inf); "
+        f"nothing was written. Pass allow_nonfinite=True to the writer to store such values (nvalchemi stores "
+        f"them silently)"
+    )
+
+
+def check_disk(
+    packed: PackedSamples, disk: Mapping[str, NDArray[Any]], *, allow_nonfinite: bool | frozenset[str]
+) -> None:
+    """:func:`check_stored` for every array of a write or append, before any is written.
+
+    ``allow_nonfinite``: for every field (a bool), or the names of the fields that may hold NaN and inf.
+    """
+    ptrs = {"atom": packed.atoms_ptr, "edge": packed.edges_ptr, "system": None}
+    for name, values in disk.items():
+        allowed = allow_nonfinite if isinstance(allow_nonfinite, bool) else name in allow_nonfinite
+        check_stored(name, values, allow_nonfinite=allowed, rows_ptr=ptrs[packed.levels[name]])
 
 
 def global_index(packed: PackedSamples, name: str, atom_base: int) -> NDArray[Any]:

@@ -30,6 +30,7 @@ from zarr.storage import LocalStore
 
 from dali_alchemi.csr import concat_aranges
 from dali_alchemi.errors import ChunkDecodeError
+from dali_alchemi.store import layout
 from dali_alchemi.store.batches import read_and_finish
 from dali_alchemi.store.cache import BlockCache, CacheStats
 from dali_alchemi.store.codecs import block_requests, fetch_blocks, read_blocks
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from dali_alchemi.store.codecs import ArrayCodec
+    from dali_alchemi.store.location import StoreLocation
     from dali_alchemi.store.shared import SharedBlocks
     from dali_alchemi.store.snapshot import ArrayHandle, Snapshot
     from dali_alchemi.types import CountArray, IndexArray, Level
@@ -533,12 +535,33 @@ def _snapshot_token(snapshot: Snapshot) -> str:
     token (the bytes of the root and atom-pointer ``zarr.json``, which every delete, defragment,
     ``add_custom`` and ``repair`` changes) and which custom fields were replaced: a block decoded from
     one state is then never mapped by a reader of another, even when counts and shapes are the same.
+    For a local store it also covers the identity of those two files on disk (device, inode, change
+    time, size): a store written again at the same path, with the same shapes and byte-identical
+    metadata but new values, gets new files and so a new name, and a ``shared_cache`` folder kept
+    across runs never serves the old store's blocks.
     """
     arrays = ";".join(f"{n}:{h.shape}:{h.dtype}" for n, h in sorted(snapshot.handles.items()))
     rewritten = ";".join(f"{n}:{g}" for n, g in sorted(snapshot.rewritten.items()))
     text = f"{snapshot.location!r}|{snapshot.n_physical}|{int(snapshot.atoms_ptr[-1])}|{int(snapshot.edges_ptr[-1])}"
+    text += f"|{_file_identity(snapshot.location)}"
     digest = hashlib.blake2b(f"{text}|{arrays}|{rewritten}|".encode() + snapshot.token, digest_size=8)
     return digest.hexdigest()
+
+
+def _file_identity(loc: StoreLocation) -> str:
+    """Device, inode, change time and size of a local store's root and ``meta/atoms_ptr`` ``zarr.json``."""
+    root = loc.local_root
+    if root is None:
+        return "-"
+    parts = []
+    for path in (root / "zarr.json", root / layout.META_GROUP / layout.ATOMS_PTR / "zarr.json"):
+        try:
+            st = path.stat()
+        except OSError:
+            parts.append("missing")
+            continue
+        parts.append(f"{st.st_dev}:{st.st_ino}:{st.st_ctime_ns}:{st.st_size}")
+    return ",".join(parts)
 
 
 def _read_through_zarr(handle: ArrayHandle, rows: NDArray[np.int64]) -> NDArray[Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from typing import Any, Protocol
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
+
+from dali_alchemi.errors import ChunkDecodeError
 
 INLINE_READS = 2
 """At most this many local reads are done on the calling thread (a pool hand-off costs more)."""
@@ -49,6 +52,15 @@ class ByteFetcher(Protocol):
     """Reads many objects of one store concurrently; a missing object gives ``None``."""
 
     def fetch(self, requests: Sequence[ByteRequest]) -> list[Any | None]: ...
+
+
+def _directory_error(key: str) -> ChunkDecodeError:
+    """A directory where a chunk (or shard) file belongs: damage, named with its array and chunk key."""
+    array = key.split("/c/")[0] if "/c/" in key else key
+    return ChunkDecodeError(
+        f"Array {array!r}: chunk {key} is a directory, not a chunk file; the store is damaged there",
+        array=array, chunk=key,
+    )  # fmt: skip
 
 
 class LocalFetcher:
@@ -81,6 +93,12 @@ class LocalFetcher:
                         fds[key] = os.open(os.path.join(self.root, key), os.O_RDONLY)
                     except (FileNotFoundError, NotADirectoryError):
                         fds[key] = None
+                    except IsADirectoryError:  # where opening a directory read-only fails
+                        fds[key] = None
+                        raise _directory_error(key) from None
+                    fd_opened = fds[key]
+                    if fd_opened is not None and stat.S_ISDIR(os.fstat(fd_opened).st_mode):
+                        raise _directory_error(key)
                 fd = fds[key]
                 i += 1
                 if fd is None:

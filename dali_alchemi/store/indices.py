@@ -31,11 +31,14 @@ def checked_indices(
     ------
     SampleIndexError
         Naming the first out-of-range value and ``n`` (of the ``owner``: a reader, a store), counted
-        in ``unit``.
+        in ``unit``; or for an array of more than one dimension (never flattened).
     TypeError
         If the values are not integers (booleans included).
     """
-    arr = np.asarray(values).reshape(-1)
+    given = np.asarray(values)
+    if given.ndim > 1:  # flattening a (B, k) array would read B * k samples nobody asked for
+        raise SampleIndexError(f"{what} values must be one integer or a 1-D sequence, got an array of shape {given.shape}")
+    arr = given.reshape(-1)
     if arr.dtype == object and all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in arr):
         pass  # Python integers too large for any numpy integer type: compared exactly below
     elif arr.dtype == np.bool_ or (arr.size and not np.issubdtype(arr.dtype, np.integer)):

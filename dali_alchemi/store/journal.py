@@ -193,6 +193,11 @@ def _level(doc: Mapping[str, Any], name: str, store: str, *, optional: bool = Fa
 def parse_operation(doc: Any, *, store: str) -> Operation:
     """The typed record of a journal document; keys this version does not know are ignored.
 
+    A record is checked like the operation it describes: it may name only paths inside that
+    operation's own arrays (an add_custom's key follows the field-name rules of
+    :func:`~dali_alchemi.store.layout.field_name_problem`, so no ``..`` or ``.``), because recovery
+    deletes what it names. :mod:`dali_alchemi.store.recovery` checks the counts against the store.
+
     Raises
     ------
     StoreFormatError
@@ -207,13 +212,20 @@ def parse_operation(doc: Any, *, store: str) -> Operation:
         )
     if op == DeleteOp.OP:
         physical = _field(doc, "physical", store)
-        if not isinstance(physical, list) or any(isinstance(p, bool) or not isinstance(p, int) for p in physical):
-            raise _bad(doc, "physical", "a list of physical sample indices", store)
+        if not isinstance(physical, list) or any(
+            isinstance(p, bool) or not isinstance(p, int) or p < 0 for p in physical
+        ):
+            raise _bad(doc, "physical", "a list of non-negative physical sample indices", store)
         return DeleteOp(physical=tuple(physical))
     if op == AddCustomOp.OP:
         key = _field(doc, "key", store)
-        if not isinstance(key, str) or not key:
-            raise _bad(doc, "key", "a custom array name", store)
+        problem = layout.field_name_problem(key)
+        if problem is not None:  # recovery deletes custom/<key>: "..", "." or "a/../b" would name other paths
+            raise StoreFormatError(
+                f"Store {store}: the write journal of 'add_custom' names custom array {key!r}, which {problem}: "
+                f"a path outside the arrays an add_custom writes; nothing was changed (remove the journal "
+                f"if no writer of yours left it)"
+            )
         state = _field(doc, "state", store)
         if state not in tuple(AddCustomState):
             raise _bad(doc, "state", f"one of {', '.join(AddCustomState)}", store)

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from dali_alchemi.errors import FieldLevelError, StoreFormatError
 from dali_alchemi.types import LEVELS, Level
 
@@ -134,7 +136,8 @@ def parse_schema(attributes: Mapping[str, Any], *, store: str) -> StoreSchema:
     Raises
     ------
     StoreFormatError
-        If ``fields`` is not a mapping of group -> {name: level}, or ``num_samples`` is not an integer.
+        If ``fields`` is not a mapping of group -> {name: level}, names a field that could not be an
+        array (:func:`field_name_problem`), or ``num_samples`` is not an integer.
     """
     raw_n = attributes.get(NUM_SAMPLES_ATTR, -1)
     if isinstance(raw_n, bool) or not isinstance(raw_n, int) or raw_n < -1:
@@ -157,6 +160,9 @@ def parse_schema(attributes: Mapping[str, Any], *, store: str) -> StoreSchema:
             )
         levels: dict[str, Level] = {}
         for name, level in entries.items():
+            problem = field_name_problem(name)
+            if problem is not None:
+                raise StoreFormatError(f"Store {store}: attribute fields.{group} names a field {name!r} that {problem}")
             if isinstance(level, str) and level in LEVELS:
                 levels[str(name)] = level  # type: ignore[assignment]
             else:  # a level a newer writer added: kept aside, an error only for a reader that asks for it
@@ -228,3 +234,55 @@ EXPECTED_TRAILING_SHAPES: dict[str, tuple[int, ...]] = {
     "neighbor_list": (2,), "shifts": (3,), "neighbor_list_shifts": (3,), "cell": (3, 3), "stress": (3, 3),
     "virial": (3, 3), "pbc": (3,),
 }  # fmt: skip
+
+
+# -- rules the writer and the reader share ----------------------------------------------------------
+MAX_NAME_BYTES = 255
+"""Longest field name, in UTF-8 bytes: one path component on common filesystems (ext4, XFS, NFS)."""
+RESERVED_NAMES = frozenset({"zarr.json"})
+"""Names that would collide with zarr's own objects inside a group."""
+
+
+def field_name_problem(name: object) -> str | None:
+    """What makes ``name`` unusable as a field (array) name, or ``None`` when it is fine.
+
+    A field is one directory inside ``core/`` or ``custom/`` and one key in the ``fields``
+    attribute, so its name must be a single path component that neither zarr nor the filesystem
+    treats specially: not empty, no ``/`` or ``\\``, no leading ``.`` (``.``, ``..``, hidden keys), no
+    control characters (NUL), not ``zarr.json``, at most :data:`MAX_NAME_BYTES` bytes. The writer
+    refuses such a name before anything is written, the reader refuses a store that records one, and
+    the journal parser a journal that names one.
+    """
+    if not isinstance(name, str):
+        return f"is a {type(name).__name__}, not a string"
+    if not name:
+        return "is empty"
+    if "/" in name or "\\" in name:
+        return "contains a path separator ('/' or '\\')"
+    if name.startswith("."):
+        return "starts with '.'"
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        return "contains a control character (NUL, newline, ...)"
+    if name in RESERVED_NAMES:
+        return "is reserved by zarr"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return f"is longer than {MAX_NAME_BYTES} bytes"
+    return None
+
+
+def field_array_problem(name: str, dtype: Any, shape: tuple[int, ...]) -> str | None:
+    """What makes an on-disk array of ``dtype`` and ``shape`` unfit to hold field ``name``, or ``None``.
+
+    Well-known fields have allowed dtype kinds (:data:`EXPECTED_DTYPE_KINDS`: float
+    ``atomic_numbers`` are refused) and trailing shapes (:data:`EXPECTED_TRAILING_SHAPES`:
+    ``positions`` are ``[V, 3]``, ``neighbor_list`` is ``[E, 2]``); the reader checks the stored
+    arrays and the writer the arrays it is about to store with this one rule.
+    """
+    kinds = EXPECTED_DTYPE_KINDS.get(name)
+    dt = np.dtype(dtype)
+    if kinds is not None and dt.kind not in kinds:
+        return f"has dtype {dt}, which cannot hold {name}"
+    trailing = EXPECTED_TRAILING_SHAPES.get(name)
+    if trailing is not None and tuple(shape[1:]) != trailing:
+        return f"has shape {tuple(shape)}; expected [rows, {', '.join(map(str, trailing))}]"
+    return None

@@ -9,6 +9,7 @@ so the reader can read their chunk files directly.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,9 +42,25 @@ class StoreLocation:
         return "/".join(p for p in (self.prefix, *parts) if p)
 
 
-def open_group(loc: StoreLocation, *, mode: Literal["r", "r+", "w"]) -> Any:
+def open_group(loc: StoreLocation, *, mode: Literal["r", "r+", "w", "a"]) -> Any:
     """The zarr group at ``loc`` (its store, below its prefix), opened with ``mode``."""
     return zarr.open_group(store=StorePath(loc.store, loc.prefix), mode=mode)
+
+
+def root_members(root: Any) -> dict[str, Any]:
+    """The arrays and groups at the root of a store, by name.
+
+    The writer keeps its journal and lock under hidden keys at the root of a non-local store
+    (``.dali-alchemi-*``); they are no zarr objects, and zarr's warning about them is silenced here.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Object at \.dali-alchemi-", category=UserWarning)
+        return dict(root.members())
+
+
+def root_groups(root: Any) -> dict[str, Any]:
+    """The groups at the root of a store, by name (see :func:`root_members`)."""
+    return {name: node for name, node in root_members(root).items() if isinstance(node, zarr.Group)}
 
 
 def _is_url(text: str) -> bool:

@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dali_alchemi.csr import concat_aranges
+from dali_alchemi.errors import StoreFormatError
 from dali_alchemi.store import layout
 from dali_alchemi.store.arrays import complete, truncate_array
 from dali_alchemi.store.journal import (
+    CREATE_PREFIX,
     DEFRAGMENT_NEW,
     DEFRAGMENT_OLD,
     JOURNAL_SUFFIX,
@@ -42,6 +44,7 @@ from dali_alchemi.store.journal import (
     staging_suffix,
 )
 from dali_alchemi.store.location import StoreLocation, open_group
+from dali_alchemi.store.lock import LOCK_SUFFIX
 from dali_alchemi.store.validate import MetaInfo, check_meta
 from dali_alchemi.types import PerLevel
 
@@ -86,8 +89,15 @@ def recover(loc: StoreLocation, phase: Callable[[str], None] = _no_phase) -> str
     elif isinstance(op, DeleteOp):
         root = open_group(loc, mode="r+")
         meta = check_meta(root, store=loc.display)
+        beyond = [p for p in op.physical if p >= meta.n_physical]
+        if beyond:
+            raise StoreFormatError(
+                f"Store {loc.display}: the write journal of 'delete' names samples {beyond[:5]} of a store with "
+                f"{meta.n_physical} samples; nothing was changed"
+            )
         apply_delete(root, meta, np.asarray(op.physical, dtype=np.int64), phase)
     remove_staging(loc)
+    remove_partial_files(loc)
     clear_journal(loc)
     return op.OP
 
@@ -118,6 +128,7 @@ def _roll_back_append(loc: StoreLocation, op: AppendOp) -> None:
     """Truncate every array to the sizes it had before an interrupted append."""
     root = open_group(loc, mode="r+")
     schema = layout.parse_schema(root.attrs.asdict(), store=loc.display)
+    _check_append_record(loc, root, op, schema.num_samples)
     rows = op.rows
     for name, level in schema.field_levels.items():
         group = schema.group_of(name)
@@ -131,6 +142,33 @@ def _roll_back_append(loc: StoreLocation, op: AppendOp) -> None:
     ):  # fmt: skip
         truncate_array(meta[name], length)
     root.attrs.update(layout.StoreSchema(num_samples=n, core=schema.core, custom=schema.custom).to_attributes())
+
+
+def _check_append_record(loc: StoreLocation, root: Any, op: AppendOp, num_samples: int) -> None:
+    """Refuse an append record whose old state is not a prefix of the store (before anything is truncated).
+
+    An interrupted append extends every array and leaves the first ``samples + 1`` pointers as they
+    were, and the root's ``num_samples`` is the old count until its last step (then the new one, which
+    the pointers hold).
+    """
+    meta = root[layout.META_GROUP]
+    atoms_ptr, edges_ptr = meta[layout.ATOMS_PTR], meta[layout.EDGES_PTR]
+    n = op.samples
+    problem = None
+    if n + 1 > min(atoms_ptr.shape[0], edges_ptr.shape[0]):
+        problem = f"{n} old samples, but the pointers hold {atoms_ptr.shape[0] - 1}"
+    elif (int(atoms_ptr[n]), int(edges_ptr[n])) != (op.atoms, op.edges):
+        problem = (
+            f"{op.atoms} atoms and {op.edges} edges before sample {n}, but the pointers say "
+            f"{int(atoms_ptr[n])} and {int(edges_ptr[n])}"
+        )
+    elif num_samples not in (-1, n, atoms_ptr.shape[0] - 1):
+        problem = f"{n} old samples, but the store records {num_samples}"
+    if problem is not None:
+        raise StoreFormatError(
+            f"Store {loc.display}: the write journal of 'append' does not fit the store ({problem}); nothing was "
+            f"rolled back"
+        )
 
 
 def _roll_back_add_custom(loc: StoreLocation, op: AddCustomOp) -> None:
@@ -186,14 +224,34 @@ def finish_repair_swap(loc: StoreLocation, key: str, phase: Callable[[str], None
 
 
 def remove_staging(loc: StoreLocation) -> None:
-    """Delete what a killed writer left beside a local store (never the journal or the store)."""
+    """Delete what a killed writer left beside a local store (never the journal, the lock or the store).
+
+    That is its staging directories and copies moved aside, and also what a killed conversion left
+    beside the store it was building there (``..<name>.dali-alchemi-create-*``: that store's own
+    staging and lock). Called under the writer lock, so none of it belongs to a live writer.
+    """
     if loc.local_root is None:
         return
-    journal = sibling(loc, JOURNAL_SUFFIX)
-    for path in siblings(loc):
-        if path == journal:
+    journal, lock = sibling(loc, JOURNAL_SUFFIX), sibling(loc, LOCK_SUFFIX)
+    nested = loc.local_root.parent.glob(f"..{loc.local_root.name}.dali-alchemi-{CREATE_PREFIX}*")
+    for path in [*siblings(loc), *sorted(nested)]:
+        if path in (journal, lock):
             continue
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         else:
+            path.unlink(missing_ok=True)
+
+
+def remove_partial_files(loc: StoreLocation) -> None:
+    """Delete the ``*.partial`` files inside a local store: chunks zarr was writing when a writer was killed.
+
+    zarr's local store writes each object to ``<key>.<random>.partial`` and renames it into place, so
+    such a file is never part of the store; only a crashed writer leaves one (walks the whole store,
+    which is why it runs only when an interrupted operation is recovered).
+    """
+    if loc.local_root is None or not loc.local_root.is_dir():
+        return
+    for path in loc.local_root.rglob("*.partial"):
+        if path.is_file():
             path.unlink(missing_ok=True)

@@ -3,7 +3,8 @@
 :class:`RetryingStore` wraps any zarr store, so zarr's own metadata reads and the reader's chunk
 fetches share one policy (:class:`~dali_alchemi.config.FetchConfig`). A missing object is an answer,
 not a failure, and is never retried; anything else (a timeout, a reset connection, an HTTP 5xx) is
-retried, and after the last attempt a :class:`~dali_alchemi.errors.RemoteReadError` names the key,
+retried. Every attempt is bounded by ``FetchConfig.timeout_s``, whatever the network stack's own
+timeouts, so a server that never answers fails like one that refuses; after the last attempt a :class:`~dali_alchemi.errors.RemoteReadError` names the key,
 the number of attempts and the last error.
 """
 
@@ -54,15 +55,17 @@ class RetryingStore(WrapperStore[Store]):
 
     async def _retry(self, what: str, key: str, call: Callable[[], Awaitable[T]]) -> T:
         attempts = self.fetch.retries + 1
+        timeout = self.fetch.timeout_s
         for attempt in range(attempts):
             try:
-                return await call()
+                return await asyncio.wait_for(call(), timeout)  # bounds connecting and reading alike
             except PERMANENT_ERRORS:
                 raise
             except Exception as err:  # network stacks raise many types; all are worth another try
                 if attempt + 1 == attempts:
+                    why = f"no answer within {timeout:g} s (FetchConfig.timeout_s)" if isinstance(err, TimeoutError) else err
                     raise RemoteReadError(
-                        f"{what} {key!r} on {self._store} failed after {attempts} attempts: {type(err).__name__}: {err}"
+                        f"{what} {key!r} on {self._store} failed after {attempts} attempts: {type(err).__name__}: {why}"
                     ) from err
                 delay = self.fetch.delay(attempt)
                 logger.debug("%s %r failed (%s), retrying in %.3f s", what, key, err, delay)

@@ -45,6 +45,7 @@ from dali_alchemi.store.journal import (
     write_journal,
 )
 from dali_alchemi.store.location import StoreLocation, open_group, resolve_store
+from dali_alchemi.store.lock import WriterLock
 from dali_alchemi.store.recovery import finish_repair_swap, recover, remove_staging
 from dali_alchemi.store.repair import NEIGHBOR_LIST, RepairPlan, infer
 from dali_alchemi.store.validate import MetaInfo, check_meta, open_root
@@ -143,6 +144,15 @@ def repair_in_place(
     clear_journal(loc)
 
 
+def check_in_place(loc: StoreLocation) -> None:
+    """Refuse an in-place repair of a store that is not a local directory (before anything is locked)."""
+    if loc.local_root is None:
+        raise UnsupportedStoreError(
+            f"repair rewrites local directory stores in place; {loc.display} is not one: "
+            f"write a repaired copy with out=DIR (dali-alchemi repair STORE --out DIR)"
+        )
+
+
 def run_repair(
     loc: StoreLocation, root: Any, meta: MetaInfo, *, dry_run: bool, prefer: str | None = None,
     phase: Callable[[str], None] = _phase_none,
@@ -152,11 +162,8 @@ def run_repair(
     ``dry_run`` only infers. A store that needs nothing is left untouched. ``prefer``: see
     :func:`~dali_alchemi.store.repair.infer`.
     """
-    if not dry_run and loc.local_root is None:
-        raise UnsupportedStoreError(
-            f"repair rewrites local directory stores in place; {loc.display} is not one: "
-            f"write a repaired copy with out=DIR (dali-alchemi repair STORE --out DIR)"
-        )
+    if not dry_run:
+        check_in_place(loc)
     plan = infer(root, meta, store=loc.display, prefer=prefer)
     if dry_run:
         return RepairReport(plan=plan, applied=False, written_to=None)
@@ -259,10 +266,12 @@ def repair_store(
     """
     if out is None and not dry_run:
         loc = resolve_store(store, read_only=False, must_exist=True, storage_options=storage_options)
-        recover(loc)
-        open_root(loc)  # a zarr v3 group
-        root = open_group(loc, mode="r+")
-        return run_repair(loc, root, check_meta(root, store=loc.display), dry_run=False, prefer=prefer)
+        check_in_place(loc)
+        with WriterLock(loc, "repair"):
+            recover(loc)
+            open_root(loc)  # a zarr v3 group
+            root = open_group(loc, mode="r+")
+            return run_repair(loc, root, check_meta(root, store=loc.display), dry_run=False, prefer=prefer)
     loc = resolve_store(store, read_only=True, must_exist=True, storage_options=storage_options)
     if out is not None and not dry_run:
         return repair_copy(loc, Path(out), prefer=prefer)

@@ -8,6 +8,9 @@ the pages exist once on the machine and count once in the processes' proportiona
 Protocol, per block (``array name``, ``block``):
 
 - a published block is the file ``NAME.BLOCK``, written beside and renamed in, so it is whole or absent;
+  its decoded bytes are followed by a trailer holding their crc32, which every process checks when it
+  maps the block: a block whose bytes changed in the folder is removed and decoded again from the
+  store, never returned;
 - a process about to decode one creates ``NAME.BLOCK.claim`` exclusively (``O_EXCL``) holding its pid;
   the others wait for the file instead of decoding it too; the claim is removed once it is published;
 - a claim whose process is gone (killed worker), or a wait longer than ``wait_s``, ends the wait, and
@@ -17,15 +20,20 @@ Protocol, per block (``array name``, ``block``):
 
 Only the folder's path crosses a fork or a pickle; the folder belongs to whoever created it (the loader
 removes it on close). Stores change under a reader only through a refresh, which gives a new snapshot:
-its blocks live in a sub-folder of their own (:meth:`SharedBlocks.scoped`).
+its blocks live in a sub-folder of their own (:meth:`SharedBlocks.scoped`), named by the store's
+content (see ``engine._snapshot_token``), so a folder kept across runs never serves the blocks of a
+store that was rewritten at the same path.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import struct
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -34,6 +42,12 @@ import numpy as np
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
+
+logger = logging.getLogger(__name__)
+
+_TRAILER = struct.Struct("<4sI")
+"""After a published block's bytes: a magic tag and the crc32 of those bytes."""
+_MAGIC = b"dab1"
 
 WAIT_S = 60.0
 """Longest wait for a block another process claimed before decoding it here."""
@@ -73,21 +87,41 @@ class SharedBlocks:
     def _path(self, name: str, block: int) -> Path:
         return self.directory / f"{quote(name, safe='')}.{block}"
 
-    def open(self, name: str, block: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> NDArray[Any] | None:
-        """The published block mapped read-only, or ``None`` if it is not (or no longer) there."""
+    def open(
+        self, name: str, block: int, dtype: np.dtype[Any], shape: tuple[int, ...], *, verify: bool = True
+    ) -> NDArray[Any] | None:
+        """The published block mapped read-only, or ``None`` if it is not (or no longer) there.
+
+        The mapped bytes are checked against the crc32 their publisher recorded (``verify``; one pass
+        over the block, once per process, as it then stays in the process's cache). A block that fails
+        the check, or has another size, is removed from the folder (logged) and ``None`` returned, so
+        the caller decodes it from the store.
+        """
         path = self._path(name, block)
         try:
             size = path.stat().st_size
         except FileNotFoundError:
             return None
         expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if size != expected or expected == 0:
+        if expected == 0:
             return None
+        if size != expected + _TRAILER.size:
+            return None  # not this block (a caller's other shape), or a file no publisher wrote
         try:
+            with open(path, "rb") as fh:
+                fh.seek(expected)
+                magic, crc = _TRAILER.unpack(fh.read(_TRAILER.size))
             data = np.memmap(path, dtype=dtype, mode="r", shape=shape)
-        except (FileNotFoundError, ValueError):
+        except (FileNotFoundError, ValueError, struct.error):
+            return None
+        if verify and (magic != _MAGIC or zlib.crc32(data.data) != crc):
+            self._reject(path, "its bytes do not match the crc32 its publisher recorded")
             return None
         return np.ndarray(shape, dtype=dtype, buffer=data)  # a plain read-only array over the mapping
+
+    def _reject(self, path: Path, why: str) -> None:
+        logger.warning("shared block %s is damaged (%s): removed, decoded again from the store", path, why)
+        path.unlink(missing_ok=True)
 
     def claim(self, name: str, block: int) -> bool:
         """Claim the decode of a block: ``True`` if this process should decode and publish it.
@@ -123,13 +157,15 @@ class SharedBlocks:
         path = self._path(name, block)
         temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
+            raw = np.ascontiguousarray(data).data.cast("B")
             with open(temporary, "wb") as fh:
-                fh.write(np.ascontiguousarray(data).data.cast("B"))
+                fh.write(raw)
+                fh.write(_TRAILER.pack(_MAGIC, zlib.crc32(raw)))
             os.replace(temporary, path)
         finally:
             temporary.unlink(missing_ok=True)
             self.release(name, block)
-        mapped = self.open(name, block, data.dtype, data.shape)
+        mapped = self.open(name, block, data.dtype, data.shape, verify=False)  # this process wrote it
         return data if mapped is None else mapped
 
     def release(self, name: str, block: int) -> None:

@@ -19,7 +19,7 @@ from dali_alchemi.store import layout
 from dali_alchemi.store.codecs import ArrayCodec, fetch_blocks
 from dali_alchemi.store.fetch import StoreFetcher
 from dali_alchemi.store.journal import AS_IS, ReadView
-from dali_alchemi.store.location import open_group
+from dali_alchemi.store.location import open_group, root_groups
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
@@ -57,7 +57,9 @@ def open_root(loc: StoreLocation) -> Any:
     try:
         root = open_group(loc, mode="r")
     except (BaseZarrError, FileNotFoundError, KeyError, ValueError, TypeError) as err:
-        raise StoreFormatError(f"Store {loc.display} is not a zarr group: {err}") from err
+        raise StoreFormatError(
+            f"Store {loc.display} is not a zarr group: its zarr.json is unreadable: {type(err).__name__}: {err}"
+        ) from err
     version = root.metadata.zarr_format
     if version != 3:
         raise StoreFormatError(f"Store {loc.display} is zarr format {version}; expected zarr format 3")
@@ -144,7 +146,7 @@ def check_meta(root: Any, *, store: str, view: ReadView = AS_IS) -> MetaInfo:
     longer than the old state they are read at (``view.rows``); during a delete, ``view.deleted``
     samples are read as deleted.
     """
-    groups = frozenset(name for name, _ in root.groups())
+    groups = frozenset(root_groups(root))
     for required in (layout.META_GROUP, layout.CORE_GROUP):
         if required not in groups:
             raise StoreFormatError(f"Store {store} is missing the {required!r} group")
@@ -248,15 +250,9 @@ def check_data_array(
         raise StoreFormatError(
             f"Store {store}: array {group}/{name} has {shape[0]} rows; expected {expected_rows[level]} {what}"
         )
-    kinds = layout.EXPECTED_DTYPE_KINDS.get(name)
-    dtype = np.dtype(arr.dtype)
-    if kinds is not None and dtype.kind not in kinds:
-        raise StoreFormatError(f"Store {store}: array {group}/{name} has dtype {dtype}, which cannot hold {name}")
-    trailing = layout.EXPECTED_TRAILING_SHAPES.get(name)
-    if trailing is not None and shape[1:] != trailing:
-        raise StoreFormatError(
-            f"Store {store}: array {group}/{name} has shape {shape}; expected [rows, {', '.join(map(str, trailing))}]"
-        )
+    problem = layout.field_array_problem(name, arr.dtype, shape)
+    if problem is not None:
+        raise StoreFormatError(f"Store {store}: array {group}/{name} {problem}")
     return level
 
 

@@ -318,3 +318,24 @@ def test_cli_convert_policy_report_and_precision(
     with AtomicDataZarrReader(tmp_path / "narrow.zarr") as reader:
         fields = reader.read_packed(range(5)).fields
         assert fields["energy"].dtype == np.float32 and fields["positions"].dtype == np.float64
+
+
+@pytest.mark.timeout(60)  # a hang detector only: the header is refused before ASE parses anything
+@pytest.mark.parametrize("claimed", ["1000000000000", "3"])
+def test_a_header_claiming_more_atoms_than_the_file_holds_is_refused(tmp_path: Path, claimed: str) -> None:
+    path = tmp_path / "huge.xyz"
+    path.write_text(f"2\nfirst\nH 0 0 0\nH 0 0 0.74\n{claimed}\nsecond\nH 0 0 0\n")
+    store = tmp_path / "s.zarr"
+    with pytest.raises(SampleDataError, match=rf"huge.xyz: frame 1 claims {int(claimed):,} atoms, but only 8 bytes"):
+        convert([path], store)
+    assert not store.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["huge.xyz"]
+    assert main(["convert", str(path), str(store)]) != 0
+
+
+@pytest.mark.timeout(60)
+def test_a_tiny_cell_with_a_cutoff_is_a_clear_error_not_a_memory_blowup(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.xyz"
+    write(path, bulk("Cu", "sc", a=0.01), format="extxyz")
+    with pytest.raises(SampleDataError, match="periodic images of this cell"):
+        convert([path], tmp_path / "s.zarr", cutoff=5.0)
+    assert not (tmp_path / "s.zarr").exists()

@@ -62,3 +62,35 @@ def test_a_slab_with_an_empty_third_cell_vector() -> None:
         map(tuple, np.column_stack([i, j, shifts]).tolist())
     )
     assert not images[:, 2].any()
+
+
+@pytest.mark.timeout(60)  # a hang detector only: the refusal comes before any per-image allocation
+@pytest.mark.parametrize(("side", "cutoff"), [(0.01, 5.0), (1e-3, 5.0), (1.0, 1e300)])
+def test_a_cell_far_smaller_than_the_cutoff_is_refused_up_front(side: float, cutoff: float) -> None:
+    from dali_alchemi.errors import SampleDataError
+
+    with pytest.raises(SampleDataError, match=r"periodic images of this cell .* more than 1,048,576"):
+        radius_graph(np.zeros((1, 3)), np.eye(3) * side, np.array([True, True, True]), cutoff)
+
+
+def test_images_searched_a_group_at_a_time_give_the_same_sorted_edges(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dali_alchemi.interop import neighbors
+
+    rng = np.random.default_rng(3)
+    cell = np.diag([2.5, 3.0, 2.0])
+    pos = rng.uniform(0, 1, (7, 3)) @ cell
+    pbc = np.array([True, True, False])
+    edges, images = radius_graph(pos, cell, pbc, 4.0)
+    monkeypatch.setattr(neighbors, "BLOCK_BYTES", 24 * 7 * 3)  # three images per group, one row per block
+    small_edges, small_images = radius_graph(pos, cell, pbc, 4.0)
+    assert edges.shape[0] > 100 and np.array_equal(edges, small_edges) and np.array_equal(images, small_images)
+    assert edges[:, 0].tolist() == sorted(edges[:, 0].tolist())  # sorted by sender, as one group gives them
+
+
+def test_too_many_edges_are_refused_while_searching(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dali_alchemi.errors import SampleDataError
+    from dali_alchemi.interop import neighbors
+
+    monkeypatch.setattr(neighbors, "MAX_EDGES", 10)
+    with pytest.raises(SampleDataError, match="more than 10 edges"):
+        radius_graph(np.zeros((5, 3)), np.eye(3) * 10, np.array([False] * 3), 1.0)

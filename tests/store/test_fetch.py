@@ -12,6 +12,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import MemoryStore
 
+from dali_alchemi.errors import ChunkDecodeError
 from dali_alchemi.store import fetch as fetch_module
 from dali_alchemi.store.fetch import INLINE_READS, ByteRequest, LocalFetcher, StoreFetcher
 
@@ -80,6 +81,17 @@ def test_a_missing_object_is_none_in_its_place(fetcher: Any) -> None:
 
 def test_a_path_through_a_file_is_missing_not_an_error(local: LocalFetcher) -> None:
     assert local.fetch([ByteRequest("a/c/0/inner"), ByteRequest("a/c/5")]) == [None, OBJECTS["a/c/5"]]
+
+
+@pytest.mark.parametrize("count", [1, 12])  # inline on the calling thread, and on the pool
+def test_a_directory_in_a_chunks_place_is_a_chunk_error_naming_the_array(
+    local: LocalFetcher, tmp_path: Path, count: int
+) -> None:
+    (tmp_path / "a" / "c" / "7").unlink()
+    (tmp_path / "a" / "c" / "7").mkdir()
+    with pytest.raises(ChunkDecodeError, match=r"Array 'a': chunk a/c/7 is a directory") as caught:
+        local.fetch([ByteRequest("a/c/0")] * (count - 1) + [ByteRequest("a/c/7")])
+    assert (caught.value.array, caught.value.chunk) == ("a", "a/c/7")
 
 
 def test_local_reads_return_bytes_and_store_reads_numpy_buffers(local: LocalFetcher, remote: StoreFetcher) -> None:

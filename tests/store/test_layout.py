@@ -50,3 +50,42 @@ def test_parse_schema_keeps_levels_it_cannot_interpret_aside() -> None:
     schema = layout.parse_schema(attrs, store="s")
     assert schema.field_levels == {"e": "system"}
     assert schema.unknown_levels == {"core/x": "node", "custom/y": 1}
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("a/b", "path separator"), ("a\\b", "path separator"), ("..", "starts with '.'"), (".", "starts with '.'"),
+        (".hidden", "starts with '.'"), ("", "is empty"), ("zarr.json", "reserved by zarr"),
+        ("a\x00b", "control character"), ("a\nb", "control character"), ("x" * 256, "longer than 255 bytes"),
+        ("é" * 128, "longer than 255 bytes"), (7, "is a int"),
+    ],
+)  # fmt: skip
+def test_field_names_that_could_not_be_an_array_are_named(name: object, problem: str) -> None:
+    found = layout.field_name_problem(name)
+    assert found is not None and problem in found
+
+
+@pytest.mark.parametrize("name", ["energy", "x" * 255, "é" * 127, "charge-2", "c", "__tag", "zarr.json2"])
+def test_ordinary_field_names_pass(name: str) -> None:
+    assert layout.field_name_problem(name) is None
+
+
+def test_the_reader_refuses_a_store_recording_a_field_that_could_not_be_an_array() -> None:
+    attrs = {"fields": {"core": {"positions": "atom"}, "custom": {"a/b": "atom"}}}
+    with pytest.raises(StoreFormatError, match=r"fields.custom names a field 'a/b' that contains a path separator"):
+        layout.parse_schema(attrs, store="s")
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "shape", "problem"),
+    [
+        ("atomic_numbers", "float32", (5,), "dtype float32, which cannot hold atomic_numbers"),
+        ("positions", "float32", (5, 2), "shape (5, 2); expected [rows, 3]"),
+        ("neighbor_list", "int64", (4, 3), "shape (4, 3); expected [rows, 2]"),
+        ("pbc", "int8", (1, 3), "dtype int8, which cannot hold pbc"),
+    ],
+)
+def test_the_array_rules_name_what_a_field_needs(name: str, dtype: str, shape: tuple[int, ...], problem: str) -> None:
+    assert layout.field_array_problem(name, dtype, shape) == f"has {problem}"
+    assert layout.field_array_problem("custom_thing", dtype, shape) is None

@@ -16,7 +16,7 @@ from dali_alchemi import AtomicDataZarrReader
 from dali_alchemi.bench.http_server import StoreServer
 from dali_alchemi.bench.synth import write_synthetic_store
 from dali_alchemi.config import ArrayConfig, FetchConfig, WriteConfig
-from dali_alchemi.errors import RemoteReadError
+from dali_alchemi.errors import ConfigError, RemoteReadError
 from dali_alchemi.store.remote import RetryingStore
 
 N = 600
@@ -204,3 +204,41 @@ def test_s3_through_a_loopback_s3_server(served: Path) -> None:
                 assert np.array_equal(got.fields[name], want.fields[name]), name
     finally:
         server.stop()
+
+
+# -- a server that accepts and never answers -------------------------------------------------------------
+STALLED = FetchConfig(timeout_s=0.2, retries=1, backoff_s=0.05)
+"""A small timeout: each stalled read gives up after 0.2 s x 2 attempts + 0.05 s."""
+
+
+@pytest.mark.timeout(120)  # only a hang detector: the bound is FetchConfig.worst_case_s(), well under a second
+def test_a_stalled_server_is_a_remote_read_error_within_timeout_times_attempts(served: Path) -> None:
+    with StoreServer(served, stall="") as server:
+        with pytest.raises(RemoteReadError, match=r"failed after 2 attempts: TimeoutError: no answer within 0.2 s"):
+            AtomicDataZarrReader(server.url + "s.zarr", fetch=STALLED)
+        assert sum(n for (method, _), n in server.requests.items() if method == "GET") >= 2  # it was retried
+
+
+@pytest.mark.timeout(120)
+def test_stalled_chunks_fail_a_read_and_the_loader_within_the_bound(served: Path) -> None:
+    from dali_alchemi import DALIDataLoader
+    from dali_alchemi.errors import LoaderError
+
+    with StoreServer(served, stall=r"/core/.*/c/") as server:  # metadata and pointers answer, data never
+        reader = AtomicDataZarrReader(server.url + "s.zarr", fetch=STALLED)
+        with pytest.raises(RemoteReadError, match=r"no answer within 0\.2 s"):
+            reader.read_packed(np.arange(4))
+        loader = DALIDataLoader(reader, batch_size=8, num_workers=0, device="cpu", shuffle=False)
+        try:
+            with pytest.raises(LoaderError, match=r"^RemoteReadError: .*no answer within 0.2 s"):
+                next(iter(loader))
+        finally:
+            loader.close()
+
+
+def test_the_timeout_is_checked_and_bounds_the_worst_case() -> None:
+    assert FetchConfig().timeout_s == 10.0
+    assert STALLED.worst_case_s() == pytest.approx(0.2 * 2 + 0.05)
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match="timeout_s"):
+            FetchConfig(timeout_s=bad)

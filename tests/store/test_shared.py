@@ -91,3 +91,67 @@ def test_a_refreshed_reader_never_maps_blocks_decoded_from_a_replaced_field(smal
             assert b.read_packed([0]).fields["tag"].tolist() == [1.0]
     finally:
         remove_shared_folder(folder)
+
+
+def _read_and_exit(store: str, folder: str, done: Any) -> None:
+    """Read every structure through the shared folder, then exit without closing: the blocks stay."""
+    reader = AtomicDataZarrReader(store, fields=["energy"], shared_cache=folder)
+    reader.read_packed(np.arange(len(reader)))
+    done.set()
+    os._exit(0)
+
+
+def _publish_in_a_child(store: Path, folder: Path) -> None:
+    ctx = multiprocessing.get_context("fork")
+    done = ctx.Event()
+    child = ctx.Process(target=_read_and_exit, args=(str(store), str(folder), done))
+    child.start()
+    child.join(60)
+    assert done.is_set() and child.exitcode == 0
+    assert list(folder.rglob("*energy*")), "the child published no block"
+
+
+def _write(store: Path, energy: float) -> None:
+    samples = [
+        {"atomic_numbers": np.array([1, 8]), "positions": np.zeros((2, 3), np.float32),
+         "energy": np.array([[energy + i]], np.float32)}
+        for i in range(20)
+    ]  # fmt: skip
+    AtomicDataZarrWriter(store).write(samples)
+
+
+def test_a_kept_folder_never_serves_a_store_rewritten_at_the_same_path(tmp_path: Path) -> None:
+    store, folder = tmp_path / "s.zarr", tmp_path / "blocks"
+    _write(store, 0.0)
+    _publish_in_a_child(store, folder)
+    shutil.rmtree(store)
+    _write(store, 100.0)  # same path, counts, shapes, dtypes and metadata bytes; new labels
+    with AtomicDataZarrReader(store, fields=["energy"], shared_cache=folder) as reader:
+        got = reader.read_packed(np.arange(20)).fields["energy"].ravel()
+    assert got.tolist() == [100.0 + i for i in range(20)]
+
+
+def test_a_damaged_block_in_the_folder_is_decoded_again_not_returned(tmp_path: Path) -> None:
+    store, folder = tmp_path / "s.zarr", tmp_path / "blocks"
+    _write(store, 0.0)
+    _publish_in_a_child(store, folder)
+    (block,) = [p for p in folder.rglob("*energy*") if p.is_file()]
+    raw = bytearray(block.read_bytes())
+    raw[0] ^= 0xFF  # a flipped bit in the first label
+    block.write_bytes(bytes(raw))
+    with AtomicDataZarrReader(store, fields=["energy"], shared_cache=folder) as reader:
+        got = reader.read_packed(np.arange(20)).fields["energy"].ravel()
+    assert got.tolist() == [float(i) for i in range(20)]
+
+
+def test_a_block_whose_crc_does_not_match_is_removed(tmp_path: Path) -> None:
+    shared = SharedBlocks(tmp_path)
+    data = np.arange(6, dtype=np.int64)
+    assert shared.claim("x", 0)
+    shared.publish("x", 0, data)
+    path = tmp_path / "x.0"
+    raw = bytearray(path.read_bytes())
+    assert len(raw) == data.nbytes + 8  # the bytes, then the trailer
+    raw[3] ^= 1
+    path.write_bytes(bytes(raw))
+    assert shared.open("x", 0, data.dtype, data.shape) is None and not path.exists()

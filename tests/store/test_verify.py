@@ -174,3 +174,40 @@ def test_an_array_of_a_newer_writers_level_is_skipped_not_a_problem(
     assert report.to_dict()["skipped"] == list(report.skipped)
     assert main(["verify", str(store)]) == 0
     assert "skipped: " in capsys.readouterr().out
+
+
+# -- bounded by what is stored; unreadable metadata is a problem naming the file ---------------------
+def _claim_rows(path: Path, array: str, rows: int) -> None:
+    meta_path = path / array / "zarr.json"
+    doc = json.loads(meta_path.read_text())
+    doc["shape"][0] = rows
+    meta_path.write_text(json.dumps(doc))
+
+
+@pytest.mark.timeout(120)  # a hang detector only: the check lists the stored chunks instead of walking 10^12 rows
+@pytest.mark.parametrize("array", ["core/positions", "meta/atoms_mask", "meta/samples_mask", "meta/atoms_ptr"])
+def test_a_huge_claimed_shape_is_reported_from_what_is_stored(store: Path, array: str) -> None:
+    _claim_rows(store, array, 10**12)
+    progress: list[tuple[int, int]] = []
+    report = verify_store(store, progress=lambda done, total: progress.append((done, total)))
+    assert not report.ok
+    problem = next(p for p in report.problems if p.array == array)
+    assert problem.kind == "shape" and "1000000000000" in problem.message and "not decoded" in problem.message
+    on_disk = sum(1 for p in store.rglob("*") if p.is_file() and p.name != "zarr.json")
+    assert report.chunks <= on_disk and (not progress or progress[-1][1] <= on_disk)
+
+
+def test_rows_that_do_not_fit_the_pointers_are_not_walked(store: Path) -> None:
+    _claim_rows(store, "core/energy", 10 * N)  # few enough claimed chunks to pass the listing, not the pointers
+    report = verify_store(store)
+    assert ("shape", "core/energy", None) in _kinds(report)
+    assert "expected 40 rows (from the pointers); its chunks are not decoded" in report.problems[0].message
+
+
+@pytest.mark.parametrize(("target", "named"), [("zarr.json", "its zarr.json"), ("core/zarr.json", "core/zarr.json"),
+                                               ("core/positions/zarr.json", "core/positions/zarr.json")])  # fmt: skip
+def test_unparsable_metadata_is_a_problem_naming_the_file(store: Path, target: str, named: str) -> None:
+    (store / target).write_text("{garbage")
+    report = verify_store(store)
+    assert not report.ok and named in report.problems[0].message and "JSONDecodeError" in report.problems[0].message
+    assert main(["verify", str(store)]) == 1

@@ -151,14 +151,16 @@ def test_append_requires_the_stores_fields(tmp_path: Path) -> None:
         writer.append([_sample(2, 1, 1)])
     with pytest.raises(SampleDataError, match=r"unexpected \['extra'\]"):
         writer.append([_sample(2, 1, 1, tag=np.array([2]), extra=np.ones(2))])
-    wrong_shape = _sample(2, 1, 1, tag=np.array([2]))
-    wrong_shape["cell"] = np.ones((1, 2, 2), np.float32)
-    with pytest.raises(SampleDataError, match="Field 'cell': new rows have trailing shape"):
+    wrong_shape = _sample(2, 1, 1, tag=np.array([[2, 3]]))
+    with pytest.raises(SampleDataError, match="Field 'tag': new rows have trailing shape"):
         writer.append([wrong_shape])
-    wrong_dtype = _sample(2, 1, 1, tag=np.array([2]))
-    wrong_dtype["atomic_numbers"] = np.array([1.5, 2.5])
-    with pytest.raises(SampleDataError, match="Field 'atomic_numbers': new rows have dtype float64"):
+    wrong_dtype = _sample(2, 1, 1, tag=np.array([2.5]))
+    with pytest.raises(SampleDataError, match="Field 'tag': new rows have dtype float64"):
         writer.append([wrong_dtype])
+    wrong_cell = _sample(2, 1, 1, tag=np.array([2]))
+    wrong_cell["cell"] = np.ones((1, 2, 2), np.float32)
+    with pytest.raises(SampleDataError, match=r"Field 'cell' has shape \(1, 2, 2\); expected \[rows, 3, 3\]"):
+        writer.append([wrong_cell])
     with AtomicDataZarrReader(path) as reader:
         assert len(reader) == 1  # failed appends left the store as it was
 
@@ -305,3 +307,73 @@ def test_round_trip_with_appends_deletes_and_defragment(first: list, second: lis
         _assert_reads_back(path, kept)
         writer.defragment(window=data.draw(st.integers(1, 5)))
         _assert_reads_back(path, kept)
+
+
+# -- the writer refuses what its reader refuses, before anything is written -------------------------
+def _nothing_beside(path: Path) -> list[str]:
+    return sorted(p.name for p in path.parent.iterdir() if p.name != path.name)
+
+
+BAD_WRITES = {
+    "float atomic_numbers": ({"atomic_numbers": np.array([1.0, 6.0])}, None, "dtype float64, which cannot hold atomic_numbers"),
+    "positions (5, 2)": ({"positions": np.zeros((2, 2), np.float32)}, None, r"'positions' has shape \(2, 2\); expected \[rows, 3\]"),
+    "neighbor_list (4, 3)": ({"neighbor_list": np.zeros((1, 3), np.int64)}, None, r"'neighbor_list' has shape \(1, 3\); expected \[edges, 2\]"),
+    "a/b": ({"a/b": np.zeros(2)}, {"a/b": "atom"}, "contains a path separator"),
+    "zarr.json": ({"zarr.json": np.zeros(2)}, {"zarr.json": "atom"}, "is reserved by zarr"),
+    "NUL": ({"a\x00b": np.zeros(2)}, {"a\x00b": "atom"}, "control character"),
+    "300 characters": ({"x" * 300: np.zeros(2)}, {"x" * 300: "atom"}, "longer than 255 bytes"),
+    "..": ({"..": np.zeros(2)}, {"..": "atom"}, "starts with '.'"),
+    "NaN positions": ({"positions": np.array([[0, 0, 0], [np.nan, 0, 0]], np.float32)}, None, r"'positions': row 1 \(sample 0\)"),
+    "inf energy": ({"energy": np.array([[np.inf]], np.float32)}, None, r"'energy': row 0 holds .*inf.*allow_nonfinite=True"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD_WRITES))
+def test_write_refuses_what_the_reader_refuses_before_writing(tmp_path: Path, case: str) -> None:
+    fields, levels, message = BAD_WRITES[case]
+    path = tmp_path / "s.zarr"
+    with pytest.raises(SampleDataError, match=message):
+        AtomicDataZarrWriter(path).write([_sample(2, 1, 0, **fields)], levels=levels)
+    assert not path.exists() and _nothing_beside(path) == []
+
+
+@pytest.mark.parametrize("case", ["float atomic_numbers", "positions (5, 2)", "neighbor_list (4, 3)", "NaN positions"])
+def test_append_refuses_what_the_reader_refuses_before_writing(tmp_path: Path, case: str) -> None:
+    fields, _, message = BAD_WRITES[case]
+    path = tmp_path / "s.zarr"
+    AtomicDataZarrWriter(path).write([_sample(2, 1, 0)])
+    before = {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    with pytest.raises(SampleDataError, match=message):
+        AtomicDataZarrWriter(path).append([_sample(2, 1, 1, **fields)])
+    after = {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    assert after == before and _nothing_beside(path) == []
+
+
+@pytest.mark.parametrize("key", ["..", ".", "a/b", "zarr.json", "a\x00b", "x" * 300, ""])
+def test_add_custom_refuses_names_that_are_no_array(tmp_path: Path, key: str) -> None:
+    path = tmp_path / "s.zarr"
+    AtomicDataZarrWriter(path).write([_sample(2, 1, 0)])
+    with pytest.raises(SampleDataError, match="Field name"):
+        AtomicDataZarrWriter(path).add_custom(key, np.zeros(1), "system")
+    assert _nothing_beside(path) == [] and len(AtomicDataZarrReader(path)) == 1
+
+
+def test_add_custom_refuses_bad_arrays_and_nonfinite_values(tmp_path: Path) -> None:
+    path = tmp_path / "s.zarr"
+    AtomicDataZarrWriter(path).write([_sample(2, 1, 0), _sample(3, 1, 1)])
+    with pytest.raises(SampleDataError, match=r"'charge': row 3 \(sample 1\) holds nan"):
+        AtomicDataZarrWriter(path).add_custom("charge", np.array([0, 0, 0, np.nan, 0], np.float32), "atom")
+    with pytest.raises(SampleDataError, match="cannot hold forces"):
+        AtomicDataZarrWriter(path).add_custom("forces", np.zeros((5, 3), np.int32), "atom")
+    assert _nothing_beside(path) == [] and "charge" not in AtomicDataZarrReader(path).field_names
+
+
+def test_nonfinite_values_are_stored_when_allowed(tmp_path: Path) -> None:
+    path = tmp_path / "s.zarr"
+    sample = _sample(2, 1, 0, energy=np.array([[np.nan]], np.float32))
+    AtomicDataZarrWriter(path, allow_nonfinite=True).write([sample])
+    AtomicDataZarrWriter(path, allow_nonfinite={"charge"}).add_custom("charge", np.array([np.inf, 1.0]), "atom")
+    with pytest.raises(SampleDataError, match="'energy'"):  # only the fields named may
+        AtomicDataZarrWriter(path, allow_nonfinite={"charge"}).append([dict(sample, charge=np.zeros(2))])
+    tensors, _ = AtomicDataZarrReader(path)[0]
+    assert torch.isnan(tensors["energy"]).all() and torch.isinf(tensors["charge"][0])

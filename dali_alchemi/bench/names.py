@@ -33,6 +33,9 @@ DEFAULT_LOADERS = (
 )
 
 
+STORE_LAYOUTS = ("default", "compressed", "uncompressed")
+"""Named store layouts (:func:`dali_alchemi.config.layout_config`; the ``--layout`` of ``synth``, ``bench`` and ``rewrite``)."""
+
 CODECS = ("lz4", "zstd", "zstd3", "none")
 """Codecs of a synthetic store (``--codec``): blosc-lz4 (the default), zstd level 1 or 3, or raw bytes
 (``none``: rows read in place, no decode)."""

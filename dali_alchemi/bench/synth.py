@@ -23,25 +23,43 @@ from dali_alchemi.store.writer import AtomicDataZarrWriter
 if TYPE_CHECKING:
     from dali_alchemi.config import WriteConfig
 
-def synthetic_config(codec: str, chunk_size: int | None, shard_size: int | None, checksum: bool = True) -> WriteConfig:
-    """The write config of a synthetic store from the command line's ``--codec``, chunk and shard options.
+def synthetic_config(
+    codec: str | None = None,
+    chunk_size: int | None = None,
+    shard_size: int | None = None,
+    checksum: bool = True,
+    *,
+    layout: str = "default",
+) -> WriteConfig:
+    """The write config of a synthetic store from the command line's ``--layout``, ``--codec``, chunk and shard options.
 
-    ``codec`` is one of :data:`~dali_alchemi.bench.names.CODECS`; the options apply to the core arrays,
-    and ``checksum=False`` leaves the checksums out of every group.
+    With no ``codec``, chunk or shard size the store follows the named ``layout`` (one of
+    :data:`~dali_alchemi.config.STORE_LAYOUTS`); otherwise ``codec`` (one of
+    :data:`~dali_alchemi.bench.names.CODECS`, ``lz4`` when only sizes are given) and the sizes apply to
+    every core array. ``checksum=False`` leaves the checksums out of every array.
     """
+    from dataclasses import replace
+
     from zarr.codecs import ZstdCodec
 
-    from dali_alchemi.config import DEFAULT_COMPRESSORS, ArrayConfig, WriteConfig
+    from dali_alchemi.config import DEFAULT_COMPRESSORS, ArrayConfig, WriteConfig, layout_config
 
+    if codec is None and chunk_size is None and shard_size is None:
+        config = layout_config(layout)
+        if checksum:
+            return config
+        dtypes = {name: np.asarray(values).dtype for name, values in synthetic_samples(1).fields.items()}
+        overrides = {name: replace(config.for_array("core", name, dtype), checksum=False) for name, dtype in dtypes.items()}
+        return WriteConfig(meta=ArrayConfig(checksum=False), custom=ArrayConfig(checksum=False), field_overrides=overrides)
     compressors = {
         "lz4": DEFAULT_COMPRESSORS,
         "zstd": (ZstdCodec(level=1),),
         "zstd3": (ZstdCodec(level=3),),
         "none": (),
-    }[codec]
+    }[codec or "lz4"]
     core = ArrayConfig(compressors=compressors, chunk_size=chunk_size, shard_size=shard_size, checksum=checksum)
     if checksum:
-        return WriteConfig(core=core)
+        return WriteConfig(meta=ArrayConfig(), core=core, custom=ArrayConfig())
     return WriteConfig(core=core, meta=ArrayConfig(checksum=False), custom=ArrayConfig(checksum=False))
 
 

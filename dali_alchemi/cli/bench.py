@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dali_alchemi.bench.names import CODECS, DEFAULT_LOADERS, LOADER_HELP
+from dali_alchemi.bench.names import CODECS, DEFAULT_LOADERS, LOADER_HELP, STORE_LAYOUTS
 from dali_alchemi.cli.console import cuda_device, fmt, make_table, parse_device
 
 if TYPE_CHECKING:
@@ -41,7 +41,9 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         else:
             store = str(Path(scratch) / "synthetic.zarr")
             console.print(f"writing a synthetic store of {args.n} structures (seed {args.seed}) ...")
-            write_config = synthetic_config(args.codec, args.chunk_size, args.shard_size, checksum=not args.no_checksum)
+            write_config = synthetic_config(
+                args.codec, args.chunk_size, args.shard_size, checksum=not args.no_checksum, layout=args.layout
+            )
             write_synthetic_store(store, args.n, seed=args.seed, config=write_config)
             store_info = {
                 "synthetic": True,
@@ -259,10 +261,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="measure only the first N batches of each epoch (the limits: the windows holding them); for large stores",
     )  # fmt: skip
     bench.add_argument(
-        "--codec", choices=CODECS, default="lz4", help="codec of the synthetic store (default lz4: blosc-lz4, shuffle)"
+        "--layout", choices=STORE_LAYOUTS, default="default", help="layout of the synthetic store (default: default)"
     )
-    bench.add_argument("--chunk-size", type=int, help="rows per chunk of the synthetic store (default: 4 MiB chunks)")
-    bench.add_argument("--shard-size", type=int, help="rows per shard of the synthetic store (default: unsharded)")
+    bench.add_argument(
+        "--codec", choices=CODECS, help="one codec for every core array of the synthetic store instead of the layout's"
+    )
+    bench.add_argument("--chunk-size", type=int, help="rows per chunk of the synthetic store's core arrays")
+    bench.add_argument("--shard-size", type=int, help="rows per shard of the synthetic store's core arrays")
     bench.add_argument(
         "--no-checksum", action="store_true", help="write the synthetic store without crc32c checksums (default: with)"
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from dali_alchemi.bench.names import CODECS
+from dali_alchemi.bench.names import CODECS, STORE_LAYOUTS
 from dali_alchemi.cli.console import CommandError, human_bytes, make_table
 
 if TYPE_CHECKING:
@@ -32,7 +32,9 @@ def cmd_synth(args: argparse.Namespace, console: Console) -> int:
     else:
         from dali_alchemi.bench.synth import synthetic_config
 
-        config = synthetic_config(args.codec, args.chunk_size, args.shard_size, checksum=not args.no_checksum)
+        config = synthetic_config(
+            args.codec, args.chunk_size, args.shard_size, checksum=not args.no_checksum, layout=args.layout
+        )
         path = write_synthetic_store(
             args.out, args.n, seed=args.seed, min_atoms=args.min_atoms, max_atoms=args.max_atoms, config=config
         )
@@ -137,11 +139,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     synth.add_argument("--no-checksum", action="store_true", help="write no crc32c checksums (default: one per chunk)")
     synth.add_argument(
-        "--codec", choices=CODECS, default="lz4",
-        help="codec of the core arrays (default lz4: blosc-lz4 with shuffle; none: raw rows, read in place)",
+        "--layout", choices=STORE_LAYOUTS, default="default",
+        help="default: float arrays raw (read in place), the others blosc-lz4 in small chunks; compressed: "
+        "blosc-lz4 in 4 MiB chunks everywhere; uncompressed: raw everywhere",
     )  # fmt: skip
-    synth.add_argument("--chunk-size", type=int, help="rows per chunk of the core arrays (default: about 4 MiB)")
-    synth.add_argument("--shard-size", type=int, help="rows per shard of the core arrays (default: unsharded)")
+    synth.add_argument(
+        "--codec", choices=CODECS,
+        help="one codec for every core array instead of the layout's (lz4: blosc-lz4 with shuffle; none: raw rows)",
+    )  # fmt: skip
+    synth.add_argument("--chunk-size", type=int, help="rows per chunk of every core array (default: the layout's)")
+    synth.add_argument("--shard-size", type=int, help="rows per shard of every core array (default: the layout's)")
     synth.add_argument(
         "--writer", choices=("dali-alchemi", "nvalchemi"), default="dali-alchemi",
         help="write the store with this project's writer or nvalchemi-toolkit's own (one write; needs nvalchemi)",

@@ -143,6 +143,10 @@ class PrecisionLossWarning(DaliAlchemiWarning):
     """Storing floats in a narrower dtype (float32) changed some values by more than the stated tolerance."""
 
 
+class SlowLayoutWarning(DaliAlchemiWarning):
+    """A shuffled loader opened a store whose layout and cache do not fit each other; names the rewrite command."""
+
+
 class RepairError(DaliAlchemiError, ValueError):
     """A store's neighbor lists cannot be repaired: some samples fit no way they could have been stored.
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from dali_alchemi.store.advice import warn_if_slow_layout
 from dali_alchemi.batch import Batch
 from dali_alchemi.interop.read_many import as_packed_reader
 from dali_alchemi.padding import pad_batch
@@ -236,7 +237,10 @@ def plain_dataloader(
             num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized, pad=pad,
             weights=weights, samples_per_dataset=samples_per_dataset, epoch_policy=epoch_policy,
         )  # fmt: skip
+        shuffled = plan is not None or bool(shuffle)
         plan = reader_plan(plan, arguments, reader, selected, lambda: reader.sample_sizes(np.arange(len(reader))))
+        if shuffled:
+            warn_if_slow_layout(reader, "plain_dataloader")
         shape = pad_shape(arguments, plan)
     except BaseException:
         if owns:

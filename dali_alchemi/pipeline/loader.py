@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from dali_alchemi.store.advice import warn_if_slow_layout
 from dali_alchemi.augment import apply_augmentations, check_augmentations
 from dali_alchemi.config import LoaderConfig
 from dali_alchemi.errors import ConfigError, DeviceError, LoaderClosedError, LoaderError
@@ -272,6 +273,8 @@ class DALIDataLoader:
                 weights=weights, samples_per_dataset=samples_per_dataset, epoch_policy=epoch_policy,
             )  # fmt: skip
             self.plan = reader_plan(plan, arguments, self.reader, self.fields, self._all_sizes)
+            if plan is not None or shuffle:
+                warn_if_slow_layout(self.reader, "DALIDataLoader")
             self.pad_shape = pad_shape(arguments, self.plan)
         except BaseException:
             if self._owns_reader:

@@ -265,6 +265,19 @@ class AtomicDataZarrReader:
         """Budget of the decoded-chunk cache, in bytes."""
         return int(self._options["cache_bytes"])
 
+    def decoded_block_bytes(self) -> dict[str, int]:
+        """Decoded bytes of one row block of each selected array that is read by decoding (not in place).
+
+        What one random structure costs per array on a store far larger than the cache: the block that
+        holds its rows is decoded whole. Metadata only, no I/O.
+        """
+        handles = [self._snapshot.handles[name] for name in self._fields]
+        return {
+            h.name: min(h.codec.block_rows, h.shape[0]) * h.codec.row_nbytes if h.codec is not None else int(h.array.nbytes)
+            for h in handles
+            if not self._engine.reads_in_place(h)
+        }
+
     def sample_chunk_bounds(self) -> IndexArray:
         """``[S + 1]`` logical sample offsets of spans aligned with the core per-atom arrays' chunks.
 

@@ -8,9 +8,10 @@ own automatic guess (which splits trailing dims and is frozen at the first write
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from zarr.abc.codec import BytesBytesCodec
@@ -18,6 +19,9 @@ from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
 
 from dali_alchemi.bench.names import STORE_LAYOUTS
 from dali_alchemi.errors import ConfigError
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 """Target uncompressed bytes per chunk when ``chunk_size`` is not set (4 MiB: fastest shuffled reads
@@ -120,33 +124,82 @@ COMPRESSED_ARRAYS = ArrayConfig()
 """blosc-lz4 in chunks of about 4 MiB: the former default for every array, and the ``"compressed"`` layout."""
 
 RAW_ARRAYS = ArrayConfig(compressors=())
-"""Raw little-endian rows in chunks of about 4 MiB: read in place by a local reader, never decoded."""
+"""Raw little-endian rows in chunks of about 4 MiB: the ``"uncompressed"`` layout."""
 
-SMALL_CHUNK_ROWS = 4096
-"""Rows per inner chunk of a compressed core or custom array in the default layout: a random
-structure decodes one such chunk per array (32 KiB of int64 atom numbers), not a 4 MiB one."""
+SMALL_CHUNK_BYTES = 32 << 10
+"""Target bytes per inner chunk of a core or custom array in the default layout: a random structure
+decodes one such chunk per compressed array (4,096 int64 atomic numbers), not a 4 MiB one, and the
+last, partly filled chunk of a raw array wastes at most this much disk."""
 
-SHARD_ROWS = 262144
-"""Rows per shard of those arrays, so that small chunks do not mean many small files."""
+CHUNKS_PER_SHARD = 128
+"""Inner chunks per shard in the default layout (4 MiB of rows per file), so small chunks do not mean many files."""
 
-SMALL_COMPRESSED_ARRAYS = ArrayConfig(chunk_size=SMALL_CHUNK_ROWS, shard_size=SHARD_ROWS)
-"""blosc-lz4 in :data:`SMALL_CHUNK_ROWS`-row inner chunks inside :data:`SHARD_ROWS`-row shards."""
 
-def default_array_config(group: str, dtype: np.dtype[Any] | None) -> ArrayConfig:
-    """The default layout's config for an array of ``group`` holding ``dtype``.
+FAST_SMALL_CHUNK_CODEC = BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle")
+"""blosc-lz4 with bit shuffle: decodes a 32 KiB chunk in 4-12 µs, and keeps 0.09-0.13 of atomic numbers
+and neighbor lists (byte shuffle keeps more on chunks this small)."""
+
+DENSE_SMALL_CHUNK_CODEC = BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle")
+"""blosc-zstd level 1 with bit shuffle: 15-27 µs per 32 KiB chunk, but keeps 2-3x fewer bytes of
+repetitive arrays (periodic shifts of a crystal: 0.02-0.04 against 0.05-0.09 with lz4)."""
+
+DENSE_GAIN = 1.5
+"""The denser codec is chosen for an array only when it keeps this many times fewer bytes of its sample."""
+
+RAW_ABOVE_RATIO = 0.75
+"""A core or custom array whose sample compresses to more than this share of its bytes is stored raw."""
+
+SAMPLE_BYTES = 1 << 20
+"""Bytes of an array's first rows compressed, chunk by chunk, to choose its codec."""
+
+
+def compressed_ratio(sample: NDArray[Any], codec: BloscCodec, chunk_rows: int) -> float:
+    """Compressed over raw size of ``sample``'s first :data:`SAMPLE_BYTES`, compressed ``chunk_rows`` rows at a time."""
+    from numcodecs import Blosc
+
+    data = np.ascontiguousarray(sample)
+    rows = max(1, min(data.shape[0], SAMPLE_BYTES // max(1, data[:1].nbytes)))
+    data = data[:rows]
+    if data.nbytes == 0:
+        return 1.0
+    shuffle = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}[codec.shuffle.value]
+    compressor = Blosc(cname=codec.cname.value, clevel=codec.clevel, shuffle=shuffle)
+    packed = sum(len(compressor.encode(data[i : i + chunk_rows])) for i in range(0, rows, chunk_rows))
+    return packed / data.nbytes
+
+
+def default_array_config(
+    group: str, dtype: np.dtype[Any] | None, row_bytes: int = 1, sample: NDArray[Any] | None = None
+) -> ArrayConfig:
+    """The default layout's config for an array of ``group`` holding ``dtype`` rows of ``row_bytes`` bytes.
 
     Measured (README, "Store layouts"): real positions, forces and velocities compress to 0.83-0.94 of
-    their size with blosc-lz4, while atomic numbers, neighbor lists and masks compress 8x to 250x. So
-    float arrays of the core and custom groups are stored raw, where a local reader reads each
-    structure's rows in place at any cache size, and every other array is compressed in small inner
-    chunks, cheap to decode one structure at a time. The metadata group (pointers, masks) keeps
-    4 MiB compressed chunks: it is read whole when a store is opened.
+    their size, while atomic numbers, neighbor lists, periodic shifts and masks shrink 8x to 170x. So an
+    array of the core and custom groups is stored in inner chunks of about :data:`SMALL_CHUNK_BYTES`
+    (cheap to decode one structure at a time) inside shards of :data:`CHUNKS_PER_SHARD` chunks, and its
+    ``sample`` (its first rows) decides how: raw when even the denser codec keeps more than
+    :data:`RAW_ABOVE_RATIO` of it (a local reader then reads each structure's rows in place at any cache
+    size), else :data:`FAST_SMALL_CHUNK_CODEC`, or :data:`DENSE_SMALL_CHUNK_CODEC` where that keeps
+    :data:`DENSE_GAIN` times fewer bytes. Without a sample, float arrays are raw and the others fast-
+    compressed. The metadata group (pointers, masks) keeps 4 MiB compressed chunks: it is read whole
+    when a store is opened.
     """
     if group == "meta":
         return COMPRESSED_ARRAYS
-    if dtype is not None and np.issubdtype(dtype, np.floating):
-        return RAW_ARRAYS
-    return SMALL_COMPRESSED_ARRAYS
+    rows = max(1, SMALL_CHUNK_BYTES // max(1, row_bytes))
+    rows = 1 << (rows.bit_length() - 1)  # a power of two: chunk boundaries line up across arrays
+    compressors: tuple[BytesBytesCodec, ...]
+    if sample is not None and sample.size:
+        fast = compressed_ratio(sample, FAST_SMALL_CHUNK_CODEC, rows)
+        dense = compressed_ratio(sample, DENSE_SMALL_CHUNK_CODEC, rows)
+        if min(fast, dense) > RAW_ABOVE_RATIO:
+            compressors = ()
+        else:
+            compressors = (DENSE_SMALL_CHUNK_CODEC,) if dense * DENSE_GAIN < fast else (FAST_SMALL_CHUNK_CODEC,)
+    else:
+        raw = dtype is not None and np.issubdtype(dtype, np.floating)
+        compressors = () if raw else (FAST_SMALL_CHUNK_CODEC,)
+    return ArrayConfig(compressors=compressors, chunk_size=rows, shard_size=rows * CHUNKS_PER_SHARD)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,7 +207,7 @@ class WriteConfig:
     """Per-group array configs plus whole-config overrides per array name.
 
     A group left at ``None`` follows the default layout (:func:`default_array_config`: float arrays
-    raw, the others compressed in small inner chunks, metadata in 4 MiB compressed chunks); a group
+    raw, the others blosc-lz4, both in small inner chunks inside shards; metadata in 4 MiB compressed chunks); a group
     given an :class:`ArrayConfig` uses it for every array of the group. As in nvalchemi, an override
     *replaces* its group's config for that array (nothing is merged), and overrides are looked up by
     array name, so they apply to meta arrays (``atoms_ptr``) too.
@@ -180,12 +233,22 @@ class WriteConfig:
                 raise TypeError(f"field_overrides[{k!r}] must be an ArrayConfig or a mapping, got {v!r}")
         object.__setattr__(self, "field_overrides", overrides)
 
-    def for_array(self, group: str, name: str, dtype: np.dtype[Any] | None = None) -> ArrayConfig:
-        """The config of array ``name`` of ``group`` (``meta``, ``core`` or ``custom``) holding ``dtype``."""
+    def for_array(self, group: str, name: str, data: Any = None) -> ArrayConfig:
+        """The config of array ``name`` of ``group`` (``meta``, ``core`` or ``custom``).
+
+        ``data`` (the values, or an array whose first rows are read as a sample) is what the default
+        layout decides from (:func:`default_array_config`).
+        """
         if name in self.field_overrides:
             return self.field_overrides[name]
         chosen: ArrayConfig | None = getattr(self, group)
-        return chosen if chosen is not None else default_array_config(group, dtype)
+        if chosen is not None:
+            return chosen
+        if data is None:
+            return default_array_config(group, None)
+        row = max(1, math.prod(int(d) for d in data.shape[1:])) * np.dtype(data.dtype).itemsize
+        sample = np.asarray(data[: max(1, SAMPLE_BYTES // row)]) if data.shape and data.shape[0] else None
+        return default_array_config(group, np.dtype(data.dtype), row, sample)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``None`` for a group that follows the default layout)."""

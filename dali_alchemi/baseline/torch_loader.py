@@ -22,11 +22,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from dali_alchemi.store.advice import warn_if_slow_layout
 from dali_alchemi.batch import Batch
 from dali_alchemi.interop.read_many import as_packed_reader
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.plan import PadShape, PlanArguments, pad_shape, reader_plan, restore
+from dali_alchemi.store.advice import warn_if_slow_layout
 from dali_alchemi.store.multi import open_source
 from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.protocol import as_field_names, select_fields

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from dali_alchemi.store.advice import warn_if_slow_layout
 from dali_alchemi.augment import apply_augmentations, check_augmentations
 from dali_alchemi.config import LoaderConfig
 from dali_alchemi.errors import ConfigError, DeviceError, LoaderClosedError, LoaderError
@@ -30,6 +29,7 @@ from dali_alchemi.pipeline.dali_private import CLOSE_TIMEOUT_S, close_pipeline, 
 from dali_alchemi.pipeline.iterator import WindowIterator
 from dali_alchemi.pipeline.source import BLOB_OUTPUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
 from dali_alchemi.plan import PlanArguments, pad_shape, reader_plan, restore
+from dali_alchemi.store.advice import warn_if_slow_layout
 from dali_alchemi.store.multi import open_source
 from dali_alchemi.store.protocol import PackedReader, as_field_names, select_fields
 from dali_alchemi.store.shared import make_shared_folder, remove_shared_folder

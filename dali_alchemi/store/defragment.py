@@ -104,7 +104,7 @@ def _copy_live(
         layout.ATOMS_MASK: np.ones(int(atoms_ptr[-1]), dtype=np.bool_),
         layout.EDGES_MASK: np.ones(int(edges_ptr[-1]), dtype=np.bool_),
     }
-    configs = [config.for_array(layout.META_GROUP, name, values.dtype) for name, values in meta_arrays.items()]
+    configs = [config.for_array(layout.META_GROUP, name, values) for name, values in meta_arrays.items()]
     for (name, values), cfg in zip(meta_arrays.items(), configs, strict=True):
         write_array(new_meta, name, values, cfg)
     totals = PerLevel(atom=int(atoms_ptr[-1]), edge=int(edges_ptr[-1]), system=int(live.size))
@@ -112,7 +112,7 @@ def _copy_live(
     for name, level in meta.schema.field_levels.items():
         group = meta.schema.group_of(name)
         old = root[f"{group}/{name}"]
-        configs.append(config.for_array(group, name, np.dtype(old.dtype)))
+        configs.append(config.for_array(group, name, old))
         targets[name] = create_array(
             groups[group], name, (totals[level], *old.shape[1:]), np.dtype(old.dtype), configs[-1]
         )

@@ -258,11 +258,11 @@ class AtomicDataZarrWriter:
         }
         configs = []
         for name, values in meta_arrays.items():
-            configs.append(self.config.for_array(layout.META_GROUP, name, values.dtype))
+            configs.append(self.config.for_array(layout.META_GROUP, name, values))
             write_array(meta, name, values, configs[-1])
         for name, values in disk.items():
             group = layout.CUSTOM_GROUP if name in custom else layout.CORE_GROUP
-            configs.append(self.config.for_array(group, name, values.dtype))
+            configs.append(self.config.for_array(group, name, values))
             write_array(groups[group], name, values, configs[-1])
         schema = layout.StoreSchema(
             num_samples=len(packed),
@@ -383,7 +383,7 @@ class AtomicDataZarrWriter:
             self._phase("journal")
             root.attrs.update(bumped(root.attrs.asdict(), rewritten=key if previous is not None else None))
             values = np.ascontiguousarray(values)
-            cfg = self.config.for_array(layout.CUSTOM_GROUP, key, values.dtype)
+            cfg = self.config.for_array(layout.CUSTOM_GROUP, key, values)
             local = self._local
             if local is None:
                 custom = root.require_group(layout.CUSTOM_GROUP)

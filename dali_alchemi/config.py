@@ -144,7 +144,10 @@ DENSE_SMALL_CHUNK_CODEC = BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle
 repetitive arrays (periodic shifts of a crystal: 0.02-0.04 against 0.05-0.09 with lz4)."""
 
 DENSE_GAIN = 1.5
-"""The denser codec is chosen for an array only when it keeps this many times fewer bytes of its sample."""
+"""The denser codec is chosen for an array only when it keeps this many times fewer bytes of its sample..."""
+
+DENSE_MIN_SAVING = 0.02
+"""... and saves at least this share of the raw bytes (not so for arrays both codecs shrink to nothing)."""
 
 RAW_ABOVE_RATIO = 0.75
 """A core or custom array whose sample compresses to more than this share of its bytes is stored raw."""
@@ -180,7 +183,7 @@ def default_array_config(
     ``sample`` (its first rows) decides how: raw when even the denser codec keeps more than
     :data:`RAW_ABOVE_RATIO` of it (a local reader then reads each structure's rows in place at any cache
     size), else :data:`FAST_SMALL_CHUNK_CODEC`, or :data:`DENSE_SMALL_CHUNK_CODEC` where that keeps
-    :data:`DENSE_GAIN` times fewer bytes. Without a sample, float arrays are raw and the others fast-
+    :data:`DENSE_GAIN` times fewer bytes and saves :data:`DENSE_MIN_SAVING`. Without a sample, float arrays are raw and the others fast-
     compressed. The metadata group (pointers, masks) keeps 4 MiB compressed chunks: it is read whole
     when a store is opened.
     """
@@ -195,7 +198,8 @@ def default_array_config(
         if min(fast, dense) > RAW_ABOVE_RATIO:
             compressors = ()
         else:
-            compressors = (DENSE_SMALL_CHUNK_CODEC,) if dense * DENSE_GAIN < fast else (FAST_SMALL_CHUNK_CODEC,)
+            denser = dense * DENSE_GAIN < fast and fast - dense >= DENSE_MIN_SAVING
+            compressors = (DENSE_SMALL_CHUNK_CODEC if denser else FAST_SMALL_CHUNK_CODEC,)
     else:
         raw = dtype is not None and np.issubdtype(dtype, np.floating)
         compressors = () if raw else (FAST_SMALL_CHUNK_CODEC,)

@@ -143,6 +143,10 @@ class PrecisionLossWarning(DaliAlchemiWarning):
     """Storing floats in a narrower dtype (float32) changed some values by more than the stated tolerance."""
 
 
+class RewriteMismatchError(DaliAlchemiError, ValueError):
+    """A rewritten store does not hold what its source held (checked before it is moved into place)."""
+
+
 class SlowLayoutWarning(DaliAlchemiWarning):
     """A shuffled loader opened a store whose layout and cache do not fit each other; names the rewrite command."""
 

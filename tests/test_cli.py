@@ -125,7 +125,7 @@ CHECK_HELP = f"""
 import contextlib, io, sys
 from dali_alchemi.cli import build_parser
 parser = build_parser()
-for command in ("synth", "inspect", "verify", "bench", "h2d", "convert", "augment-cost"):
+for command in ("synth", "rewrite", "inspect", "verify", "bench", "h2d", "convert", "augment-cost"):
     with contextlib.redirect_stdout(io.StringIO()) as text, contextlib.suppress(SystemExit):
         parser.parse_args([command, "--help"])
     assert text.getvalue().startswith("usage: dali-alchemi " + command), text.getvalue()

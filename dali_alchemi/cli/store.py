@@ -118,6 +118,29 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_rewrite(args: argparse.Namespace, console: Console) -> int:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dali_alchemi.store.rewrite import rewrite_store
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
+                  console=console, disable=args.quiet or not console.is_terminal) as bar:  # fmt: skip
+        task = bar.add_task("copying", total=None)
+
+        def progress(phase: str, done: int, total: int) -> None:
+            bar.update(task, description="copying" if phase == "copy" else "checking", completed=done, total=total)
+
+        report = rewrite_store(args.src, args.dst, args.layout, compact=args.compact, progress=progress)
+    before = "-" if report.bytes_before is None else human_bytes(report.bytes_before)
+    kept = f", {report.deleted_kept:,} soft-deleted kept" if report.deleted_kept else ""
+    console.print(
+        f"rewrote {report.samples:,} samples{kept} from {report.source} to {report.destination} "
+        f"({args.layout} layout): {before} -> {human_bytes(report.bytes_after)} on disk, "
+        f"compared and verified, in {report.seconds:.1f} s"
+    )
+    return 0
+
+
 def _raised_in_ase(tb: TracebackType | None) -> bool:
     """Whether the innermost Python frame of a traceback is ASE's: the input could not be read or parsed."""
     module = None
@@ -154,6 +177,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="write the store with this project's writer or nvalchemi-toolkit's own (one write; needs nvalchemi)",
     )  # fmt: skip
     synth.set_defaults(func=cmd_synth)
+
+    rewrite = sub.add_parser(
+        "rewrite", help="copy a store to a new one in another layout (compared with the source and verified)"
+    )
+    rewrite.add_argument("src", help="path or URL of the store to copy (this project's, nvalchemi's, remote)")
+    rewrite.add_argument("dst", help="path of the new store (must not exist)")
+    rewrite.add_argument(
+        "--layout", choices=STORE_LAYOUTS, default="default",
+        help="default: arrays that barely compress raw (read in place), the others compressed in small chunks",
+    )  # fmt: skip
+    rewrite.add_argument("--compact", action="store_true", help="drop soft-deleted samples (default: keep them)")
+    rewrite.add_argument("--quiet", action="store_true", help="no progress bar")
+    rewrite.set_defaults(func=cmd_rewrite)
 
     inspect = sub.add_parser("inspect", help="print a store's counts, arrays, chunks and codecs")
     inspect.add_argument("store", help="path or URL of the store")

@@ -61,7 +61,7 @@ def defragment(
     shutil.rmtree(staging, ignore_errors=True)
     reader = AtomicDataZarrReader(str(loc.local_root), cache_bytes=DEFRAGMENT_CACHE_BYTES)
     try:
-        _copy_live(reader, root, meta, staging, config, window, phase)
+        copy_live(reader, root, meta, staging, config, window, phase)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -78,7 +78,7 @@ def defragment(
     clear_journal(loc)
 
 
-def _copy_live(
+def copy_live(
     reader: AtomicDataZarrReader,
     root: Any,
     meta: MetaInfo,

@@ -80,11 +80,11 @@ def test_sharded_and_remote_sources(tmp_path: Path) -> None:
 
 def test_bad_requests_are_refused_naming_what_is_wrong(source: Path, tmp_path: Path) -> None:
     (tmp_path / "taken.zarr").mkdir()
-    with pytest.raises(StoreExistsError, match="taken.zarr exists"):
+    with pytest.raises(StoreExistsError, match=r"taken\.zarr exists"):
         rewrite_store(source, tmp_path / "taken.zarr")
     with pytest.raises(StoreNotFoundError):
         rewrite_store(tmp_path / "missing.zarr", tmp_path / "out.zarr")
-    with pytest.raises(ConfigError, match="'fast'.*default, compressed, uncompressed"):
+    with pytest.raises(ConfigError, match=r"'fast'.*default, compressed, uncompressed"):
         rewrite_store(source, tmp_path / "out.zarr", "fast")
     assert not (tmp_path / "out.zarr").exists()
 

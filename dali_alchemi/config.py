@@ -131,8 +131,9 @@ SMALL_CHUNK_BYTES = 32 << 10
 decodes one such chunk per compressed array (4,096 int64 atomic numbers), not a 4 MiB one, and the
 last, partly filled chunk of a raw array wastes at most this much disk."""
 
-CHUNKS_PER_SHARD = 128
-"""Inner chunks per shard in the default layout (4 MiB of rows per file), so small chunks do not mean many files."""
+CHUNKS_PER_SHARD = 1024
+"""Inner chunks per shard in the default layout (32 MiB of rows per file): small chunks in few files, so a
+shuffled window opens a few dozen files, not hundreds."""
 
 
 FAST_SMALL_CHUNK_CODEC = BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle")

@@ -150,8 +150,8 @@ DENSE_GAIN = 1.5
 DENSE_MIN_SAVING = 0.02
 """... and saves at least this share of the raw bytes (not so for arrays both codecs shrink to nothing)."""
 
-RAW_ABOVE_RATIO = 0.75
-"""A core or custom array whose sample compresses to more than this share of its bytes is stored raw."""
+DISK_BUDGET = 1.2
+"""The default layout stores a group's arrays in at most this many times the bytes of compressing them all."""
 
 SAMPLE_BYTES = 1 << 20
 """Bytes of an array's first rows compressed, chunk by chunk, to choose its codec."""
@@ -172,48 +172,85 @@ def compressed_ratio(sample: NDArray[Any], codec: BloscCodec, chunk_rows: int) -
     return packed / data.nbytes
 
 
-def default_array_config(
-    group: str, dtype: np.dtype[Any] | None, row_bytes: int = 1, sample: NDArray[Any] | None = None
-) -> ArrayConfig:
-    """The default layout's config for an array of ``group`` holding ``dtype`` rows of ``row_bytes`` bytes.
+def small_chunk_rows(row_bytes: int) -> int:
+    """Rows per inner chunk in the default layout: a power of two of about :data:`SMALL_CHUNK_BYTES`."""
+    rows = max(1, SMALL_CHUNK_BYTES // max(1, row_bytes))
+    return 1 << (rows.bit_length() - 1)  # a power of two: chunk boundaries line up across arrays
 
-    Measured (README, "Store layouts"): real positions, forces and velocities compress to 0.83-0.94 of
-    their size, while atomic numbers, neighbor lists, periodic shifts and masks shrink 8x to 170x. So an
-    array of the core and custom groups is stored in inner chunks of about :data:`SMALL_CHUNK_BYTES`
-    (cheap to decode one structure at a time) inside shards of :data:`CHUNKS_PER_SHARD` chunks, and its
-    ``sample`` (its first rows) decides how: raw when even the denser codec keeps more than
-    :data:`RAW_ABOVE_RATIO` of it (a local reader then reads each structure's rows in place at any cache
-    size), else :data:`FAST_SMALL_CHUNK_CODEC`, or :data:`DENSE_SMALL_CHUNK_CODEC` where that keeps
-    :data:`DENSE_GAIN` times fewer bytes and saves :data:`DENSE_MIN_SAVING`. Without a sample, float arrays are raw and the others fast-
-    compressed. The metadata group (pointers, masks) keeps 4 MiB compressed chunks: it is read whole
-    when a store is opened.
+
+def _sample(data: Any) -> tuple[NDArray[Any] | None, int, int]:
+    """``(first rows, bytes per row, bytes in all)`` of an array or array-like (``None``: no rows)."""
+    if data is None:
+        return None, 1, 0
+    row = max(1, math.prod(int(d) for d in data.shape[1:])) * np.dtype(data.dtype).itemsize
+    rows = int(data.shape[0]) if data.shape else 0
+    sample = np.asarray(data[: max(1, SAMPLE_BYTES // row)]) if rows else None
+    return sample, row, row * rows
+
+
+def _best_codec(sample: NDArray[Any], rows: int) -> tuple[BloscCodec, float]:
+    """The small-chunk codec for ``sample`` and the share of its bytes it keeps."""
+    fast = compressed_ratio(sample, FAST_SMALL_CHUNK_CODEC, rows)
+    dense = compressed_ratio(sample, DENSE_SMALL_CHUNK_CODEC, rows)
+    if dense * DENSE_GAIN < fast and fast - dense >= DENSE_MIN_SAVING:
+        return DENSE_SMALL_CHUNK_CODEC, dense
+    return FAST_SMALL_CHUNK_CODEC, fast
+
+
+def default_array_configs(group: str, arrays: Mapping[str, Any]) -> dict[str, ArrayConfig]:
+    """The default layout's configs for the arrays of one group, written together (values or arrays).
+
+    Arrays stored raw are read in place by a local reader, a structure's rows at a time, at any cache
+    size; compressed ones cost the decode of a whole chunk per random structure. So the default
+    layout stores raw all it can within a disk budget: starting from every array raw, it compresses
+    the arrays that save the most bytes (estimated from their first rows, chunk by chunk) until the
+    group takes at most :data:`DISK_BUDGET` times the bytes of compressing everything. Measured
+    (README, "Store layouts and `rewrite`"): real positions, forces and velocities keep 0.83-0.94 of
+    their bytes, so they stay raw, while atomic numbers, neighbor lists and periodic shifts shrink 8x
+    to 50x and are compressed. Every array is stored in inner chunks of about
+    :data:`SMALL_CHUNK_BYTES` (cheap to decode one structure at a time) inside shards of
+    :data:`CHUNKS_PER_SHARD` chunks; compressed ones with :data:`FAST_SMALL_CHUNK_CODEC`, or
+    :data:`DENSE_SMALL_CHUNK_CODEC` where it keeps :data:`DENSE_GAIN` times fewer bytes. The metadata
+    group (pointers, masks) keeps 4 MiB compressed chunks: it is read whole when a store is opened.
     """
     if group == "meta":
-        return COMPRESSED_ARRAYS
-    rows = max(1, SMALL_CHUNK_BYTES // max(1, row_bytes))
-    rows = 1 << (rows.bit_length() - 1)  # a power of two: chunk boundaries line up across arrays
-    compressors: tuple[BytesBytesCodec, ...]
-    if sample is not None and sample.size:
-        fast = compressed_ratio(sample, FAST_SMALL_CHUNK_CODEC, rows)
-        dense = compressed_ratio(sample, DENSE_SMALL_CHUNK_CODEC, rows)
-        if min(fast, dense) > RAW_ABOVE_RATIO:
-            compressors = ()
+        return {name: COMPRESSED_ARRAYS for name in arrays}
+    plans: dict[str, tuple[int, BloscCodec | None, int, int]] = {}  # rows per chunk, codec, raw and packed bytes
+    for name, data in arrays.items():
+        sample, row, total = _sample(data)
+        rows = small_chunk_rows(row)
+        if sample is None or sample.size == 0:
+            codec, packed = None, total
         else:
-            denser = dense * DENSE_GAIN < fast and fast - dense >= DENSE_MIN_SAVING
-            compressors = (DENSE_SMALL_CHUNK_CODEC if denser else FAST_SMALL_CHUNK_CODEC,)
-    else:
-        raw = dtype is not None and np.issubdtype(dtype, np.floating)
-        compressors = () if raw else (FAST_SMALL_CHUNK_CODEC,)
-    return ArrayConfig(compressors=compressors, chunk_size=rows, shard_size=rows * CHUNKS_PER_SHARD)
+            codec, ratio = _best_codec(sample, rows)
+            packed = int(total * ratio)
+        plans[name] = (rows, codec, total, packed)
+    size = sum(total for _, _, total, _ in plans.values())
+    budget = DISK_BUDGET * sum(min(total, packed) for _, _, total, packed in plans.values())
+    compressed: set[str] = set()
+    for name in sorted(plans, key=lambda n: plans[n][3] - plans[n][2]):  # the largest saving first
+        rows, codec, total, packed = plans[name]
+        if size <= budget or codec is None or packed >= total:
+            break
+        compressed.add(name)
+        size -= total - packed
+    return {
+        name: ArrayConfig(
+            compressors=(codec,) if name in compressed and codec is not None else (),
+            chunk_size=rows,
+            shard_size=rows * CHUNKS_PER_SHARD,
+        )
+        for name, (rows, codec, _, _) in plans.items()
+    }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WriteConfig:
     """Per-group array configs plus whole-config overrides per array name.
 
-    A group left at ``None`` follows the default layout (:func:`default_array_config`: float arrays
-    raw, the others blosc-lz4, both in small inner chunks inside shards; metadata in 4 MiB compressed chunks); a group
-    given an :class:`ArrayConfig` uses it for every array of the group. As in nvalchemi, an override
+    A group left at ``None`` follows the default layout (:func:`default_array_configs`: arrays raw
+    where a disk budget allows, the others compressed, in small inner chunks inside shards; metadata
+    in 4 MiB compressed chunks); a group given an :class:`ArrayConfig` uses it for every array of the group. As in nvalchemi, an override
     *replaces* its group's config for that array (nothing is merged), and overrides are looked up by
     array name, so they apply to meta arrays (``atoms_ptr``) too.
     """
@@ -238,22 +275,24 @@ class WriteConfig:
                 raise TypeError(f"field_overrides[{k!r}] must be an ArrayConfig or a mapping, got {v!r}")
         object.__setattr__(self, "field_overrides", overrides)
 
-    def for_array(self, group: str, name: str, data: Any = None) -> ArrayConfig:
-        """The config of array ``name`` of ``group`` (``meta``, ``core`` or ``custom``).
+    def for_arrays(self, group: str, arrays: Mapping[str, Any]) -> dict[str, ArrayConfig]:
+        """The configs of the arrays ``arrays`` (name to values, or to an array to sample) of ``group``.
 
-        ``data`` (the values, or an array whose first rows are read as a sample) is what the default
-        layout decides from (:func:`default_array_config`).
+        Overrides and a group config apply as given; the arrays left to the default layout are laid
+        out together (:func:`default_array_configs`: raw where the disk budget allows).
         """
-        if name in self.field_overrides:
-            return self.field_overrides[name]
         chosen: ArrayConfig | None = getattr(self, group)
+        configs = {name: self.field_overrides[name] for name in arrays if name in self.field_overrides}
+        rest = {name: data for name, data in arrays.items() if name not in configs}
         if chosen is not None:
-            return chosen
-        if data is None:
-            return default_array_config(group, None)
-        row = max(1, math.prod(int(d) for d in data.shape[1:])) * np.dtype(data.dtype).itemsize
-        sample = np.asarray(data[: max(1, SAMPLE_BYTES // row)]) if data.shape and data.shape[0] else None
-        return default_array_config(group, np.dtype(data.dtype), row, sample)
+            configs.update({name: chosen for name in rest})
+        elif rest:
+            configs.update(default_array_configs(group, rest))
+        return {name: configs[name] for name in arrays}
+
+    def for_array(self, group: str, name: str, data: Any = None) -> ArrayConfig:
+        """The config of one array ``name`` of ``group`` (``meta``, ``core`` or ``custom``), written alone."""
+        return self.for_arrays(group, {name: data})[name]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``None`` for a group that follows the default layout)."""

@@ -47,3 +47,24 @@ def test_unknown_keys_and_codecs_are_rejected() -> None:
         WriteConfig.from_dict({"cores": {}})
     with pytest.raises(ValueError, match="Unsupported compressor 'lzma'"):
         ArrayConfig.from_dict({"compressors": [{"name": "lzma"}]})
+
+
+def test_the_default_layout_keeps_raw_what_the_disk_budget_allows() -> None:
+    from dali_alchemi.config import DISK_BUDGET, FAST_SMALL_CHUNK_CODEC, default_array_configs
+
+    rng = np.random.default_rng(0)
+    arrays = {
+        "positions": rng.standard_normal((50_000, 3)).astype(np.float32),  # barely compresses
+        "atomic_numbers": rng.integers(1, 20, 50_000),  # int64 of 19 values: shrinks about 10x
+        "labels": np.zeros(50_000, dtype=np.int64),  # shrinks to nothing
+    }
+    configs = default_array_configs("core", arrays)
+    assert configs["positions"].compressors == ()
+    assert configs["labels"].compressors == (FAST_SMALL_CHUNK_CODEC,)  # the largest saving goes first
+    # raw positions (600 kB) and numbers (400 kB) would exceed 1.2x of all compressed (~600 kB): numbers too
+    assert configs["atomic_numbers"].compressors and DISK_BUDGET == 1.2
+    assert configs["positions"].chunk_size == 2048 and configs["positions"].shard_size == 2048 * 1024
+    assert default_array_configs("meta", {"atoms_ptr": np.arange(10)})["atoms_ptr"] == ArrayConfig()
+    # alone, an array that barely compresses is raw and one that shrinks is compressed
+    assert WriteConfig().for_array("core", "forces", arrays["positions"]).compressors == ()
+    assert WriteConfig().for_array("core", "z", arrays["atomic_numbers"]).compressors

@@ -109,13 +109,12 @@ def copy_live(
         write_array(new_meta, name, values, cfg)
     totals = PerLevel(atom=int(atoms_ptr[-1]), edge=int(edges_ptr[-1]), system=int(live.size))
     targets: dict[str, Any] = {}
-    for name, level in meta.schema.field_levels.items():
-        group = meta.schema.group_of(name)
-        old = root[f"{group}/{name}"]
-        configs.append(config.for_array(group, name, old))
-        targets[name] = create_array(
-            groups[group], name, (totals[level], *old.shape[1:]), np.dtype(old.dtype), configs[-1]
-        )
+    for group, target in groups.items():
+        olds = {name: root[f"{group}/{name}"] for name in meta.schema.field_levels if meta.schema.group_of(name) == group}
+        for name, cfg in config.for_arrays(group, olds).items():
+            configs.append(cfg)
+            shape = (totals[meta.schema.field_levels[name]], *olds[name].shape[1:])
+            targets[name] = create_array(target, name, shape, np.dtype(olds[name].dtype), cfg)
     for start in range(0, live.size, window):
         stop = min(start + window, live.size)
         packed = reader.read_packed(np.arange(start, stop))

@@ -128,8 +128,12 @@ def _copy_arrays(root: Any, meta: MetaInfo, staging: Path, config: WriteConfig, 
     done = 0
     configs = []
     groups = {g: new_root.require_group(g) for g in (layout.META_GROUP, layout.CORE_GROUP, layout.CUSTOM_GROUP)}
+    chosen: dict[tuple[str, str], Any] = {}
+    for group in groups:
+        arrays = {name: arr for g, name, arr in sources if g == group}
+        chosen.update({(group, name): cfg for name, cfg in config.for_arrays(group, arrays).items()})
     for group, name, arr in sources:
-        cfg = config.for_array(group, name, arr)
+        cfg = chosen[(group, name)]
         configs.append(cfg)
         out = create_array(groups[group], name, tuple(arr.shape), np.dtype(arr.dtype), cfg)
         for lo, hi in _steps(out):

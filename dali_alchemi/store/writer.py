@@ -260,10 +260,11 @@ class AtomicDataZarrWriter:
         for name, values in meta_arrays.items():
             configs.append(self.config.for_array(layout.META_GROUP, name, values))
             write_array(meta, name, values, configs[-1])
-        for name, values in disk.items():
-            group = layout.CUSTOM_GROUP if name in custom else layout.CORE_GROUP
-            configs.append(self.config.for_array(group, name, values))
-            write_array(groups[group], name, values, configs[-1])
+        for group, target in groups.items():
+            arrays = {name: values for name, values in disk.items() if (name in custom) == (group == layout.CUSTOM_GROUP)}
+            for name, cfg in self.config.for_arrays(group, arrays).items():
+                configs.append(cfg)
+                write_array(target, name, arrays[name], cfg)
         schema = layout.StoreSchema(
             num_samples=len(packed),
             core={k: v for k, v in packed.levels.items() if k not in custom},

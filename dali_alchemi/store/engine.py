@@ -77,6 +77,12 @@ TASKS_PER_THREAD = 4
 """Block jobs are grouped into this many tasks per thread, so uneven blocks still balance."""
 
 
+WHOLE_ARRAY_SHARE = 4
+"""A read touching at least 1/this of the blocks of an array that fits a quarter of the cache decodes
+all of them, and the array is kept whole: with small chunks a shuffled window touches most blocks
+but never all, and per-block lookups would otherwise cost every later read."""
+
+
 def default_threads() -> int:
     """The default thread count: the core count, clamped to ``MIN_THREADS .. MAX_THREADS``."""
     return max(MIN_THREADS, min(MAX_THREADS, os.cpu_count() or MIN_THREADS))
@@ -314,12 +320,13 @@ class BlockEngine:
             if key not in block_plans:
                 block_plans[key] = plan.blocks(handle.codec.block_rows)
             blocks, bounds = block_plans[key]
+            nbytes = handle.codec.row_nbytes * handle.shape[0]
+            many = blocks.size * WHOLE_ARRAY_SHARE >= handle.codec.n_blocks
+            if many and nbytes <= self.cache.capacity_bytes // 4 and self._shared_root is None:
+                blocks, bounds = _every_block(blocks, bounds, handle.codec.n_blocks)
+                to_stitch.append(name)  # read whole once, then one resident array: no per-block work again
             for k, block in enumerate(blocks.tolist()):
                 jobs.append(BlockJob(handle, block, plan, int(bounds[k]), int(bounds[k + 1]), None))
-            nbytes = handle.codec.row_nbytes * handle.shape[0]
-            small = nbytes <= self.cache.capacity_bytes // 4
-            if blocks.size == handle.codec.n_blocks and small and self._shared_root is None:
-                to_stitch.append(name)
 
         def take(item: tuple[str, NDArray[Any]]) -> None:
             name, whole = item
@@ -526,6 +533,29 @@ class BlockEngine:
         result, fetched = fetch_blocks(self._io_fetcher(), blocks, self._shard_indexes)
         self._chunks_fetched += fetched
         return result
+
+
+def _every_block(
+    blocks: NDArray[np.int64], bounds: NDArray[np.int64], n_blocks: int
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """All ``n_blocks`` blocks of an array, with empty row slices for those the read does not need.
+
+    ``blocks``/``bounds`` are a plan's touched blocks and their slices (:meth:`LevelPlan.blocks`);
+    a job with an empty slice decodes its block (into the cache) and scatters nothing.
+    """
+    if blocks.size == n_blocks:
+        return blocks, bounds
+    every = np.arange(n_blocks, dtype=np.int64)
+    starts = np.full(n_blocks + 1, 0, dtype=np.int64)
+    starts[blocks] = bounds[:-1]
+    starts[n_blocks] = bounds[-1]
+    touched = np.zeros(n_blocks + 1, dtype=np.bool_)
+    touched[blocks] = True
+    touched[n_blocks] = True
+    # a block the read skips gets the slice start of the next touched block (an empty slice)
+    nxt = np.flatnonzero(touched)
+    starts = starts[nxt[np.searchsorted(nxt, np.arange(n_blocks + 1))]]
+    return every, starts
 
 
 def _snapshot_token(snapshot: Snapshot) -> str:

@@ -16,6 +16,7 @@ import zarr
 from dali_alchemi.csr import concat_aranges
 from dali_alchemi.errors import ChunkDecodeError
 from dali_alchemi.store import batches
+from dali_alchemi.store import engine as engine_module
 from dali_alchemi.store.codecs import ArrayCodec
 from dali_alchemi.store.engine import RESIDENT, BlockEngine
 from dali_alchemi.store.gather import BlockJob, LevelPlan, balanced_groups
@@ -215,6 +216,7 @@ def test_local_reads_in_tiny_batches_mixed_with_cached_blocks_match_zarr(
     sharded_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(batches, "READ_BATCH_BYTES", 1)  # every block read apart, just before its decode
+    monkeypatch.setattr(engine_module, "WHOLE_ARRAY_SHARE", 0)  # the per-block path, never a whole array
     snap = _snapshot(sharded_store)
     names = ["positions", "atomic_numbers", "neighbor_list", "energy"]
     engine = _engine(cache_bytes=1 << 26, threads=2)
@@ -262,4 +264,22 @@ def test_an_inner_chunk_cut_short_in_a_local_shard_is_named(sharded_store: Path,
         engine.read(_snapshot(path), everything, ["positions"])
     got = engine.read(_snapshot(path), everything[:1], ["positions"])  # rows of block 0 still read
     assert np.array_equal(got.fields["positions"], _expected(sharded_store, snap, everything[:1], "positions"))
+    engine.close()
+
+
+def test_a_read_touching_most_blocks_of_a_small_array_keeps_it_whole(sharded_store: Path) -> None:
+    snap = _snapshot(sharded_store)
+    engine = _engine(cache_bytes=1 << 26)
+    blocks = snap.handles["positions"].codec.n_blocks  # type: ignore[union-attr]
+    physical = np.random.default_rng(1).permutation(snap.n_physical)[: snap.n_physical // 2]
+    touched = len(_blocks_of(snap, physical, "positions"))
+    assert touched < blocks <= touched * engine_module.WHOLE_ARRAY_SHARE  # most blocks, not all
+    got = engine.read(snap, physical, ["positions"])
+    assert np.array_equal(got.fields["positions"], _expected(sharded_store, snap, physical, "positions"))
+    assert engine.stats().chunks_fetched == blocks  # every block, the untouched ones too, decoded once
+    assert engine.cache.peek(("positions", RESIDENT)) is not None and engine.cache.stats.entries == 1
+    rest = np.setdiff1d(np.arange(snap.n_physical), physical)
+    again = engine.read(snap, rest, ["positions"])
+    assert np.array_equal(again.fields["positions"], _expected(sharded_store, snap, rest, "positions"))
+    assert engine.stats().chunks_fetched == blocks  # nothing more read
     engine.close()

@@ -27,6 +27,9 @@ _EXPORTS = {
     "MultiReader": "dali_alchemi.store.multi",
     "ChunkedReader": "dali_alchemi.store.protocol",
     "WriteConfig": "dali_alchemi.config",
+    "layout_config": "dali_alchemi.config",
+    "rewrite_store": "dali_alchemi.store.rewrite",
+    "RewriteReport": "dali_alchemi.store.rewrite",
     "ArrayConfig": "dali_alchemi.config",
     "FetchConfig": "dali_alchemi.config",
     "verify_store": "dali_alchemi.store.verify",
@@ -89,7 +92,7 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from dali_alchemi.baseline import plain_dataloader
     from dali_alchemi.batch import Batch
-    from dali_alchemi.config import ArrayConfig, FetchConfig, WriteConfig
+    from dali_alchemi.config import ArrayConfig, FetchConfig, WriteConfig, layout_config
     from dali_alchemi.errors import (
         AmbiguousRepairError,
         ChunkDecodeError,
@@ -141,6 +144,7 @@ if TYPE_CHECKING:
     from dali_alchemi.store.protocol import ChunkedReader, FieldSpec, PackedReader
     from dali_alchemi.store.reader import AtomicDataZarrReader
     from dali_alchemi.store.repair_apply import RepairReport, repair_store
+    from dali_alchemi.store.rewrite import RewriteReport, rewrite_store
     from dali_alchemi.store.verify import VerifyReport, verify_store
     from dali_alchemi.store.writer import AtomicDataZarrWriter
 

@@ -48,8 +48,8 @@ def synthetic_config(
         config = layout_config(layout)
         if checksum:
             return config
-        dtypes = {name: np.asarray(values).dtype for name, values in synthetic_samples(1).fields.items()}
-        overrides = {name: replace(config.for_array("core", name, dtype), checksum=False) for name, dtype in dtypes.items()}
+        laid_out = config.for_arrays("core", synthetic_samples(2000).fields)  # the layout of a sample of the data
+        overrides = {name: replace(cfg, checksum=False) for name, cfg in laid_out.items()}
         return WriteConfig(meta=ArrayConfig(checksum=False), custom=ArrayConfig(checksum=False), field_overrides=overrides)
     compressors = {
         "lz4": DEFAULT_COMPRESSORS,

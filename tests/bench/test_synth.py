@@ -46,3 +46,15 @@ def test_synthetic_energies_are_float64_and_the_rest_keeps_its_dtypes() -> None:
 def test_bad_sizes() -> None:
     with pytest.raises(ValueError, match="min_atoms"):
         size_plan(3, min_atoms=5, max_atoms=4)
+
+
+def test_synthetic_config_follows_the_named_layout_with_or_without_checksums() -> None:
+    from dali_alchemi.bench.synth import synthetic_config
+
+    plain = synthetic_config(checksum=False)
+    laid_out = {name: plain.for_array("core", name) for name in ("positions", "neighbor_list")}
+    assert all(not cfg.checksum for cfg in laid_out.values()) and not plain.for_array("meta", "atoms_ptr").checksum
+    assert laid_out["positions"].compressors == () and laid_out["neighbor_list"].compressors  # the default layout
+    compressed = synthetic_config(layout="compressed")
+    assert compressed.for_array("core", "positions").chunk_size is None  # 4 MiB chunks, as before
+    assert synthetic_config("none").for_array("core", "atomic_numbers").compressors == ()

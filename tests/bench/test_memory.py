@@ -45,7 +45,10 @@ def test_a_childs_private_memory_is_counted_and_shared_pages_once() -> None:
         assert child.pid in children(os.getpid())
         with_child, count = tree_pss()
         assert count >= processes + 1
-        assert with_child - before > 60 * MB  # the child's 64 MB are part of the tree
+        assert process_pss(child.pid) > 60 * MB  # the child's 64 MB are its own
+        # and part of the tree, which grows by most of them (the parent's own PSS moves by a few MB
+        # between two samples: the collector, pages the fork made shared)
+        assert with_child - before > 40 * MB
     finally:
         done.set()
         child.join(20)

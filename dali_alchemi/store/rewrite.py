@@ -101,7 +101,7 @@ def rewrite_store(
     meta = check_meta(root, store=loc.display)
     try:
         if compact:
-            _copy_compacted(loc, staging, write)
+            _copy_compacted(loc, root, meta, staging, write)
         else:
             _copy_arrays(root, meta, staging, write, progress)
         _check_copy(loc, staging, compact, progress)
@@ -145,12 +145,10 @@ def _copy_arrays(root: Any, meta: MetaInfo, staging: Path, config: WriteConfig, 
     new_root.attrs.update({**attributes, **promise(configs).to_attributes(attributes)})
 
 
-def _copy_compacted(loc: StoreLocation, staging: Path, config: WriteConfig) -> None:
-    """Stream only the live samples of ``loc`` into ``staging`` (the defragment's copy)."""
+def _copy_compacted(loc: StoreLocation, root: Any, meta: MetaInfo, staging: Path, config: WriteConfig) -> None:
+    """Stream only the live samples of ``loc`` (open as ``root``, checked as ``meta``) into ``staging``."""
     from dali_alchemi.store.defragment import DEFAULT_DEFRAGMENT_WINDOW, DEFRAGMENT_CACHE_BYTES, copy_live
 
-    root = open_root(loc)
-    meta = check_meta(root, store=loc.display)
     with AtomicDataZarrReader(loc.store if loc.local_root is None else str(loc.local_root),
                               cache_bytes=DEFRAGMENT_CACHE_BYTES) as reader:  # fmt: skip
         copy_live(reader, root, meta, staging, config, DEFAULT_DEFRAGMENT_WINDOW, lambda _: None)

@@ -120,7 +120,8 @@ class ArrayConfig:
         return cls(**kwargs)
 
 
-COMPRESSED_ARRAYS = ArrayConfig()
+COMPRESSED_CODEC = BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")
+COMPRESSED_ARRAYS = ArrayConfig(compressors=(COMPRESSED_CODEC,))
 """blosc-lz4 in chunks of about 4 MiB: the former default for every array, and the ``"compressed"`` layout."""
 
 RAW_ARRAYS = ArrayConfig(compressors=())
@@ -136,22 +137,29 @@ CHUNKS_PER_SHARD = 1024
 shuffled window opens a few dozen files, not hundreds."""
 
 
-FAST_SMALL_CHUNK_CODEC = BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle")
-"""blosc-lz4 with bit shuffle: decodes a 32 KiB chunk in 4-12 µs, and keeps 0.09-0.13 of atomic numbers
-and neighbor lists (byte shuffle keeps more on chunks this small)."""
+FAST_SMALL_CHUNK_CODEC = BloscCodec(cname="blosclz", clevel=5, shuffle="shuffle")
+"""blosc's own blosclz with byte shuffle: the fastest to decode of blosc's codecs on small chunks (a
+32 KiB chunk of atomic numbers or neighbor lists in 7-8 µs, against 26 µs for lz4 with bit shuffle and
+14-17 µs for lz4 with byte shuffle, measured side by side), keeping 0.13-0.15 of them (lz4 with bit
+shuffle: 0.09-0.13). A random structure decodes one chunk per compressed array, so decode speed sets
+the speed of shuffled reads."""
 
 DENSE_SMALL_CHUNK_CODEC = BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle")
-"""blosc-zstd level 1 with bit shuffle: 15-27 µs per 32 KiB chunk, but keeps 2-3x fewer bytes of
+"""blosc-zstd level 1 with bit shuffle: 40-45 µs per 32 KiB chunk, but keeps 2-3x fewer bytes of
 repetitive arrays (periodic shifts of a crystal: 0.02-0.04 against 0.05-0.09 with lz4)."""
 
-DENSE_GAIN = 1.5
+DENSE_GAIN = 2.0
 """The denser codec is chosen for an array only when it keeps this many times fewer bytes of its sample..."""
 
 DENSE_MIN_SAVING = 0.02
 """... and saves at least this share of the raw bytes (not so for arrays both codecs shrink to nothing)."""
 
 DISK_BUDGET = 1.2
-"""The default layout stores a group's arrays in at most this many times the bytes of compressing them all."""
+"""The default layout stores a group's arrays in at most this many times the bytes the ``"compressed"``
+layout would (blosc-lz4 in 4 MiB chunks), as estimated from each array's first rows."""
+
+SHARD_INDEX_ENTRY_BYTES = 16
+"""Bytes of one inner chunk's entry (offset and length) in a shard's index."""
 
 SAMPLE_BYTES = 1 << 20
 """Bytes of an array's first rows compressed, chunk by chunk, to choose its codec."""
@@ -204,7 +212,7 @@ def default_array_configs(group: str, arrays: Mapping[str, Any]) -> dict[str, Ar
     size; compressed ones cost the decode of a whole chunk per random structure. So the default
     layout stores raw all it can within a disk budget: starting from every array raw, it compresses
     the arrays that save the most bytes (estimated from their first rows, chunk by chunk) until the
-    group takes at most :data:`DISK_BUDGET` times the bytes of compressing everything. Measured
+    group takes at most :data:`DISK_BUDGET` times the bytes of the ``"compressed"`` layout. Measured
     (README, "Store layouts and `rewrite`"): real positions, forces and velocities keep 0.83-0.94 of
     their bytes, so they stay raw, while atomic numbers, neighbor lists and periodic shifts shrink 8x
     to 50x and are compressed. Every array is stored in inner chunks of about
@@ -216,17 +224,24 @@ def default_array_configs(group: str, arrays: Mapping[str, Any]) -> dict[str, Ar
     if group == "meta":
         return {name: COMPRESSED_ARRAYS for name in arrays}
     plans: dict[str, tuple[int, BloscCodec | None, int, int]] = {}  # rows per chunk, codec, raw and packed bytes
+    reference: dict[str, int] = {}  # bytes in the "compressed" layout: the budget's measure
     for name, data in arrays.items():
         sample, row, total = _sample(data)
         rows = small_chunk_rows(row)
+        # a raw array stores its last inner chunk whole; every shard adds its index
+        chunks = -(-total // (rows * row))
+        index = -(-chunks // CHUNKS_PER_SHARD) * (CHUNKS_PER_SHARD * SHARD_INDEX_ENTRY_BYTES + 4)
         if sample is None or sample.size == 0:
-            codec, packed = None, total
+            codec, packed, reference[name] = None, total, total
         else:
             codec, ratio = _best_codec(sample, rows)
-            packed = int(total * ratio)
+            packed = int(total * ratio) + index
+            compressed_rows = COMPRESSED_ARRAYS.rows_per_chunk(row)
+            reference[name] = int(total * compressed_ratio(sample, COMPRESSED_CODEC, compressed_rows))
+        total = chunks * rows * row + index
         plans[name] = (rows, codec, total, packed)
     size = sum(total for _, _, total, _ in plans.values())
-    budget = DISK_BUDGET * sum(min(total, packed) for _, _, total, packed in plans.values())
+    budget = DISK_BUDGET * sum(min(total, reference[name]) for name, (_, _, total, _) in plans.items())
     compressed: set[str] = set()
     for name in sorted(plans, key=lambda n: plans[n][3] - plans[n][2]):  # the largest saving first
         rows, codec, total, packed = plans[name]

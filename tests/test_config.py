@@ -68,3 +68,38 @@ def test_the_default_layout_keeps_raw_what_the_disk_budget_allows() -> None:
     # alone, an array that barely compresses is raw and one that shrinks is compressed
     assert WriteConfig().for_array("core", "forces", arrays["positions"]).compressors == ()
     assert WriteConfig().for_array("core", "z", arrays["atomic_numbers"]).compressors
+
+
+def test_the_default_layout_picks_the_fast_codec_unless_the_dense_one_keeps_half() -> None:
+    from dali_alchemi.config import DENSE_SMALL_CHUNK_CODEC, FAST_SMALL_CHUNK_CODEC, default_array_configs
+
+    rng = np.random.default_rng(0)
+    # periodic shifts of a crystal, mostly zero: zstd with bit shuffle keeps about 4x fewer bytes
+    shifts = rng.choice(np.array([-1, 0, 1], dtype=np.float32), size=(100_000, 3), p=[0.1, 0.8, 0.1])
+    # sorted atom pairs: zstd keeps only about 1.5x fewer bytes, not worth its 5x slower decode
+    pairs = np.sort(rng.integers(0, 100_000, (100_000, 2)), axis=0)
+    assert default_array_configs("core", {"shifts": shifts})["shifts"].compressors == (DENSE_SMALL_CHUNK_CODEC,)
+    assert default_array_configs("core", {"pairs": pairs})["pairs"].compressors == (FAST_SMALL_CHUNK_CODEC,)
+    assert FAST_SMALL_CHUNK_CODEC.cname.value == "blosclz" and FAST_SMALL_CHUNK_CODEC.shuffle.value == "shuffle"
+
+
+def test_the_disk_budget_is_measured_against_the_compressed_layout() -> None:
+    from dali_alchemi.config import (
+        COMPRESSED_ARRAYS,
+        COMPRESSED_CODEC,
+        DISK_BUDGET,
+        compressed_ratio,
+        default_array_configs,
+    )
+
+    rng = np.random.default_rng(1)
+    # smooth floats: 4 MiB lz4 chunks keep far fewer bytes than raw, so the budget has them compressed
+    smooth = np.cumsum(rng.integers(-2, 3, (200_000, 3)), axis=0).astype(np.float32)
+    noise = rng.standard_normal((200_000, 3)).astype(np.float32)
+    configs = default_array_configs("core", {"smooth": smooth, "noise": noise})
+    assert configs["smooth"].compressors and configs["noise"].compressors == ()
+    reference = sum(
+        a.nbytes * compressed_ratio(a, COMPRESSED_CODEC, COMPRESSED_ARRAYS.rows_per_chunk(12))
+        for a in (smooth, noise)
+    )
+    assert noise.nbytes <= DISK_BUDGET * reference  # what stays raw fits the budget

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -405,22 +405,28 @@ def block_requests(
         [(codec, key) for (codec, _), locs in zip(blocks, locations, strict=True) if codec.sharded for key, _ in locs],
         shard_indexes,
     )
-    result: list[BlockRequests] = []
-    entries: dict[tuple[str, str], list[list[int]]] = {}  # each shard index as Python ints, once per call
+    # Each shard's index is read once per call for just the inner chunks wanted (one numpy take per
+    # shard): converting a whole 1,024-entry index to Python ints per call cost more than the decoding.
+    wanted: dict[tuple[str, str], list[int]] = {}
     for (codec, _), locs in zip(blocks, locations, strict=True):
+        if codec.sharded:
+            for key, inner in locs:
+                wanted.setdefault((codec.name, key), []).append(inner)
+    entries: dict[tuple[str, str], Iterator[list[int]]] = {
+        ikey: iter(shard_indexes[ikey][np.asarray(inners, dtype=np.intp)].tolist()) for ikey, inners in wanted.items()
+    }
+    result: list[BlockRequests] = []
+    for (codec, _), locs in zip(blocks, locations, strict=True):
+        keys = [key for key, _ in locs]
         if not codec.sharded:
-            result.append(([ByteRequest(key) for key, _ in locs], [key for key, _ in locs]))
+            result.append(([ByteRequest(key) for key in keys], keys))
             continue
         requests: list[ByteRequest | None] = []
-        for key, inner in locs:
-            ikey = (codec.name, key)
-            index = entries.get(ikey)
-            if index is None:
-                index = entries[ikey] = shard_indexes[ikey].tolist()
-            offset, nbytes = index[inner]
+        for key, _ in locs:
+            offset, nbytes = next(entries[(codec.name, key)])
             missing = offset == MISSING_CHUNK and nbytes == MISSING_CHUNK
             requests.append(None if missing else ByteRequest(key, offset, offset + nbytes))
-        result.append((requests, [key for key, _ in locs]))
+        result.append((requests, keys))
     return result
 
 

@@ -37,5 +37,5 @@ STORE_LAYOUTS = ("default", "compressed", "uncompressed")
 """Named store layouts (:func:`dali_alchemi.config.layout_config`; the ``--layout`` of ``synth``, ``bench`` and ``rewrite``)."""
 
 CODECS = ("lz4", "zstd", "zstd3", "none")
-"""Codecs of a synthetic store (``--codec``): blosc-lz4 (the default), zstd level 1 or 3, or raw bytes
+"""Codecs of a synthetic store (``--codec``, one for every core array instead of the layout's): blosc-lz4, zstd level 1 or 3, or raw bytes
 (``none``: rows read in place, no decode)."""

@@ -163,7 +163,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     synth.add_argument("--no-checksum", action="store_true", help="write no crc32c checksums (default: one per chunk)")
     synth.add_argument(
         "--layout", choices=STORE_LAYOUTS, default="default",
-        help="default: float arrays raw (read in place), the others blosc-lz4 in small chunks; compressed: "
+        help="default: arrays that compress little raw (read in place), the others blosc in small chunks; compressed: "
         "blosc-lz4 in 4 MiB chunks everywhere; uncompressed: raw everywhere",
     )  # fmt: skip
     synth.add_argument(

@@ -5,8 +5,8 @@ the plan touches is fetched and decoded at most once per call: blocks in the byt
 (:mod:`dali_alchemi.store.cache`) are not fetched at all, the missing ones are fetched in one
 concurrent batch (:mod:`dali_alchemi.store.fetch`; shard indexes first, for sharded arrays), then
 decoded (:mod:`dali_alchemi.store.codecs`) and scattered into the outputs on a thread pool. An array
-whose every block a call touched, and that fits in a quarter of the cache, is kept whole
-("resident") and later read with one take.
+that fits in a quarter of the cache is read whole once reads have touched a quarter of its blocks,
+and kept whole ("resident"): later reads take its rows with one take.
 
 The engine owns the thread pool, the fetcher, the shard indexes, the cache and the read counters.
 Threads do not survive ``fork`` (DALI's default worker start), so the pool and the fetcher that reads
@@ -78,9 +78,10 @@ TASKS_PER_THREAD = 4
 
 
 WHOLE_ARRAY_SHARE = 4
-"""A read touching at least 1/this of the blocks of an array that fits a quarter of the cache decodes
-all of them, and the array is kept whole: with small chunks a shuffled window touches most blocks
-but never all, and per-block lookups would otherwise cost every later read."""
+"""Once reads since the store was opened have touched 1/this of the blocks of an array that fits a
+quarter of the cache, the next read decodes all of them and the array is kept whole: with small
+chunks a shuffled window touches most blocks but never all, a sequential epoch touches a few per
+window, and per-block lookups would otherwise cost every later read (0: never)."""
 
 
 def default_threads() -> int:
@@ -165,6 +166,7 @@ class BlockEngine:
         self._samples_read = 0
         self._chunks_fetched = 0
         self._blocks_decoded = 0
+        self._block_touches: dict[str, int] = {}  # per array, blocks its reads touched since attach()
 
     # -- state --------------------------------------------------------------------------------------
     def attach(self, snapshot: Snapshot) -> None:
@@ -174,6 +176,7 @@ class BlockEngine:
         if self._shared_root is not None:
             self._shared = self._shared_root.scoped(_snapshot_token(snapshot))
         self._shard_indexes.clear()
+        self._block_touches.clear()
         self._verified = {}
         raw = [h.codec for h in snapshot.handles.values() if h.codec is not None and reads_rows(h.codec)]
         raw_bytes = sum(codec.row_nbytes * codec.shape[0] for codec in raw)
@@ -290,9 +293,9 @@ class BlockEngine:
         a group's blocks are looked up in the cache, the missing ones fetched in one concurrent batch,
         then decoded and scattered on the thread pool (each block's rows go to disjoint output rows),
         and the group is released before the next begins. So one read holds at most the cache plus one
-        group of decoded blocks, however many blocks of the store it touches. An array whose every
-        block this call touched, and that fits in a quarter of the cache, is then stitched into one
-        resident array for later calls.
+        group of decoded blocks, however many blocks of the store it touches. An array that fits in a
+        quarter of the cache, once reads have touched a quarter of its blocks, is read whole and
+        stitched into one resident array for later calls (:data:`WHOLE_ARRAY_SHARE`).
         """
         block_plans: dict[tuple[Level, int], tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
         jobs: list[BlockJob] = []
@@ -321,7 +324,8 @@ class BlockEngine:
                 block_plans[key] = plan.blocks(handle.codec.block_rows)
             blocks, bounds = block_plans[key]
             nbytes = handle.codec.row_nbytes * handle.shape[0]
-            many = blocks.size * WHOLE_ARRAY_SHARE >= handle.codec.n_blocks
+            touches = self._block_touches[name] = self._block_touches.get(name, 0) + int(blocks.size)
+            many = WHOLE_ARRAY_SHARE > 0 and touches * WHOLE_ARRAY_SHARE >= handle.codec.n_blocks
             if many and nbytes <= self.cache.capacity_bytes // 4 and self._shared_root is None:
                 blocks, bounds = _every_block(blocks, bounds, handle.codec.n_blocks)
                 to_stitch.append(name)  # read whole once, then one resident array: no per-block work again

@@ -91,7 +91,8 @@ class AtomicDataZarrWriter:
         Where the store lives: a path, a URL, a zarr ``Store`` or ``StorePath``, or a ``dict``.
     config
         Codecs, chunk and shard sizes (a :class:`~dali_alchemi.config.WriteConfig` or a plain mapping).
-        Defaults keep trailing dims whole and target 4 MiB blosc-lz4 chunks.
+        ``None`` follows the default layout (:func:`~dali_alchemi.config.default_array_configs`): arrays
+        that compress little stored raw, the others compressed in small chunks, inside shards.
     lock_timeout
         Seconds each operation waits for another writer of the same store to finish (see
         :mod:`dali_alchemi.store.lock`); 0, the default, raises

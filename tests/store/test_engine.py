@@ -283,3 +283,24 @@ def test_a_read_touching_most_blocks_of_a_small_array_keeps_it_whole(sharded_sto
     assert np.array_equal(again.fields["positions"], _expected(sharded_store, snap, rest, "positions"))
     assert engine.stats().chunks_fetched == blocks  # nothing more read
     engine.close()
+
+
+def test_sequential_reads_keep_a_small_array_whole_once_a_quarter_of_it_was_read(sharded_store: Path) -> None:
+    snap = _snapshot(sharded_store)
+    engine = _engine(cache_bytes=1 << 26)
+    blocks = snap.handles["positions"].codec.n_blocks  # type: ignore[union-attr]
+    windows = np.array_split(np.arange(snap.n_physical), 2 * blocks)  # about half a block per window
+    reads = 0
+    while engine.cache.peek(("positions", RESIDENT)) is None:
+        got = engine.read(snap, windows[reads], ["positions"])
+        assert np.array_equal(got.fields["positions"], _expected(sharded_store, snap, windows[reads], "positions"))
+        reads += 1
+        assert reads < len(windows) // 2, "still read block by block after half the array"
+    assert reads > 1  # the first windows are read block by block
+    fetched = engine.stats().chunks_fetched
+    assert fetched <= blocks + reads  # the array decoded once, plus the blocks read before
+    for window in windows[reads:]:
+        got = engine.read(snap, window, ["positions"])
+        assert np.array_equal(got.fields["positions"], _expected(sharded_store, snap, window, "positions"))
+    assert engine.stats().chunks_fetched == fetched and engine.cache.stats.entries == 1
+    engine.close()

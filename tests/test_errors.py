@@ -106,9 +106,8 @@ def test_every_error_is_typed_and_inherits_a_builtin() -> None:
         assert issubclass(cls, errors.DaliAlchemiError), name
         if cls is errors.DaliAlchemiError:
             continue
-        builtin_bases = {
-            base for base in cls.__mro__ if base.__module__ == "builtins" and base not in (Exception, BaseException, object)
-        }
+        plain = (Exception, BaseException, object)
+        builtin_bases = {base for base in cls.__mro__ if base.__module__ == "builtins" and base not in plain}
         assert builtin_bases, f"{name} inherits no builtin exception besides Exception"
 
 

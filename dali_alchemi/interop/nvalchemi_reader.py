@@ -156,7 +156,8 @@ class NvalchemiDropInReader(AtomicDataZarrReader):
         return {"index": logical, "source_file": str(self.store), "physical_index": str(physical)}
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
-        """Every sample in order; a failure is a :class:`SampleReadError` (a ``RuntimeError``) naming the sample, as in nvalchemi."""
+        """Every sample in order; a failure is a :class:`~dali_alchemi.errors.SampleReadError` (a
+        ``RuntimeError``) naming the sample, as in nvalchemi."""
         for i in range(len(self)):
             try:
                 yield self.read(i)

@@ -147,7 +147,9 @@ def build_plan(
         if given:
             raise PlanError(f"plan= is mutually exclusive with {', '.join(given)}: the plan decides the batches")
         if not isinstance(plan, Plan):
-            raise ConfigTypeError(f"plan must implement dali_alchemi.plan.Plan (epoch, num_samples, to_dict), got {plan!r}")
+            raise ConfigTypeError(
+                f"plan must implement dali_alchemi.plan.Plan (epoch, num_samples, to_dict), got {plan!r}"
+            )
         if plan.num_samples != num_samples:
             raise PlanError(f"the plan was made for {plan.num_samples} samples, but the reader has {num_samples}")
         return plan

@@ -112,4 +112,6 @@ def resolve_store(
         if must_exist and not path.exists():
             raise StoreNotFoundError(f"Zarr store does not exist at {path}")
         return StoreLocation(store=LocalStore(path, read_only=read_only), prefix="", display=str(path), local_root=path)
-    raise ConfigTypeError(f"store must be a path, a URL, a zarr Store, a StorePath or a dict, got {type(store).__name__}")
+    raise ConfigTypeError(
+        f"store must be a path, a URL, a zarr Store, a StorePath or a dict, got {type(store).__name__}"
+    )

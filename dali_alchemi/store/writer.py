@@ -438,7 +438,9 @@ class AtomicDataZarrWriter:
         """
         raw = indices.cpu().numpy() if isinstance(indices, torch.Tensor) else np.asarray(indices)
         if raw.dtype == np.bool_ or (raw.size and raw.dtype.kind not in "iuO"):
-            raise ConfigTypeError(f"delete() takes integer physical indices, got dtype {raw.dtype} (a mask is not accepted)")
+            raise ConfigTypeError(
+                f"delete() takes integer physical indices, got dtype {raw.dtype} (a mask is not accepted)"
+            )
         if raw.size == 0:
             return
         with self._locked("delete"):

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
+from dali_alchemi.errors import ConfigError, ConfigTypeError
+
 if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
 
@@ -105,7 +107,7 @@ class PositionNoise:
 
     def __post_init__(self) -> None:
         if self.sigma < 0:
-            raise ValueError(f"sigma must be >= 0, got {self.sigma}")
+            raise ConfigError(f"sigma must be >= 0, got {self.sigma}")
 
     def __call__(self, batch: Batch, generator: torch.Generator) -> None:
         positions = batch.fields["positions"]
@@ -143,20 +145,20 @@ def check_augmentations(augmentations: Sequence[Augmentation]) -> tuple[Augmenta
 
     Raises
     ------
-    TypeError
+    ConfigTypeError
         Naming the first entry that is not callable with two positional arguments (a one-argument
         ``lambda b: b`` would otherwise fail only at the first batch).
     """
     if callable(augmentations) or isinstance(augmentations, (str, bytes)):
-        raise TypeError(f"augmentations must be a sequence of augmentations, got {augmentations!r}")
+        raise ConfigTypeError(f"augmentations must be a sequence of augmentations, got {augmentations!r}")
     checked = tuple(augmentations)
     for k, augmentation in enumerate(checked):
         if not callable(augmentation):
-            raise TypeError(f"augmentations[{k}] is not callable: {augmentation!r}")
+            raise ConfigTypeError(f"augmentations[{k}] is not callable: {augmentation!r}")
         try:
             inspect.signature(augmentation).bind(None, None)
         except TypeError:
-            raise TypeError(
+            raise ConfigTypeError(
                 f"augmentations[{k}] ({augmentation!r}) must accept (batch, generator), "
                 "like dali_alchemi.augment.RandomRotation"
             ) from None

@@ -21,7 +21,14 @@ from numpy.typing import NDArray
 
 from dali_alchemi import csr
 from dali_alchemi.csr import exclusive_cumsum
-from dali_alchemi.errors import FieldAssignmentError, FieldLevelError
+from dali_alchemi.errors import (
+    ConfigTypeError,
+    EmptyBatchError,
+    FieldAssignmentError,
+    FieldLevelError,
+    PlanError,
+    SampleIndexError,
+)
 from dali_alchemi.store import layout
 from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.types import PerLevel
@@ -95,18 +102,20 @@ def collate(
     ------
     FieldLevelError
         If a field has no level.
-    ValueError
-        If the window is empty or ``batch_bounds`` does not rise strictly from 0 to its length.
+    EmptyBatchError
+        If the window is empty.
+    PlanError
+        If ``batch_bounds`` does not rise strictly from 0 to the window's length.
     """
     missing = set(fields) - set(levels)
     if missing:
         raise FieldLevelError(f"No level given for fields {sorted(missing)}")
     n = int(host_n_atoms.size)
     if n == 0:
-        raise ValueError("Cannot create batch from empty data list")
+        raise EmptyBatchError("Cannot create batch from empty data list")
     cuts = np.array([0, n], dtype=np.int64) if batch_bounds is None else np.asarray(batch_bounds, dtype=np.int64)
     if cuts.size < 2 or cuts[0] != 0 or cuts[-1] != n or bool(np.any(np.diff(cuts) < 1)):
-        raise ValueError(f"batch_bounds must rise strictly from 0 to the window's {n} structures, got {cuts.tolist()}")
+        raise PlanError(f"batch_bounds must rise strictly from 0 to the window's {n} structures, got {cuts.tolist()}")
     per_batch = np.diff(cuts)
     atoms_ptr, edges_ptr = exclusive_cumsum(host_n_atoms), exclusive_cumsum(host_n_edges)
     total_atoms, total_edges = int(atoms_ptr[-1]), int(edges_ptr[-1])
@@ -266,7 +275,7 @@ class Batch:
         (``None``: unknown). This loops over samples: it is the reference path, not the fast one.
         """
         if not samples:
-            raise ValueError("Cannot create batch from empty data list")
+            raise EmptyBatchError("Cannot create batch from empty data list")
         batch = cls.from_packed(PackedSamples.from_samples(samples, levels=levels), device=device)
         batch.sample_indices = None if sample_indices is None else np.asarray(sample_indices, dtype=np.int64)
         return batch
@@ -295,7 +304,7 @@ class Batch:
         """Structure ``index`` as a dict in nvalchemi's per-sample shapes, with local ``neighbor_list``."""
         n = self.num_graphs
         if not -n <= index < n:
-            raise IndexError(f"Index {index} out of range for batch with {n} structures")
+            raise SampleIndexError(f"Index {index} out of range for batch with {n} structures")
         index %= n
         atoms = exclusive_cumsum(self._n_atoms)
         edges = exclusive_cumsum(self._n_edges)
@@ -323,7 +332,7 @@ class Batch:
             return self.fields[key]
         if isinstance(key, (int, np.integer)):
             return self.get_sample(int(key))
-        raise TypeError(f"Batch indices must be a field name or an int, got {type(key).__name__}")
+        raise ConfigTypeError(f"Batch indices must be a field name or an int, got {type(key).__name__}")
 
     def __getattr__(self, name: str) -> torch.Tensor:
         # Only called when normal lookup fails: expose fields as attributes.

@@ -18,7 +18,7 @@ from zarr.abc.codec import BytesBytesCodec
 from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
 
 from dali_alchemi.bench.names import STORE_LAYOUTS
-from dali_alchemi.errors import ConfigError
+from dali_alchemi.errors import ConfigError, ConfigTypeError
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -72,7 +72,7 @@ class ArrayConfig:
         comps = tuple(_codec_from_json(c) if isinstance(c, Mapping) else c for c in (self.compressors or ()))
         for c in comps:
             if not isinstance(c, BytesBytesCodec):
-                raise TypeError(f"compressors must be zarr bytes-to-bytes codecs, got {c!r}")
+                raise ConfigTypeError(f"compressors must be zarr bytes-to-bytes codecs, got {c!r}")
             if isinstance(c, Crc32cCodec):
                 raise ConfigError("crc32c is not a compressor: use checksum=True (the default) instead")
         if not isinstance(self.checksum, bool):
@@ -281,13 +281,13 @@ class WriteConfig:
             if isinstance(value, Mapping):
                 object.__setattr__(self, group, ArrayConfig.from_dict(value))
             elif value is not None and not isinstance(value, ArrayConfig):
-                raise TypeError(f"WriteConfig.{group} must be an ArrayConfig, a mapping or None, got {value!r}")
+                raise ConfigTypeError(f"WriteConfig.{group} must be an ArrayConfig, a mapping or None, got {value!r}")
         overrides = {
             str(k): ArrayConfig.from_dict(v) if isinstance(v, Mapping) else v for k, v in self.field_overrides.items()
         }
         for k, v in overrides.items():
             if not isinstance(v, ArrayConfig):
-                raise TypeError(f"field_overrides[{k!r}] must be an ArrayConfig or a mapping, got {v!r}")
+                raise ConfigTypeError(f"field_overrides[{k!r}] must be an ArrayConfig or a mapping, got {v!r}")
         object.__setattr__(self, "field_overrides", overrides)
 
     def for_arrays(self, group: str, arrays: Mapping[str, Any]) -> dict[str, ArrayConfig]:

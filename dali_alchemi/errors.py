@@ -8,6 +8,48 @@ reader keeps working. Messages name the store, the array or field, and what was 
 
 from __future__ import annotations
 
+__all__ = [
+    "AmbiguousRepairError",
+    "ChunkDecodeError",
+    "ConfigError",
+    "ConfigTypeError",
+    "DaliAlchemiError",
+    "DaliAlchemiWarning",
+    "DeviceError",
+    "EmptyBatchError",
+    "FieldAssignmentError",
+    "FieldLevelError",
+    "FieldMismatchError",
+    "InputNotFoundError",
+    "LoaderClosedError",
+    "LoaderError",
+    "MetricInputError",
+    "NotAReaderError",
+    "NvalchemiNotInstalledError",
+    "PlanError",
+    "PlanIndexError",
+    "PrecisionLossWarning",
+    "ReadTooLargeError",
+    "ReaderClosedError",
+    "ReaderOutputError",
+    "RemoteReadError",
+    "RepairError",
+    "RewriteMismatchError",
+    "SampleDataError",
+    "SampleIndexError",
+    "SampleReadError",
+    "SlowLayoutWarning",
+    "StoreChangedError",
+    "StoreExistsError",
+    "StoreFormatError",
+    "StoreLockedError",
+    "StoreNotFoundError",
+    "StoreSchemaWarning",
+    "UnknownFieldError",
+    "UnsupportedCodecError",
+    "UnsupportedStoreError",
+]
+
 
 class DaliAlchemiError(Exception):
     """Base class of every error raised on purpose by dali_alchemi."""
@@ -19,6 +61,10 @@ class StoreNotFoundError(DaliAlchemiError, FileNotFoundError):
 
 class StoreExistsError(DaliAlchemiError, FileExistsError):
     """A new store was to be written where one (or anything else) already exists."""
+
+
+class InputNotFoundError(DaliAlchemiError, FileNotFoundError):
+    """An input file to be converted into a store does not exist."""
 
 
 class UnsupportedStoreError(DaliAlchemiError, NotImplementedError):
@@ -63,7 +109,7 @@ class UnknownFieldError(DaliAlchemiError, KeyError):
 
 
 class SampleIndexError(DaliAlchemiError, IndexError):
-    """A sample index is out of range for the reader."""
+    """A sample index is out of range for the reader (or a structure index for a batch)."""
 
 
 class StoreChangedError(DaliAlchemiError, RuntimeError):
@@ -83,6 +129,10 @@ class ReaderOutputError(DaliAlchemiError, ValueError):
     that does not fit the others, or a neighbor index outside its structure. Names the sample and field."""
 
 
+class SampleReadError(DaliAlchemiError, RuntimeError):
+    """Reading one sample failed while iterating a reader; names the sample and the original error."""
+
+
 class ReaderClosedError(DaliAlchemiError, RuntimeError):
     """An operation was attempted on a reader after :meth:`close`."""
 
@@ -99,8 +149,20 @@ class ConfigError(DaliAlchemiError, ValueError):
     """An argument or configuration value is out of range or inconsistent; the message names it."""
 
 
+class ConfigTypeError(DaliAlchemiError, TypeError):
+    """An argument or configuration value has the wrong type; the message names it and what was given."""
+
+
 class PlanError(DaliAlchemiError, ValueError):
     """A plan does not fit its loader or reader (sample count, resume state, batch bounds)."""
+
+
+class PlanIndexError(DaliAlchemiError, IndexError):
+    """A batch or window index is out of range for an epoch plan."""
+
+
+class EmptyBatchError(DaliAlchemiError, ValueError):
+    """A batch was to be built from no samples (nvalchemi's "Cannot create batch from empty data list")."""
 
 
 class UnsupportedCodecError(DaliAlchemiError, NotImplementedError):

@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dali_alchemi.batch import Batch
+from dali_alchemi.errors import EmptyBatchError
 from dali_alchemi.interop.read_many import as_packed_reader
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.plan import PadShape, PlanArguments, pad_shape, reader_plan, restore
@@ -87,7 +88,7 @@ class Collater:
 
     def __call__(self, items: list[Item]) -> Batch:
         if not items:
-            raise ValueError("Cannot create batch from empty data list")
+            raise EmptyBatchError("Cannot create batch from empty data list")
         samples, indices, atoms, edges = zip(*items, strict=True)
         packed = PackedSamples.from_samples(samples, levels=self.levels)
         index = np.asarray(indices, dtype=np.int64)

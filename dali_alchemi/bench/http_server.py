@@ -25,6 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from dali_alchemi.errors import ConfigError
+
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
 
 
@@ -151,7 +153,7 @@ class StoreServer:
         stall: str | None = None,
     ) -> None:  # fmt: skip
         if not 0.0 <= failure_rate < 1.0:
-            raise ValueError(f"failure_rate must be in [0, 1), got {failure_rate}")
+            raise ConfigError(f"failure_rate must be in [0, 1), got {failure_rate}")
         handler = partial(_Handler, directory=str(root))
         self._server = _Server(
             ("127.0.0.1", 0), handler, latency_s=latency_s, failure_rate=failure_rate, seed=seed, stall=stall

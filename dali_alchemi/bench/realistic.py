@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dali_alchemi.errors import ConfigError
+
 if TYPE_CHECKING:
     from ase import Atoms
 
@@ -35,7 +37,9 @@ def emt_frames(
     from ase.units import fs
 
     if n_frames < 1 or repeat < 1 or steps_per_frame < 1:
-        raise ValueError(f"need n_frames, repeat and steps_per_frame >= 1, got {n_frames}, {repeat}, {steps_per_frame}")
+        raise ConfigError(
+            f"need n_frames, repeat and steps_per_frame >= 1, got {n_frames}, {repeat}, {steps_per_frame}"
+        )
     atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((repeat, repeat, repeat))
     atoms.calc = EMT()
     MaxwellBoltzmannDistribution(atoms, temperature_K=temperature_k, rng=np.random.default_rng(seed))

@@ -36,6 +36,7 @@ from dali_alchemi.bench.loaders import (
 )
 from dali_alchemi.bench.memory import MB, TreeMemorySampler, tree_pss
 from dali_alchemi.bench.quality import order_quality
+from dali_alchemi.errors import ConfigError
 from dali_alchemi.store.reader import AtomicDataZarrReader
 
 ProgressCallback = Callable[[str, int, int], None]
@@ -63,16 +64,16 @@ class BenchConfig:
     def __post_init__(self) -> None:
         bad = [o for o in self.orders if o not in ORDERS]
         if bad:
-            raise ValueError(f"Unknown order {bad[0]!r}: use 'shuffle', 'block' and/or 'sequential'")
+            raise ConfigError(f"Unknown order {bad[0]!r}: use 'shuffle', 'block' and/or 'sequential'")
         for name in ("batch_size", "epochs", "rounds", "batches_per_window"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.step_ms < 0:
-            raise ValueError(f"step_ms must be >= 0, got {self.step_ms}")
+            raise ConfigError(f"step_ms must be >= 0, got {self.step_ms}")
         for name in ("max_atoms", "max_edges", "max_batches"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+                raise ConfigError(f"{name} must be >= 1, got {value}")
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dali_alchemi.errors import ConfigError, StoreExistsError
 from dali_alchemi.store.packed import PackedSamples
 from dali_alchemi.store.writer import AtomicDataZarrWriter
 
@@ -80,7 +81,7 @@ SYNTHETIC_LEVELS = {
 def size_plan(n: int, seed: int = 42, min_atoms: int = 10, max_atoms: int = 100) -> tuple[np.ndarray, np.ndarray]:
     """Atoms and edges per structure, exactly as the reference benchmark draws them."""
     if n < 0 or min_atoms < 1 or max_atoms < min_atoms:
-        raise ValueError(f"need n >= 0 and 1 <= min_atoms <= max_atoms, got {n}, {min_atoms}, {max_atoms}")
+        raise ConfigError(f"need n >= 0 and 1 <= min_atoms <= max_atoms, got {n}, {min_atoms}, {max_atoms}")
     rng = random.Random(seed)
     atoms = np.empty(n, dtype=np.int64)
     edges = np.empty(n, dtype=np.int64)
@@ -125,7 +126,7 @@ def write_synthetic_store(
 ) -> Path:
     """Write an ``n``-structure synthetic store at ``path`` (which must not exist) and return the path."""
     if n < 1:
-        raise ValueError(f"a synthetic store needs at least one structure, got n={n}")
+        raise ConfigError(f"a synthetic store needs at least one structure, got n={n}")
     AtomicDataZarrWriter(path, config).write(synthetic_samples(n, seed, min_atoms, max_atoms))
     return Path(path)
 
@@ -144,9 +145,9 @@ def write_synthetic_store_nvalchemi(
     from nvalchemi.data.datapipes import AtomicDataZarrWriter as NvalchemiWriter
 
     if n < 1:
-        raise ValueError(f"a synthetic store needs at least one structure, got n={n}")
+        raise ConfigError(f"a synthetic store needs at least one structure, got n={n}")
     if Path(path).exists():
-        raise FileExistsError(f"Zarr store already exists at {path}")
+        raise StoreExistsError(f"Zarr store already exists at {path}")
     samples = synthetic_samples(n, seed, min_atoms, max_atoms).split()
     data = [AtomicData(**{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in s.items()}) for s in samples]
     NvalchemiWriter(str(path)).write(data)

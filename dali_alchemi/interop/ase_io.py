@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dali_alchemi.errors import SampleDataError, StoreExistsError
+from dali_alchemi.errors import ConfigError, InputNotFoundError, SampleDataError, StoreExistsError
 from dali_alchemi.interop.ase_fields import extract
 from dali_alchemi.interop.assemble import (
     DEFAULT_TOLERANCE,
@@ -128,14 +128,14 @@ def write_atoms(
         If the input is empty, or under ``missing="error"`` if the structures' fields differ.
     """
     if chunk < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
+        raise ConfigError(f"chunk must be >= 1, got {chunk}")
     if missing not in MISSING_POLICIES:
-        raise ValueError(f"missing must be one of {', '.join(MISSING_POLICIES)}, got {missing!r}")
+        raise ConfigError(f"missing must be one of {', '.join(MISSING_POLICIES)}, got {missing!r}")
     if not tolerance >= 0:
-        raise ValueError(f"tolerance must be >= 0 (the largest change float32 may make unreported), got {tolerance}")
+        raise ConfigError(f"tolerance must be >= 0 (the largest change float32 may make unreported), got {tolerance}")
     for name, dtype in (("float_dtype", float_dtype), ("system_float_dtype", system_float_dtype)):
         if np.dtype(dtype) not in (np.float32, np.float64):
-            raise ValueError(f"{name} must be float32 or float64, got {np.dtype(dtype)}")
+            raise ConfigError(f"{name} must be float32 or float64, got {np.dtype(dtype)}")
     location = resolve_store(store, read_only=False, must_exist=False)
     local = location.local_root
     if local is None:
@@ -315,7 +315,7 @@ def convert(
     paths = [Path(p) for p in inputs]
     for path in paths:
         if not path.exists():
-            raise FileNotFoundError(f"Input {path} does not exist")
+            raise InputNotFoundError(f"Input {path} does not exist")
     structures = itertools.chain.from_iterable(read_structures(p) for p in paths)
     return write_atoms(
         structures, store, cutoff=cutoff, float_dtype=float_dtype, system_float_dtype=system_float_dtype,

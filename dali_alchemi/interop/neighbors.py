@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dali_alchemi.errors import SampleDataError
+from dali_alchemi.errors import ConfigError, SampleDataError
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -45,7 +45,7 @@ def _complete_lattice(cell: NDArray[np.float64], pbc: NDArray[np.bool_]) -> NDAr
                 normal = np.eye(3)[np.argmin(np.abs(others[0]) + np.abs(others[1]))]
             lattice[axis] = normal / np.linalg.norm(normal)
     if abs(float(np.linalg.det(lattice))) < 1e-12:
-        raise ValueError("a periodic structure needs a cell of non-zero volume along its periodic axes")
+        raise SampleDataError("a periodic structure needs a cell of non-zero volume along its periodic axes")
     return lattice
 
 
@@ -102,7 +102,7 @@ def radius_graph(
         :data:`MAX_EDGES` edges (found while searching, before more memory is taken).
     """
     if not math.isfinite(cutoff) or cutoff <= 0:
-        raise ValueError(f"cutoff must be a positive number, got {cutoff}")
+        raise ConfigError(f"cutoff must be a positive number, got {cutoff}")
     pos = np.asarray(positions, dtype=np.float64)
     n = pos.shape[0]
     empty = np.zeros((0, 2), np.int64), np.zeros((0, 3), np.int64)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dali_alchemi.errors import FieldLevelError
+from dali_alchemi.errors import EmptyBatchError, FieldLevelError
 
 if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
@@ -64,8 +64,8 @@ def build_batch(
     ------
     FieldLevelError
         If a field has no level or an unknown one.
-    ValueError
-        If the batch has no structures (nvalchemi's message).
+    EmptyBatchError
+        If the batch has no structures (nvalchemi's message; a ``ValueError``).
     """
     from nvalchemi.data import Batch as NvBatch
     from nvalchemi.data.atomic_data import AtomicData
@@ -78,7 +78,7 @@ def build_batch(
     from tensordict import TensorDict
 
     if int(n_atoms.numel()) == 0:
-        raise ValueError("Cannot create batch from empty data list")
+        raise EmptyBatchError("Cannot create batch from empty data list")
     names = list(fields) if order is None else [name for name in order if name in fields]
     grouped: dict[str, dict[str, torch.Tensor]] = {"atoms": {}, "edges": {}, "system": {}}
     keys: dict[str, set[str]] = {"node": set(), "edge": set(), "system": set()}

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dali_alchemi.errors import DeviceError, ReaderClosedError, StoreFormatError
+from dali_alchemi.errors import DeviceError, ReaderClosedError, SampleReadError, StoreFormatError
 from dali_alchemi.store import layout
 from dali_alchemi.store.reader import AtomicDataZarrReader
 from dali_alchemi.store.snapshot import SnapshotIdentity, identify
@@ -156,14 +156,15 @@ class NvalchemiDropInReader(AtomicDataZarrReader):
         return {"index": logical, "source_file": str(self.store), "physical_index": str(physical)}
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
-        """Every sample in order; a failure is a ``RuntimeError`` naming the sample, as in nvalchemi."""
+        """Every sample in order; a failure is a :class:`~dali_alchemi.errors.SampleReadError` (a
+        ``RuntimeError``) naming the sample, as in nvalchemi."""
         for i in range(len(self)):
             try:
                 yield self.read(i)
             except Exception as err:
                 message = f"Sample {i} failed with exception: {type(err).__name__}: {err}"
                 logger.error(message)
-                raise RuntimeError(message) from err
+                raise SampleReadError(message) from err
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_reopen_drop_in, (self.store, dict(self._options), identify(self._snapshot, self._fields)))

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from dali_alchemi.errors import ConfigError, ConfigTypeError
 from dali_alchemi.interop.nvalchemi_batch import build_batch
 from dali_alchemi.interop.read_many import as_packed_reader
 from dali_alchemi.nvalchemi._epochs import EpochFolderPlan
@@ -88,7 +89,7 @@ class _PackedRoute:
         children = list(dataset.datasets) if isinstance(dataset, MultiDataset) else [dataset]
         devices = {str(child.target_device) for child in children}
         if len(devices) > 1:
-            raise ValueError(f"The datasets of a MultiDataset must share one device, got {sorted(devices)}")
+            raise ConfigError(f"The datasets of a MultiDataset must share one device, got {sorted(devices)}")
         self.device = children[0].target_device
         readers = [as_packed_reader(child.reader) for child in children]
         levels = [dict(getattr(child.reader, "field_levels", None) or {}) for child in children]
@@ -207,11 +208,11 @@ class DataLoader:
 
     Raises
     ------
-    ValueError
+    ConfigError
         At construction, for ``batch_size < 1``, ``prefetch_factor < 0`` or ``batch_sampler`` with
-        ``sampler`` or ``shuffle`` (nvalchemi's messages).
-    TypeError
-        At construction, if ``batch_transforms`` is not a sequence.
+        ``sampler`` or ``shuffle`` (nvalchemi's messages; a ``ValueError``).
+    ConfigTypeError
+        At construction, if ``batch_transforms`` is not a sequence (a ``TypeError``).
     RuntimeError
         During iteration, when a batch transform fails (the original is its ``__cause__``).
     IndexError
@@ -237,13 +238,13 @@ class DataLoader:
         from torch.utils.data import RandomSampler, SequentialSampler
 
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         if prefetch_factor < 0:
-            raise ValueError(f"prefetch_factor must be >= 0, got {prefetch_factor}")
+            raise ConfigError(f"prefetch_factor must be >= 0, got {prefetch_factor}")
         if batch_sampler is not None and (sampler is not None or shuffle):
-            raise ValueError("batch_sampler is mutually exclusive with sampler and shuffle")
+            raise ConfigError("batch_sampler is mutually exclusive with sampler and shuffle")
         if batch_transforms is not None and not isinstance(batch_transforms, Sequence):
-            raise TypeError(
+            raise ConfigTypeError(
                 "batch_transforms must be a Sequence of callables, not a single callable or generator. "
                 "Pass [fn] instead of fn."
             )
@@ -320,11 +321,11 @@ class DataLoader:
 
         Raises
         ------
-        ValueError
-            If ``step`` is negative.
+        ConfigError
+            If ``step`` is negative (a ``ValueError``).
         """
         if step < 0:
-            raise ValueError(f"step must be >= 0, got {step}")
+            raise ConfigError(f"step must be >= 0, got {step}")
         self._epoch_step_start = step
 
     def set_epoch(self, epoch: int) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from dali_alchemi.batch import collate_on_host
 from dali_alchemi.config import LAYOUTS
-from dali_alchemi.errors import LoaderError
+from dali_alchemi.errors import ConfigError, LoaderError
 from dali_alchemi.store.layout import ATOM_INDEX_FIELDS
 from dali_alchemi.types import PerLevel
 
@@ -212,7 +212,7 @@ class WindowSource:
         layout: str = "window",
     ) -> None:
         if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+            raise ConfigError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         self.layout = layout
         self.reader = reader
         self.plan = plan
@@ -286,7 +286,7 @@ class ReadAheadSource:
 
     def __init__(self, source: WindowSource, *, depth: int = 2, keep_alive: int = 4) -> None:
         if depth < 1:
-            raise ValueError(f"read-ahead depth must be >= 1, got {depth}")
+            raise ConfigError(f"read-ahead depth must be >= 1, got {depth}")
         self.source = source
         self.depth = depth
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="dali-alchemi-readahead")

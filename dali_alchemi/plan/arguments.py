@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dali_alchemi.errors import PlanError
+from dali_alchemi.errors import ConfigTypeError, PlanError
 from dali_alchemi.plan.base import Plan
 from dali_alchemi.plan.block import (
     BlockShuffle,
@@ -138,7 +138,7 @@ def build_plan(
     PlanError
         If ``plan`` is given with plan arguments, was made for another number of samples, or the
         arguments are inconsistent (see the plans' own checks).
-    TypeError
+    ConfigTypeError
         If ``plan`` does not implement :class:`Plan`.
     """
     a = arguments
@@ -147,7 +147,9 @@ def build_plan(
         if given:
             raise PlanError(f"plan= is mutually exclusive with {', '.join(given)}: the plan decides the batches")
         if not isinstance(plan, Plan):
-            raise TypeError(f"plan must implement dali_alchemi.plan.Plan (epoch, num_samples, to_dict), got {plan!r}")
+            raise ConfigTypeError(
+                f"plan must implement dali_alchemi.plan.Plan (epoch, num_samples, to_dict), got {plan!r}"
+            )
         if plan.num_samples != num_samples:
             raise PlanError(f"the plan was made for {plan.num_samples} samples, but the reader has {num_samples}")
         return plan

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from dali_alchemi.errors import PlanError
+from dali_alchemi.errors import PlanError, PlanIndexError
 
 if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray, PtrArray
@@ -97,7 +97,7 @@ class EpochPlan:
     def batch(self, index: int) -> IndexArray:
         """The reader indices of batch ``index``."""
         if not 0 <= index < self.num_batches:
-            raise IndexError(f"batch {index} out of range: epoch {self.epoch} has {self.num_batches} batches")
+            raise PlanIndexError(f"batch {index} out of range: epoch {self.epoch} has {self.num_batches} batches")
         return self.order[int(self.batch_ptr[index]) : int(self.batch_ptr[index + 1])]
 
     def batches(self, first_batch: int = 0) -> list[IndexArray]:
@@ -116,12 +116,12 @@ class EpochPlan:
 
         Raises
         ------
-        IndexError
-            If ``index`` is past the end of the epoch.
+        PlanIndexError
+            If ``index`` is past the end of the epoch (an ``IndexError``).
         """
         n_windows = self.num_windows(batches_per_window, first_batch)
         if not 0 <= index < n_windows:
-            raise IndexError(
+            raise PlanIndexError(
                 f"window {index} out of range: epoch {self.epoch} has {n_windows} windows from batch {first_batch}"
             )
         b0 = first_batch + index * batches_per_window

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dali_alchemi.errors import PlanError, SampleIndexError
+from dali_alchemi.errors import EmptyBatchError, PlanError, SampleIndexError
 from dali_alchemi.plan.base import EpochPlan
 
 
@@ -52,14 +52,14 @@ class RecordedPlan:
 
         Raises
         ------
-        ValueError
-            If a batch is empty (nvalchemi's message: it cannot make a Batch of nothing).
+        EmptyBatchError
+            If a batch is empty (nvalchemi's message: it cannot make a Batch of nothing; a ``ValueError``).
         SampleIndexError
             For an index out of range.
         """
         sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
         if sizes.size and int(sizes.min()) == 0:
-            raise ValueError("Cannot create batch from empty data list")
+            raise EmptyBatchError("Cannot create batch from empty data list")
         order = np.concatenate([np.asarray(b, dtype=np.int64) for b in batches]) if batches else np.zeros(0, np.int64)
         order = np.where(order < 0, order + num_samples, order)
         ptr = np.zeros(sizes.size + 1, dtype=np.int64)

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dali_alchemi.errors import ConfigError
+
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
@@ -45,7 +47,7 @@ class BlockCache:
         self, capacity_bytes: int = DEFAULT_CACHE_BYTES, on_evict: Callable[[BlockKey], None] | None = None
     ) -> None:
         if capacity_bytes < 0:
-            raise ValueError(f"cache capacity must be >= 0 bytes, got {capacity_bytes}")
+            raise ConfigError(f"cache capacity must be >= 0 bytes, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
         self.on_evict = on_evict
         self._entries: OrderedDict[BlockKey, NDArray[Any]] = OrderedDict()

@@ -48,13 +48,13 @@ class _CheckedBlosc:
     def decode(self, buf: Any, out: Any = None) -> Any:
         size = buf.nbytes if isinstance(buf, (np.ndarray, memoryview)) else len(buf)
         if size < 16:
-            raise ValueError(f"blosc frame of {size} bytes is shorter than its 16-byte header")
+            raise ChunkDecodeError(f"blosc frame of {size} bytes is shorter than its 16-byte header")
         # Blosc1 header: version, versionlz, flags, typesize, then uint32 nbytes, blocksize, cbytes.
         nbytes, _, cbytes = _BLOSC_SIZES.unpack_from(buf, 4)
         if cbytes != size:
-            raise ValueError(f"blosc frame says {cbytes} compressed bytes but the payload has {size}")
+            raise ChunkDecodeError(f"blosc frame says {cbytes} compressed bytes but the payload has {size}")
         if out is not None and nbytes != out.nbytes:
-            raise ValueError(f"blosc frame decodes to {nbytes} bytes, expected {out.nbytes}")
+            raise ChunkDecodeError(f"blosc frame decodes to {nbytes} bytes, expected {out.nbytes}")
         return _blosc_decompress(buf, out)
 
 
@@ -104,9 +104,9 @@ class _Chain:
             if isinstance(step, str):  # crc32c: the last 4 bytes are the checksum of the rest
                 raw = np.frombuffer(data, dtype=np.uint8)
                 if raw.size < 4:
-                    raise ValueError("payload shorter than its crc32c checksum")
+                    raise ChunkDecodeError("payload shorter than its crc32c checksum")
                 if google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:].tobytes(), "little"):
-                    raise ValueError("crc32c checksum mismatch")
+                    raise ChunkDecodeError("crc32c checksum mismatch")
                 data = raw[:-4]  # the view, not a copy
             elif pos == last and out is not None and self.stored_dtype == out.dtype and isinstance(step, _CheckedBlosc):
                 # Only blosc decodes straight into ``out``: its frame header says how many bytes it holds,
@@ -119,7 +119,7 @@ class _Chain:
                 data = step.decode(data)
         raw = data.reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
         if raw.size != expected:
-            raise ValueError(f"decoded {raw.size} bytes, expected {expected} for chunk shape {shape}")
+            raise ChunkDecodeError(f"decoded {raw.size} bytes, expected {expected} for chunk shape {shape}")
         arr = raw.view(self.stored_dtype).reshape(shape)
         if not self.stored_dtype.isnative:
             arr = arr.astype(self.stored_dtype.newbyteorder("="))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dali_alchemi import csr
-from dali_alchemi.errors import SampleDataError
+from dali_alchemi.errors import ConfigTypeError, SampleDataError
 from dali_alchemi.store import layout
 from dali_alchemi.store.packed import PackedSamples, SupportsPacked
 
@@ -44,7 +44,7 @@ def to_packed(samples: Samples, levels: Mapping[str, str] | None) -> PackedSampl
                     )
         return packed
     if isinstance(samples, Mapping):
-        raise TypeError("samples must be a sequence of {field: array} mappings or a Batch, not a single mapping")
+        raise ConfigTypeError("samples must be a sequence of {field: array} mappings or a Batch, not a single mapping")
     return PackedSamples.from_samples(samples, levels=levels)
 
 

@@ -29,7 +29,7 @@ import numpy as np
 from zarr.storage import LocalStore
 
 from dali_alchemi.csr import concat_aranges
-from dali_alchemi.errors import ChunkDecodeError
+from dali_alchemi.errors import ChunkDecodeError, ConfigError
 from dali_alchemi.store import layout
 from dali_alchemi.store.batches import read_and_finish
 from dali_alchemi.store.cache import BlockCache, CacheStats
@@ -143,7 +143,7 @@ class BlockEngine:
         shared: SharedBlocks | None = None,
     ) -> None:
         if working_set_bytes is not None and working_set_bytes < 1:
-            raise ValueError(f"working_set_bytes must be >= 1, got {working_set_bytes}")
+            raise ConfigError(f"working_set_bytes must be >= 1, got {working_set_bytes}")
         self.cache = BlockCache(cache_bytes, on_evict=self._evicted)
         self._shared_root = shared
         self._shared: SharedBlocks | None = None

@@ -22,7 +22,7 @@ from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByt
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
-from dali_alchemi.errors import ChunkDecodeError
+from dali_alchemi.errors import ChunkDecodeError, ConfigError
 
 INLINE_READS = 2
 """At most this many local reads are done on the calling thread (a pool hand-off costs more)."""
@@ -148,7 +148,7 @@ class StoreFetcher:
 
     def __init__(self, store: Store, *, max_concurrency: int = 32) -> None:
         if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+            raise ConfigError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.store = store
         self.max_concurrency = max_concurrency
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dali_alchemi.errors import SampleIndexError
+from dali_alchemi.errors import ConfigTypeError, SampleIndexError
 
 if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray
@@ -32,8 +32,8 @@ def checked_indices(
     SampleIndexError
         Naming the first out-of-range value and ``n`` (of the ``owner``: a reader, a store), counted
         in ``unit``; or for an array of more than one dimension (never flattened).
-    TypeError
-        If the values are not integers (booleans included).
+    ConfigTypeError
+        If the values are not integers (booleans included; a ``TypeError``).
     """
     given = np.asarray(values)
     if given.ndim > 1:  # flattening a (B, k) array would read B * k samples nobody asked for
@@ -42,7 +42,7 @@ def checked_indices(
     if arr.dtype == object and all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in arr):
         pass  # Python integers too large for any numpy integer type: compared exactly below
     elif arr.dtype == np.bool_ or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise TypeError(f"{what} values must be integers, got dtype {arr.dtype}")
+        raise ConfigTypeError(f"{what} values must be integers, got dtype {arr.dtype}")
     if not arr.size:
         return np.zeros(0, np.int64)
     low = -n if negative else 0

@@ -19,7 +19,7 @@ import zarr
 from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore, MemoryStore, StorePath
 
-from dali_alchemi.errors import StoreNotFoundError
+from dali_alchemi.errors import ConfigTypeError, StoreNotFoundError
 from dali_alchemi.store.remote import RetryingStore
 
 if TYPE_CHECKING:
@@ -85,8 +85,8 @@ def resolve_store(
     ------
     StoreNotFoundError
         If ``must_exist`` and a local path does not exist.
-    TypeError
-        If ``store`` is none of the accepted kinds.
+    ConfigTypeError
+        If ``store`` is none of the accepted kinds (a ``TypeError``).
     """
     if isinstance(store, StorePath):
         inner = store.store
@@ -112,4 +112,6 @@ def resolve_store(
         if must_exist and not path.exists():
             raise StoreNotFoundError(f"Zarr store does not exist at {path}")
         return StoreLocation(store=LocalStore(path, read_only=read_only), prefix="", display=str(path), local_root=path)
-    raise TypeError(f"store must be a path, a URL, a zarr Store, a StorePath or a dict, got {type(store).__name__}")
+    raise ConfigTypeError(
+        f"store must be a path, a URL, a zarr Store, a StorePath or a dict, got {type(store).__name__}"
+    )

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
-from dali_alchemi.errors import StoreLockedError
+from dali_alchemi.errors import ConfigError, StoreLockedError
 
 if TYPE_CHECKING:
     from dali_alchemi.store.location import StoreLocation
@@ -217,7 +217,7 @@ class WriterLock:
 
     def __init__(self, loc: StoreLocation, operation: str, *, timeout: float = 0.0) -> None:
         if not timeout >= 0:
-            raise ValueError(f"lock timeout must be >= 0 seconds, got {timeout}")
+            raise ConfigError(f"lock timeout must be >= 0 seconds, got {timeout}")
         self.loc = loc
         self.operation = operation
         self.timeout = float(timeout)

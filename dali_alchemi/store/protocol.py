@@ -119,8 +119,8 @@ def select_fields(reader: PackedReader, fields: str | Iterable[str] | None) -> t
     ------
     UnknownFieldError
         Naming the fields the reader does not return, and those it does.
-    ValueError
-        If ``fields`` is empty.
+    ConfigError
+        If ``fields`` is empty (a ``ValueError``).
     """
     available = tuple(reader.field_specs)
     if fields is None:

@@ -33,7 +33,7 @@ from zarr.core.sync import sync
 from zarr.errors import BaseZarrError, ZarrUserWarning
 from zarr.storage import LocalStore
 
-from dali_alchemi.errors import ChunkDecodeError, StoreFormatError, UnsupportedCodecError
+from dali_alchemi.errors import ChunkDecodeError, ConfigError, StoreFormatError, UnsupportedCodecError
 from dali_alchemi.store import layout
 from dali_alchemi.store.checks import Findings, OnBlock, Problem, mask_check, neighbor_check, owners, pointer_ok
 from dali_alchemi.store.codecs import ArrayCodec, fetch_blocks
@@ -233,7 +233,7 @@ def verify_store(
         If there is no store at ``store`` (every other finding is a :class:`Problem` of the report).
     """
     if max_problems < 1:
-        raise ValueError(f"max_problems must be >= 1, got {max_problems}")
+        raise ConfigError(f"max_problems must be >= 1, got {max_problems}")
     loc = resolve_store(store, read_only=True, must_exist=True, storage_options=storage_options)
     started = time.perf_counter()
     found = Findings(limit=max_problems)

@@ -33,6 +33,8 @@ import zarr
 
 from dali_alchemi.config import WriteConfig
 from dali_alchemi.errors import (
+    ConfigError,
+    ConfigTypeError,
     SampleDataError,
     StoreExistsError,
     StoreNotFoundError,
@@ -119,7 +121,7 @@ class AtomicDataZarrWriter:
         allow_nonfinite: bool | Collection[str] = False,
     ) -> None:
         if not lock_timeout >= 0:
-            raise ValueError(f"lock_timeout must be >= 0 seconds, got {lock_timeout}")
+            raise ConfigError(f"lock_timeout must be >= 0 seconds, got {lock_timeout}")
         self.lock_timeout = float(lock_timeout)
         self.allow_nonfinite: bool | frozenset[str] = (
             allow_nonfinite if isinstance(allow_nonfinite, bool) else frozenset(allow_nonfinite)
@@ -437,7 +439,9 @@ class AtomicDataZarrWriter:
         """
         raw = indices.cpu().numpy() if isinstance(indices, torch.Tensor) else np.asarray(indices)
         if raw.dtype == np.bool_ or (raw.size and raw.dtype.kind not in "iuO"):
-            raise TypeError(f"delete() takes integer physical indices, got dtype {raw.dtype} (a mask is not accepted)")
+            raise ConfigTypeError(
+                f"delete() takes integer physical indices, got dtype {raw.dtype} (a mask is not accepted)"
+            )
         if raw.size == 0:
             return
         with self._locked("delete"):
@@ -469,7 +473,7 @@ class AtomicDataZarrWriter:
             If the store is not a local directory (a ``NotImplementedError``).
         """
         if window < 1:
-            raise ValueError(f"window must be >= 1 sample, got {window}")
+            raise ConfigError(f"window must be >= 1 sample, got {window}")
         new_config = (
             self.config if config is None else WriteConfig.from_dict(config) if isinstance(config, Mapping) else config
         )

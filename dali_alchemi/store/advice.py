@@ -51,7 +51,7 @@ def slow_layout_advice(reader: Any) -> str | None:
         f"({worst!r}: {large[worst] / 2**20:.1f} MiB), so a shuffled epoch decodes each block many times and "
         "block-shuffle batches are barely mixed. Rewrite it once to the default layout, "
         "`dali-alchemi rewrite SRC DST` (measured on a store of 200,000 structures that nvalchemi wrote, "
-        "80x a 16 MiB cache: global order 6x faster, block-shuffle quality 0.02 -> 0.90), "
+        "80x a 16 MiB cache: global order about 10x faster, block-shuffle quality 0.02 -> 0.90), "
         "or give the loader a larger cache_bytes."
     )
 

@@ -39,7 +39,6 @@ PER_ATOM_RESULTS = frozenset({"forces", "stresses", "charges", "magmoms", "energ
 # Names of results and arrays that become nvalchemi fields of another name (or the same one).
 RESULT_NAMES = {"energy": "energy", "forces": "forces", "stress": "stress", "dipole": "dipole", "charges": "charges"}
 ARRAY_NAMES = {"momenta": "momenta", "charges": "charges"}
-INFO_FIELDS = ("energy", "stress", "virial", "dipole")
 # Keys the structure itself provides, or that describe an ASE database row rather than hold data.
 HANDLED_ARRAYS = frozenset({"numbers", "positions", "masses"})
 NESTED_INFO = ("key_value_pairs", "data")

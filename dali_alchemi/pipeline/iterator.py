@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-WATCHDOG_INTERVAL_S = 0.2
+WORKER_POLL_S = 0.2
 """How often a waiting consumer checks DALI's worker processes."""
 
 STOP_TIMEOUT_S = 3.0
@@ -127,7 +127,7 @@ class WindowIterator:
     def _put(self, item: Any) -> None:
         while not self._stop.is_set():
             try:
-                self._queue.put(item, timeout=WATCHDOG_INTERVAL_S)
+                self._queue.put(item, timeout=WORKER_POLL_S)
                 return
             except queue.Full:
                 continue
@@ -151,7 +151,7 @@ class WindowIterator:
     def _next(self) -> Any:
         while True:
             try:
-                item = self._queue.get(timeout=WATCHDOG_INTERVAL_S)
+                item = self._queue.get(timeout=WORKER_POLL_S)
             except queue.Empty:
                 problem = dead_worker(self.pipe)
                 if problem is None and self._thread is not None and not self._thread.is_alive():

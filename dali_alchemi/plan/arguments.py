@@ -35,9 +35,6 @@ if TYPE_CHECKING:
 DEFAULT_BATCH_SIZE = 64
 """Structures per batch when neither ``batch_size``, a budget nor a plan is given."""
 
-SHUFFLE_CHOICES = (True, False, "global", "sequential", "block")
-"""What ``shuffle=`` accepts (besides a :class:`~dali_alchemi.plan.block.BlockShuffle`)."""
-
 
 def shuffle_mode(shuffle: object) -> str | BlockShuffle:
     """``"global"`` (a full permutation), ``"sequential"``, or the :class:`BlockShuffle` settings.

@@ -33,7 +33,7 @@ from dali_alchemi.errors import ChunkDecodeError, ConfigError
 from dali_alchemi.store import layout
 from dali_alchemi.store.batches import read_and_finish
 from dali_alchemi.store.cache import BlockCache, CacheStats
-from dali_alchemi.store.codecs import block_requests, fetch_blocks, read_blocks
+from dali_alchemi.store.codecs import block_requests, read_blocks
 from dali_alchemi.store.fetch import ByteFetcher, LocalFetcher, StoreFetcher
 from dali_alchemi.store.gather import (
     BlockJob,
@@ -531,12 +531,6 @@ class BlockEngine:
         for block in range(len(blocks)):
             self.cache.pop((name, block))
         self.cache.put((name, RESIDENT), whole)
-
-    def _fetch_blocks(self, blocks: list[tuple[ArrayCodec, int]]) -> list[tuple[list[Any | None], list[str]]]:
-        """Fetch every chunk payload of the given row blocks in one concurrent batch (two for shards)."""
-        result, fetched = fetch_blocks(self._io_fetcher(), blocks, self._shard_indexes)
-        self._chunks_fetched += fetched
-        return result
 
 
 def _every_block(

@@ -64,8 +64,9 @@ def previous_suffix(key: str) -> str:
 
 
 # -- the operations -------------------------------------------------------------------------------
-class AddCustomState(StrEnum):
-    """How far an add_custom got: building the array, moving it in, or committed (only cleanup left)."""
+class OpState(StrEnum):
+    """How far an add_custom or a repair got: building the new array, swapping it in, or committed
+    (only cleanup left)."""
 
     STAGING = "staging"
     SWAPPING = "swapping"
@@ -109,9 +110,9 @@ class AddCustomOp:
     key: str
     level: Level
     previous: Level | None
-    state: AddCustomState
+    state: OpState
 
-    def with_state(self, state: AddCustomState) -> AddCustomOp:
+    def with_state(self, state: OpState) -> AddCustomOp:
         return replace(self, state=state)
 
     def to_json(self) -> dict[str, Any]:
@@ -134,14 +135,6 @@ class DefragmentOp:
         return {"op": self.OP}
 
 
-class RepairState(StrEnum):
-    """How far a repair got: building the repaired array, swapping it in, or committed (only cleanup left)."""
-
-    STAGING = "staging"
-    SWAPPING = "swapping"
-    COMMITTED = "committed"
-
-
 @dataclass(frozen=True, slots=True)
 class RepairOp:
     """Rewriting core array ``key`` (``neighbor_list``) to store-global indices; ``samples`` of them change."""
@@ -149,9 +142,9 @@ class RepairOp:
     OP: ClassVar[str] = "repair"
     key: str
     samples: int
-    state: RepairState
+    state: OpState
 
-    def with_state(self, state: RepairState) -> RepairOp:
+    def with_state(self, state: OpState) -> RepairOp:
         return replace(self, state=state)
 
     def to_json(self) -> dict[str, Any]:
@@ -227,12 +220,12 @@ def parse_operation(doc: Any, *, store: str) -> Operation:
                 f"if no writer of yours left it)"
             )
         state = _field(doc, "state", store)
-        if state not in tuple(AddCustomState):
-            raise _bad(doc, "state", f"one of {', '.join(AddCustomState)}", store)
+        if state not in tuple(OpState):
+            raise _bad(doc, "state", f"one of {', '.join(OpState)}", store)
         level = _level(doc, "level", store)
         assert level is not None
         return AddCustomOp(
-            key=key, level=level, previous=_level(doc, "previous", store, optional=True), state=AddCustomState(state)
+            key=key, level=level, previous=_level(doc, "previous", store, optional=True), state=OpState(state)
         )
     if op == DefragmentOp.OP:
         return DefragmentOp()
@@ -241,9 +234,9 @@ def parse_operation(doc: Any, *, store: str) -> Operation:
         if key not in layout.ATOM_INDEX_FIELDS:
             raise _bad(doc, "key", "an atom-index field (neighbor_list)", store)
         state = _field(doc, "state", store)
-        if state not in tuple(RepairState):
-            raise _bad(doc, "state", f"one of {', '.join(RepairState)}", store)
-        return RepairOp(key=key, samples=_count(doc, "samples", store), state=RepairState(state))
+        if state not in tuple(OpState):
+            raise _bad(doc, "state", f"one of {', '.join(OpState)}", store)
+        return RepairOp(key=key, samples=_count(doc, "samples", store), state=OpState(state))
     raise StoreFormatError(f"Unknown operation {op!r} in the write journal of {store}")
 
 
@@ -314,11 +307,11 @@ def interpret(op: Operation | None) -> ReadView:
         return ReadView(rows=op.rows)
     if isinstance(op, DeleteOp):
         return ReadView(deleted=op.physical)
-    if isinstance(op, AddCustomOp) and op.state is not AddCustomState.COMMITTED:
+    if isinstance(op, AddCustomOp) and op.state is not OpState.COMMITTED:
         return ReadView(hidden_custom=op.key, replaced_level=op.previous, moved_aside=previous_suffix(op.key))
     if isinstance(op, DefragmentOp):
         return ReadView(fallback_dirs=(DEFRAGMENT_NEW, DEFRAGMENT_OLD))
-    if isinstance(op, RepairOp) and op.state is RepairState.SWAPPING:
+    if isinstance(op, RepairOp) and op.state is OpState.SWAPPING:
         return ReadView(staged_core=(op.key, REPAIR_NEW))
     return AS_IS
 

@@ -30,12 +30,11 @@ from dali_alchemi.store.journal import (
     REPAIR_NEW,
     REPAIR_OLD,
     AddCustomOp,
-    AddCustomState,
     AppendOp,
     DefragmentOp,
     DeleteOp,
+    OpState,
     RepairOp,
-    RepairState,
     clear_journal,
     previous_suffix,
     read_journal,
@@ -81,10 +80,10 @@ def recover(loc: StoreLocation, phase: Callable[[str], None] = _no_phase) -> str
     elif isinstance(op, AppendOp):
         _roll_back_append(loc, op)
     elif isinstance(op, AddCustomOp):
-        if op.state is not AddCustomState.COMMITTED:
+        if op.state is not OpState.COMMITTED:
             _roll_back_add_custom(loc, op)
     elif isinstance(op, RepairOp):
-        if op.state is RepairState.SWAPPING:
+        if op.state is OpState.SWAPPING:
             finish_repair_swap(loc, op.key)
     elif isinstance(op, DeleteOp):
         root = open_group(loc, mode="r+")

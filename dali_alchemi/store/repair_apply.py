@@ -37,8 +37,8 @@ from dali_alchemi.store.generation import bumped
 from dali_alchemi.store.journal import (
     CREATE_PREFIX,
     REPAIR_NEW,
+    OpState,
     RepairOp,
-    RepairState,
     clear_journal,
     read_journal,
     sibling,
@@ -122,7 +122,7 @@ def repair_in_place(
         )
     target = loc.local_root / group / NEIGHBOR_LIST
     staged = sibling(loc, REPAIR_NEW)
-    op = RepairOp(key=NEIGHBOR_LIST, samples=int(plan.changed.size), state=RepairState.STAGING)
+    op = RepairOp(key=NEIGHBOR_LIST, samples=int(plan.changed.size), state=OpState.STAGING)
     write_journal(loc, op)
     phase("journal")
     shutil.rmtree(staged, ignore_errors=True)
@@ -135,10 +135,10 @@ def repair_in_place(
         raise
     phase("staged")
     root.attrs.update(bumped(root.attrs.asdict(), rewritten=NEIGHBOR_LIST))  # open readers see the swap coming
-    write_journal(loc, op.with_state(RepairState.SWAPPING))
+    write_journal(loc, op.with_state(OpState.SWAPPING))
     phase("swapping")
     finish_repair_swap(loc, NEIGHBOR_LIST, phase)
-    write_journal(loc, op.with_state(RepairState.COMMITTED))
+    write_journal(loc, op.with_state(OpState.COMMITTED))
     phase("committed")
     remove_staging(loc)
     clear_journal(loc)

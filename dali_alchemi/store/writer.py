@@ -59,9 +59,9 @@ from dali_alchemi.store.indices import checked_indices
 from dali_alchemi.store.journal import (
     CREATE_PREFIX,
     AddCustomOp,
-    AddCustomState,
     AppendOp,
     DeleteOp,
+    OpState,
     clear_journal,
     previous_suffix,
     read_journal,
@@ -382,7 +382,7 @@ class AtomicDataZarrWriter:
             allowed = self.allow_nonfinite if isinstance(self.allow_nonfinite, bool) else key in self.allow_nonfinite
             check_stored(key, values, allow_nonfinite=allowed, rows_ptr=ptr)
             previous = meta.schema.custom.get(key)
-            journal = AddCustomOp(key=key, level=checked, previous=previous, state=AddCustomState.STAGING)
+            journal = AddCustomOp(key=key, level=checked, previous=previous, state=OpState.STAGING)
             write_journal(self._location, journal)
             self._phase("journal")
             root.attrs.update(bumped(root.attrs.asdict(), rewritten=key if previous is not None else None))
@@ -400,7 +400,7 @@ class AtomicDataZarrWriter:
                 shutil.rmtree(staging, ignore_errors=True)
                 write_array(zarr.open_group(str(staging), mode="w"), key, values, cfg)
                 self._phase("staged")
-                write_journal(self._location, journal.with_state(AddCustomState.SWAPPING))
+                write_journal(self._location, journal.with_state(OpState.SWAPPING))
                 target = local / layout.CUSTOM_GROUP / key
                 target.parent.mkdir(exist_ok=True)
                 if previous is not None and target.exists():
@@ -418,7 +418,7 @@ class AtomicDataZarrWriter:
                 attributes.update(promise_now.to_attributes(root.attrs.asdict()))
             root.attrs.update(attributes)
             self._phase("fields")
-            write_journal(self._location, journal.with_state(AddCustomState.COMMITTED))
+            write_journal(self._location, journal.with_state(OpState.COMMITTED))
             self._finish_add_custom(key)
             self._phase("done")
 

@@ -12,11 +12,11 @@ from dali_alchemi.store import journal
 from dali_alchemi.store.journal import (
     AS_IS,
     AddCustomOp,
-    AddCustomState,
     AppendOp,
     DefragmentOp,
     DeleteOp,
     Operation,
+    OpState,
     ReadView,
     interpret,
     parse_operation,
@@ -31,15 +31,15 @@ LEGACY: list[tuple[str, Operation]] = [
     ('{"op": "delete", "physical": [1, 5, 7, 30]}', DeleteOp(physical=(1, 5, 7, 30))),
     (
         '{"op": "add_custom", "key": "tag", "level": "system", "previous": null, "state": "staging"}',
-        AddCustomOp(key="tag", level="system", previous=None, state=AddCustomState.STAGING),
+        AddCustomOp(key="tag", level="system", previous=None, state=OpState.STAGING),
     ),
     (
         '{"op": "add_custom", "key": "q", "level": "atom", "previous": "edge", "state": "swapping"}',
-        AddCustomOp(key="q", level="atom", previous="edge", state=AddCustomState.SWAPPING),
+        AddCustomOp(key="q", level="atom", previous="edge", state=OpState.SWAPPING),
     ),
     (
         '{"op": "add_custom", "key": "q", "level": "atom", "previous": "edge", "state": "committed"}',
-        AddCustomOp(key="q", level="atom", previous="edge", state=AddCustomState.COMMITTED),
+        AddCustomOp(key="q", level="atom", previous="edge", state=OpState.COMMITTED),
     ),
     ('{"op": "defragment"}', DefragmentOp()),
 ]
@@ -91,10 +91,10 @@ def test_clearing_removes_the_file_and_is_idempotent(local: StoreLocation) -> No
 
 
 def test_add_custom_state_changes_keep_every_other_field_and_the_key_order() -> None:
-    staging = AddCustomOp(key="tag", level="system", previous="system", state=AddCustomState.STAGING)
-    swapping = staging.with_state(AddCustomState.SWAPPING)
+    staging = AddCustomOp(key="tag", level="system", previous="system", state=OpState.STAGING)
+    swapping = staging.with_state(OpState.SWAPPING)
     assert (swapping.key, swapping.level, swapping.previous) == ("tag", "system", "system")
-    assert swapping.state is AddCustomState.SWAPPING and staging.state is AddCustomState.STAGING
+    assert swapping.state is OpState.SWAPPING and staging.state is OpState.STAGING
     assert list(swapping.to_json()) == ["op", "key", "level", "previous", "state"]
     assert journal.dumps(swapping) == json.dumps({**staging.to_json(), "state": "swapping"})
 
@@ -165,8 +165,8 @@ def test_an_unfinished_delete_is_read_at_its_new_state() -> None:
     assert view.rows is None and not view.growing
 
 
-@pytest.mark.parametrize("state", [AddCustomState.STAGING, AddCustomState.SWAPPING])
-def test_an_uncommitted_add_custom_hides_the_new_array_and_reads_the_one_it_replaces(state: AddCustomState) -> None:
+@pytest.mark.parametrize("state", [OpState.STAGING, OpState.SWAPPING])
+def test_an_uncommitted_add_custom_hides_the_new_array_and_reads_the_one_it_replaces(state: OpState) -> None:
     replacing = interpret(AddCustomOp(key="tag", level="atom", previous="system", state=state))
     assert replacing.hidden_custom == "tag"
     assert replacing.replaced_level == "system"
@@ -177,7 +177,7 @@ def test_an_uncommitted_add_custom_hides_the_new_array_and_reads_the_one_it_repl
 
 
 def test_a_committed_add_custom_is_read_at_its_new_state() -> None:
-    op = AddCustomOp(key="tag", level="atom", previous="system", state=AddCustomState.COMMITTED)
+    op = AddCustomOp(key="tag", level="atom", previous="system", state=OpState.COMMITTED)
     assert interpret(op) == AS_IS
 
 
@@ -195,15 +195,15 @@ def test_records_are_frozen() -> None:
 
 
 def test_a_repair_record_round_trips_and_is_read_at_its_new_state_once_swapping() -> None:
-    from dali_alchemi.store.journal import REPAIR_NEW, RepairOp, RepairState
+    from dali_alchemi.store.journal import REPAIR_NEW, OpState, RepairOp
 
-    op = RepairOp(key="neighbor_list", samples=9, state=RepairState.STAGING)
+    op = RepairOp(key="neighbor_list", samples=9, state=OpState.STAGING)
     text = journal.dumps(op)
     assert json.loads(text) == {"op": "repair", "key": "neighbor_list", "samples": 9, "state": "staging"}
     assert parse_operation(json.loads(text), store="s") == op
     assert interpret(op) == AS_IS  # building the rewritten array: the old state
-    assert interpret(op.with_state(RepairState.SWAPPING)) == ReadView(staged_core=("neighbor_list", REPAIR_NEW))
-    assert interpret(op.with_state(RepairState.COMMITTED)) == AS_IS
+    assert interpret(op.with_state(OpState.SWAPPING)) == ReadView(staged_core=("neighbor_list", REPAIR_NEW))
+    assert interpret(op.with_state(OpState.COMMITTED)) == AS_IS
     for bad, message in (
         ({"op": "repair", "key": "positions", "samples": 1, "state": "staging"}, "has key='positions'"),
         ({"op": "repair", "key": "neighbor_list", "samples": 1, "state": "done"}, "has state='done'"),

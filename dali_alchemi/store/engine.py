@@ -48,6 +48,7 @@ from dali_alchemi.store.gather import (
     working_set_groups,
 )
 from dali_alchemi.store.rows import RowReader, reads_rows
+from dali_alchemi.store.whole import read_whole, reads_whole
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
@@ -166,7 +167,8 @@ class BlockEngine:
         self._samples_read = 0
         self._chunks_fetched = 0
         self._blocks_decoded = 0
-        self._block_touches: dict[str, int] = {}  # per array, blocks its reads touched since attach()
+        self._block_touches: dict[str, int] = {}
+        self._whole_failed: set[str] = set()  # arrays with a bad chunk: read block by block  # per array, blocks its reads touched since attach()
 
     # -- state --------------------------------------------------------------------------------------
     def attach(self, snapshot: Snapshot) -> None:
@@ -177,6 +179,7 @@ class BlockEngine:
             self._shared = self._shared_root.scoped(_snapshot_token(snapshot))
         self._shard_indexes.clear()
         self._block_touches.clear()
+        self._whole_failed.clear()
         self._verified = {}
         raw = [h.codec for h in snapshot.handles.values() if h.codec is not None and reads_rows(h.codec)]
         raw_bytes = sum(codec.row_nbytes * codec.shape[0] for codec in raw)
@@ -301,6 +304,7 @@ class BlockEngine:
         jobs: list[BlockJob] = []
         resident: list[tuple[str, NDArray[Any]]] = []
         to_stitch: list[str] = []
+        whole_reads: list[tuple[ArrayHandle, LevelPlan, NDArray[np.int64], NDArray[np.int64]]] = []
         in_place = self._row_reader()
         raw: list[tuple[str, ArrayCodec, LevelPlan]] = []
         for name in names:
@@ -325,12 +329,15 @@ class BlockEngine:
             blocks, bounds = block_plans[key]
             nbytes = handle.codec.row_nbytes * handle.shape[0]
             touches = self._block_touches[name] = self._block_touches.get(name, 0) + int(blocks.size)
-            many = WHOLE_ARRAY_SHARE > 0 and touches * WHOLE_ARRAY_SHARE >= handle.codec.n_blocks
-            if many and nbytes <= self.cache.capacity_bytes // 4 and self._shared_root is None:
+            small = WHOLE_ARRAY_SHARE > 0 and nbytes <= self.cache.capacity_bytes // 4 and self._shared_root is None
+            if small and reads_whole(handle.codec) and name not in self._whole_failed:
+                if touches * WHOLE_ARRAY_SHARE >= handle.codec.n_blocks:
+                    whole_reads.append((handle, plan, blocks, bounds))  # one read per stored object, then resident
+                    continue
+            elif small and blocks.size * WHOLE_ARRAY_SHARE >= handle.codec.n_blocks:
                 blocks, bounds = _every_block(blocks, bounds, handle.codec.n_blocks)
                 to_stitch.append(name)  # read whole once, then one resident array: no per-block work again
-            for k, block in enumerate(blocks.tolist()):
-                jobs.append(BlockJob(handle, block, plan, int(bounds[k]), int(bounds[k + 1]), None))
+            jobs += _block_jobs(handle, plan, blocks, bounds)
 
         def take(item: tuple[str, NDArray[Any]]) -> None:
             name, whole = item
@@ -340,6 +347,11 @@ class BlockEngine:
         if raw:
             assert in_place is not None
             self._read_in_place(in_place, raw, outputs)
+        for (handle, plan, blocks, bounds), whole in zip(whole_reads, self._read_whole(whole_reads), strict=True):
+            if whole is None:  # a chunk of it is bad: read the blocks asked for, which may be fine
+                jobs += _block_jobs(handle, plan, blocks, bounds)
+            else:
+                resident.append((handle.name, whole))
         groups = working_set_groups(jobs, self.working_set_bytes)
         for k, group in enumerate(groups):
             self._gather_group(group, outputs, resident if k == len(groups) - 1 else [], take)
@@ -352,6 +364,42 @@ class BlockEngine:
         if in_place is not None:
             self._files_read += in_place.files_read
             self._files_mapped += in_place.files_mapped
+
+    def _read_whole(self, arrays: list[tuple[ArrayHandle, Any, Any, Any]]) -> list[NDArray[Any] | None]:
+        """Read arrays whole (:mod:`~dali_alchemi.store.whole`) and keep them resident in place of their blocks.
+
+        An array with a corrupt or missing chunk is ``None`` and is not read whole again for this
+        snapshot: its healthy blocks stay readable one by one.
+        """
+        if not arrays:
+            return []
+        fetcher = self._io_fetcher()
+        if isinstance(fetcher, LocalFetcher):  # on the pool's threads: read there, not through the pool again
+            fetcher = _ReadOnThisThread(fetcher)
+
+        def read(item: tuple[ArrayHandle, Any, Any, Any]) -> tuple[NDArray[Any], int] | None:
+            assert item[0].codec is not None
+            try:
+                return read_whole(item[0].codec, fetcher, self._shard_indexes)
+            except ChunkDecodeError:
+                return None
+
+        results = [read(arrays[0])] if len(arrays) == 1 else list(self._pool().map(read, arrays))
+        wholes: list[NDArray[Any] | None] = []
+        for (handle, *_), result in zip(arrays, results, strict=True):  # the bookkeeping on this thread
+            assert handle.codec is not None
+            if result is None:
+                self._whole_failed.add(handle.name)
+                wholes.append(None)
+                continue
+            whole, chunks = result
+            self._chunks_fetched += chunks
+            self._blocks_decoded += handle.codec.n_blocks
+            for block in range(handle.codec.n_blocks):
+                self.cache.pop((handle.name, block))
+            self.cache.put((handle.name, RESIDENT), whole)
+            wholes.append(whole)
+        return wholes
 
     def _read_in_place(
         self, reader: RowReader, arrays: list[tuple[str, ArrayCodec, LevelPlan]], outputs: dict[str, NDArray[Any]]
@@ -531,6 +579,20 @@ class BlockEngine:
         for block in range(len(blocks)):
             self.cache.pop((name, block))
         self.cache.put((name, RESIDENT), whole)
+
+
+class _ReadOnThisThread:
+    """A local fetcher whose ``fetch`` reads on the calling thread (a pool task must not wait on its pool)."""
+
+    def __init__(self, local: LocalFetcher) -> None:
+        self.fetch = local.read
+
+
+def _block_jobs(
+    handle: ArrayHandle, plan: LevelPlan, blocks: NDArray[np.int64], bounds: NDArray[np.int64]
+) -> list[BlockJob]:
+    """One job per row block ``blocks[k]``, for plan rows ``bounds[k]:bounds[k + 1]``."""
+    return [BlockJob(handle, block, plan, int(bounds[k]), int(bounds[k + 1]), None) for k, block in enumerate(blocks.tolist())]
 
 
 def _every_block(

@@ -35,7 +35,7 @@ demo: install
 	$(BIN)/dali-alchemi bench --rounds 1 --json bench-results/demo.json --plot bench-results/demo.png $(BENCH_ARGS)
 
 lint: install
-	$(BIN)/ruff check dali_alchemi tests examples scripts
+	$(BIN)/ruff check dali_alchemi tests examples scripts tools
 	$(BIN)/mypy
 
 bench: install

@@ -620,7 +620,7 @@ def make_plan(
     install_s: float = 45,
 ) -> dict[str, Any]:
     """The device calls, in order: what each carries, its command and timeout, and the time they take."""
-    route = "scripts/gpu-route/route.py"
+    route = "tools/gpu-route/route.py"
     manifest_path = f"{parts_dir}/{MANIFEST}"
     parts = manifest["parts"]
     calls = []

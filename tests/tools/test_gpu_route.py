@@ -1,4 +1,4 @@
-"""The offline GPU route (scripts/gpu-route/route.py): parts, checksums, install from parts, the plan.
+"""The offline GPU route (tools/gpu-route/route.py): parts, checksums, install from parts, the plan.
 
 Everything runs here without network or GPU: the wheels are small ones built by the tests.
 """
@@ -20,7 +20,7 @@ import pytest
 from tests.scripts.stand_in import load_script, write_stand_in
 
 ROOT = Path(__file__).resolve().parents[2]
-ROUTE_PY = ROOT / "scripts" / "gpu-route" / "route.py"
+ROUTE_PY = ROOT / "tools" / "gpu-route" / "route.py"
 
 
 
@@ -197,8 +197,8 @@ def test_the_plan_fits_one_call_each_and_the_command_limit(tmp_path: Path) -> No
     single = route.split_wheels(fake_wheels(tmp_path / "one", {"a": 100}), tmp_path / "p1", max_part_bytes=2_048)
     (call,) = route.make_plan(single)["calls"]
     assert call["command"].endswith("receive .gpu-route/parts/part-01-of-01.bin && "
-                                    "{ python3 scripts/gpu-route/route.py probe; "
-                                    "python3 scripts/gpu-route/route.py finish --budget-s 240; }")  # fmt: skip
+                                    "{ python3 tools/gpu-route/route.py probe; "
+                                    "python3 tools/gpu-route/route.py finish --budget-s 240; }")  # fmt: skip
 
 
 def test_the_real_plan_command_prints_every_call(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -306,6 +306,7 @@ def test_the_printed_calls_run_as_printed_on_a_copy_of_the_tree(tmp_path: Path) 
     """What the device tool does: each call copies the tree and the carried paths, then runs the command."""
     here, machine, out = tmp_path / "here", tmp_path / "machine", tmp_path / "out"
     shutil.copytree(ROOT / "scripts", machine / "scripts")
+    shutil.copytree(ROOT / "tools", machine / "tools")
     route.split_wheels([make_wheel(tmp_path / "w", payload=20_000)], here / route.PARTS, max_part_bytes=7_000)
     python = write_stand_in(tmp_path / "python3")  # the GPU machine's python3, with a GPU and DALI
     plan = route.make_plan(json.loads((here / route.PARTS / "manifest.json").read_text()), python=str(python))

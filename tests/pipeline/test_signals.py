@@ -38,8 +38,13 @@ ROOT = Path(__file__).resolve().parents[2]
 PARENT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 LOOPS = """
-import contextlib, os, sys, threading
+import contextlib, faulthandler, os, signal, sys, threading
 from dali_alchemi import DALIDataLoader
+
+# what a hung run was doing, for the failure message: every thread's stack (written by C code, so also
+# while the main thread is stuck outside Python), and what Ctrl-C would do in each process
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+signal.signal(signal.SIGUSR2, lambda *_: print(os.getpid(), "SIGINT:", signal.getsignal(signal.SIGINT), file=sys.stderr))
 
 
 def train(store, start_method="fork", where="main"):
@@ -94,6 +99,9 @@ def serve():
         pid = os.fork()
         if pid == 0:
             os.setsid()
+            # Ctrl-C raises KeyboardInterrupt as in a script started from a terminal, even where this
+            # suite was started with SIGINT ignored (a background job of a non-interactive shell is)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             os.dup2(os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
             print("started", os.getpid(), flush=True)
@@ -190,6 +198,15 @@ class Training:
 
     def stderr(self) -> str:
         return self.stderr_path.read_text() if self.stderr_path.exists() else ""
+
+    def stacks(self) -> str:
+        """What each thread of each process of the session is doing, and its Ctrl-C handler (stderr)."""
+        for pid in session_processes(self.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+                os.kill(pid, signal.SIGUSR2)
+        time.sleep(2.0)
+        return self.stderr()
 
     def wait_iterating(self) -> None:
         assert self.lines.expect("iterating", 120) is not None, f"{self.what} never iterated: {self.stderr()}"
@@ -288,11 +305,14 @@ def assert_all_gone(training: Training, before_shm: set[str], segments: set[str]
     """The training process exits (HANG_S bounds the wait), then nothing of its session is left; its exit code."""
     code = training.wait(HANG_S)
     if code is None:
+        stacks = training.stacks()
         left = session_processes(training.pid)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         training.wait(30)
-        raise AssertionError(f"{training.what} hung: it did not exit within {HANG_S} s (left: {left})")
+        raise AssertionError(
+            f"{training.what} hung: it did not exit within {HANG_S} s (left: {left}); its stacks: {stacks}"
+        )
     deadline = time.monotonic() + HANG_S
     while session_processes(training.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -403,7 +423,9 @@ def _interrupt_at_random_moments(store: Path, forker: Forker, tmp_path: Path, ru
         training.lines.drain()  # epochs finished before the Ctrl-C do not count as going on after it
         os.killpg(training.pid, signal.SIGINT)
         went_on = training.went_on(epochs=2, timeout=HANG_S)
-        assert went_on is not None, f"run {run}: neither exited nor iterated within {HANG_S} s of Ctrl-C"
+        assert went_on is not None, (
+            f"run {run}: neither exited nor iterated within {HANG_S} s of Ctrl-C; its stacks: {training.stacks()}"
+        )
         if went_on:
             pressed_twice += 1
             segments |= shm_mappings(session_processes(training.pid))

@@ -216,3 +216,12 @@ def test_repair_refusal_lists_the_samples_and_exits_2(
     assert "undetermined samples (physical): 1, 3, 4" in out and "would refuse" in out
     assert main(["repair", str(store), "--out", str(tmp_path / "x.zarr")]) == 2
     assert "RepairError" in capsys.readouterr().out and not (tmp_path / "x.zarr").exists()
+
+
+def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"dali-alchemi {version('dali-alchemi')}"

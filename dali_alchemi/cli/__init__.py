@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from rich.markup import escape
 
+from dali_alchemi import __version__
 from dali_alchemi.cli import bench, repair, store, verify
 from dali_alchemi.cli.console import CommandError, make_console
 from dali_alchemi.errors import DaliAlchemiError
@@ -29,6 +30,7 @@ COMMAND_MODULES = (store, verify, repair, bench)
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command."""
     parser = argparse.ArgumentParser(prog="dali-alchemi", description="Atomistic Zarr stores to PyTorch through DALI.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in COMMAND_MODULES:
         module.register(sub)

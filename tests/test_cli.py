@@ -225,3 +225,17 @@ def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[st
         main(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out.strip() == f"dali-alchemi {version('dali-alchemi')}"
+
+
+def test_progress_counts_show_no_total_until_it_is_known() -> None:
+    from rich.progress import Progress
+
+    from dali_alchemi.cli.console import CountColumn
+
+    column = CountColumn("chunks")
+    with Progress(column, disable=True) as bar:
+        task_id = bar.add_task("verifying", total=None)
+        task = bar.tasks[0]
+        assert column.render(task).plain == "0 chunks"
+        bar.update(task_id, completed=1234, total=5678)
+        assert column.render(task).plain == "1,234/5,678 chunks"

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dali_alchemi.bench.names import CODECS, DEFAULT_LOADERS, LOADER_HELP, STORE_LAYOUTS
-from dali_alchemi.cli.console import cuda_device, fmt, make_table, parse_device
+from dali_alchemi.cli.console import CountColumn, cuda_device, fmt, make_table, parse_device
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -51,7 +51,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
                 "seed": args.seed,
                 "write_config": write_config.to_dict(),
             }
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        with Progress(TextColumn("{task.description}"), BarColumn(), CountColumn(),
                       TimeElapsedColumn(), console=console, disable=not console.is_terminal) as bar:  # fmt: skip
             task = bar.add_task("starting", total=None)
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.progress import ProgressColumn, Task
 from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:
     import torch
@@ -16,6 +18,18 @@ LOG_WIDTH = 10_000
 
 class CommandError(Exception):
     """Bad input or a missing GPU, told as ``error: ...`` with exit code 2 rather than a traceback."""
+
+
+class CountColumn(ProgressColumn):
+    """``done/total unit`` once the total is known, ``done unit`` before (never ``0/None``)."""
+
+    def __init__(self, unit: str = "") -> None:
+        super().__init__()
+        self.unit = f" {unit}" if unit else ""
+
+    def render(self, task: Task) -> Text:
+        done = f"{int(task.completed):,}"
+        return Text(done + self.unit if task.total is None else f"{done}/{int(task.total):,}{self.unit}")
 
 
 def make_console() -> Console:

@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from dali_alchemi.cli.console import human_bytes, make_table
+from dali_alchemi.cli.console import CountColumn, human_bytes, make_table
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -27,7 +27,7 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
         raise CommandError(f"--max-problems must be at least 1, got {args.max_problems}")
     # the bar goes to stderr, so that --json output on stdout stays clean; none off a terminal
     status = RichConsole(stderr=True)
-    with Progress(TextColumn("verifying"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} chunks"),
+    with Progress(TextColumn("verifying"), BarColumn(), CountColumn("chunks"),
                   TimeElapsedColumn(), console=status, transient=True, disable=not status.is_terminal) as bar:  # fmt: skip
         task = bar.add_task("verifying", total=None)
         report = verify_store(

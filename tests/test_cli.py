@@ -239,3 +239,13 @@ def test_progress_counts_show_no_total_until_it_is_known() -> None:
         assert column.render(task).plain == "0 chunks"
         bar.update(task_id, completed=1234, total=5678)
         assert column.render(task).plain == "1,234/5,678 chunks"
+
+
+def test_verify_of_a_directory_that_is_no_store_says_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "not-a-store").mkdir()
+    assert main(["verify", str(tmp_path / "not-a-store")]) == 1
+    out = capsys.readouterr().out
+    assert "0 structures" not in out and "checksums" not in out  # nothing was checked, so no summary
+    assert "is not a zarr group" in out and "dali-alchemi convert INPUT... OUT.zarr" in out

@@ -10,6 +10,8 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+from rich.markup import escape
+
 from dali_alchemi.cli.console import CountColumn, human_bytes, make_table
 
 if TYPE_CHECKING:
@@ -38,6 +40,10 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0 if report.ok else 1
+    if report.samples < 0:  # not opened as a store: nothing was checked, so there is nothing to sum up
+        for problem in report.problems:
+            console.print(f"[red]error[/red]: {escape(problem.message)}", highlight=False)
+        return 1
     rate = report.samples / report.seconds if report.seconds > 0 and report.samples > 0 else 0.0
     console.print(
         f"[bold]{report.store}[/bold]: {max(report.samples, 0):,} structures ({report.live:,} live), "

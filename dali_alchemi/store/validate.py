@@ -52,13 +52,21 @@ class MetaInfo:
         return PerLevel(atom=int(self.atoms_ptr[-1]), edge=int(self.edges_ptr[-1]), system=self.n_physical)
 
 
+NOT_A_STORE_NEXT_STEP = (
+    "To make a store from files ASE reads: dali-alchemi convert INPUT... OUT.zarr "
+    "(or a synthetic one: dali-alchemi synth OUT.zarr)"
+)
+"""What an error about a path that holds no store suggests doing next."""
+
+
 def open_root(loc: StoreLocation) -> Any:
     """Open the store's root group read-only; not a zarr v3 group -> :class:`StoreFormatError`."""
     try:
         root = open_group(loc, mode="r")
     except (BaseZarrError, FileNotFoundError, KeyError, ValueError, TypeError) as err:
         raise StoreFormatError(
-            f"Store {loc.display} is not a zarr group: its zarr.json is unreadable: {type(err).__name__}: {err}"
+            f"Store {loc.display} is not a zarr group: its zarr.json is unreadable: {type(err).__name__}: {err}. "
+            f"{NOT_A_STORE_NEXT_STEP}"
         ) from err
     version = root.metadata.zarr_format
     if version != 3:

@@ -48,7 +48,7 @@ def test_missing_store_names_the_path(tmp_path: Path) -> None:
 def test_not_a_store(tmp_path: Path) -> None:
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "notes.txt").write_text("hello")
-    with pytest.raises(StoreFormatError, match="is not a zarr group.*dali-alchemi convert INPUT"):
+    with pytest.raises(StoreFormatError, match=r"is not a zarr group.*dali-alchemi convert INPUT"):
         AtomicDataZarrReader(tmp_path / "plain")
 
 

@@ -15,12 +15,13 @@ def plot_records(records: list[Record], path: str | Path, *, title: str = "") ->
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     bars = [r for r in records if r.loader != "decode" and r.samples_per_s]
     loaders = list(dict.fromkeys(r.loader for r in bars))
     orders = list(dict.fromkeys(r.order for r in bars))
     width = 0.8 / max(1, len(orders))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(loaders) + 2), 4.5))
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(loaders) + 3.5), 4.5))
     for k, order in enumerate(orders):
         xs: list[float] = []
         ys: list[float] = []
@@ -29,16 +30,20 @@ def plot_records(records: list[Record], path: str | Path, *, title: str = "") ->
             if rates:
                 xs.append(i + (k - (len(orders) - 1) / 2) * width)
                 ys.append(rates[0])
-        ax.bar(xs, ys, width=width, label=order)
+        drawn = ax.bar(xs, ys, width=width, label=order)
+        ax.bar_label(drawn, labels=[f"{y:,.0f}" for y in ys], fontsize=7, rotation=90, padding=2)
     decode = [float(r.samples_per_s) for r in records if r.loader == "decode" and r.samples_per_s is not None]
     if decode:
         ax.axhline(decode[0], color="black", linestyle="--", linewidth=1, label="decode limit (sequential)")
     missing = [r.loader for r in records if r.note]
     ax.set_xticks(range(len(loaders)), loaders, rotation=20, ha="right")
-    ax.set_ylabel("structures / s")
-    ax.set_yscale("log")
+    ax.set_ylabel("structures per second")
+    ax.set_ylim(0, 1.25 * max([*(b.samples_per_s or 0.0 for b in bars), *decode, 1.0]))  # room for the labels
+    ax.yaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
+    ax.grid(axis="y", alpha=0.4)
+    ax.set_axisbelow(True)
     ax.set_title(title + (f"  (not run: {', '.join(sorted(set(missing)))})" if missing else ""), fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

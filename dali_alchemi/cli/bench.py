@@ -76,7 +76,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     sizing = f"max_atoms {args.max_atoms}, max_edges {args.max_edges}" if budget else f"batch {args.batch_size}"
     table = make_table(
         "loader", "order", "samples/s", "warm samples/s", "atoms/s", "x plain", "first batch s", "total s", "peak PSS MB", "quality", "batch KS",
-        *steps, *shape, title=f"{sizing}, {device}, {args.epochs} epochs, median of {args.rounds} rounds",
+        *steps, *shape, title=f"{sizing}, {device}, {_count(args.epochs, 'epoch')}, {_rounds(args.rounds)}",
     )  # fmt: skip
     for r in run.records:
         if r.note:
@@ -160,7 +160,7 @@ def cmd_plan_cost(args: argparse.Namespace, console: Console) -> int:
     }
     table = make_table(
         "plan", "build s", "epoch s", "batches", "fill",
-        title=f"{args.n:,} structures, {args.shards} shard(s), median of {args.repeats}",
+        title=f"{args.n:,} structures, {args.shards} shard(s), {_rounds(args.repeats, 'repeat')}",
     )  # fmt: skip
     for name, make in plans.items():
         builds, epochs = [], []
@@ -197,7 +197,7 @@ def cmd_augment_cost(args: argparse.Namespace, console: Console) -> int:
             batches = [Batch.from_packed(reader.read_packed(range(k, k + args.batch_size)), device=device)
                        for k in range(0, args.batch_size * 8, args.batch_size)]  # fmt: skip
     table = make_table(
-        "augmentation", "ms per batch", title=f"batch {args.batch_size}, {device}, median of {args.repeats}"
+        "augmentation", "ms per batch", title=f"batch {args.batch_size}, {device}, {_rounds(args.repeats, 'repeat')}"
     )
     pipelines: dict[str, list[Augmentation]] = {
         "rotation": [RandomRotation()], "position noise": [PositionNoise(0.01)], "translation": [RandomTranslation()],
@@ -304,3 +304,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     aug.add_argument("--repeats", type=int, default=20)
     aug.add_argument("--json", help="write the medians to this JSON file")
     aug.set_defaults(func=cmd_augment_cost)
+
+
+def _count(n: int, unit: str) -> str:
+    return f"{n:,} {unit}{'' if n == 1 else 's'}"
+
+
+def _rounds(n: int, unit: str = "round") -> str:
+    """How a figure was summarised: ``1 round`` is the one measurement, more are their median."""
+    return _count(n, unit) if n == 1 else f"median of {_count(n, unit)}"

@@ -88,6 +88,7 @@ def test_cli_bench_writes_json_and_plot(
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
     text = capsys.readouterr().out
     assert "samples/s" in text and "epoch / steps" in text
+    assert "1 epoch, 1 round" in text and "median of" not in text  # one measurement is not a median
 
 
 def test_unknown_loaders_and_orders_are_rejected() -> None:

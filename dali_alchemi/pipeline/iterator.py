@@ -55,6 +55,48 @@ STOP_TIMEOUT_S = 3.0
 
 _END = object()
 
+
+class Handoff:
+    """A bounded hand-off of windows from the runner thread to the consumer that Ctrl-C cannot wedge.
+
+    The consumer is usually the main thread, where a ``KeyboardInterrupt`` lands between any two
+    bytecodes. ``queue.Queue`` and ``threading.Event`` are Python code around a lock: an interrupt
+    between their acquire and release leaves the lock held (the next ``get``, the one :meth:`drain`
+    makes on the way out, then deadlocks) or released twice (``RuntimeError: release unlocked lock``).
+    Here every operation is a single call into C (``SimpleQueue``), which an interrupt leaves intact.
+    ``capacity`` windows at most wait in it, each holding one slot.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._slots: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(capacity):
+            self._slots.put(None)
+
+    def put(self, item: Any, timeout: float) -> bool:
+        """Hand ``item`` over once a slot is free; ``False`` when none freed up within ``timeout`` seconds."""
+        try:
+            self._slots.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        self._items.put(item)
+        return True
+
+    def get(self, timeout: float) -> Any:
+        """The next item, freeing its slot; raises ``queue.Empty`` after ``timeout`` seconds without one."""
+        item = self._items.get(timeout=timeout)
+        self._slots.put(None)
+        return item
+
+    def drain(self) -> None:
+        """Drop every waiting item, so that a runner blocked on a full hand-off can see it should stop."""
+        while True:
+            try:
+                self._items.get_nowait()
+            except queue.Empty:
+                return
+            self._slots.put(None)
+
 _TORCH_DTYPES: dict[Any, torch.dtype] = {
     np.dtype(t): torch.from_numpy(np.zeros(1, dtype=t)).dtype
     for t in (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64)
@@ -103,8 +145,8 @@ class WindowIterator:
         self.levels: dict[str, Level] = {spec.name: spec.level for spec in specs if spec.is_field and spec.level}
         self.device = device
         self.broken = False
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=2)
-        self._stop = threading.Event()
+        self._handoff = Handoff(capacity=2)
+        self._stopping = False  # a plain flag, not an Event: setting it cannot be interrupted halfway
         self._thread: threading.Thread | None = None
         self._stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
 
@@ -114,7 +156,7 @@ class WindowIterator:
             if self._stream is not None:
                 torch.cuda.set_device(self.device)
             with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
-                while not self._stop.is_set():
+                while not self._stopping:
                     try:
                         raw = tuple(self.pipe.run(self._stream) if self._stream is not None else self.pipe.run())
                     except StopIteration:
@@ -125,12 +167,9 @@ class WindowIterator:
             self._put(err)
 
     def _put(self, item: Any) -> None:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=WORKER_POLL_S)
+        while not self._stopping:
+            if self._handoff.put(item, timeout=WORKER_POLL_S):
                 return
-            except queue.Full:
-                continue
 
     # -- the consumer -------------------------------------------------------------------------------
     def windows(self) -> Iterator[list[Batch]]:
@@ -151,7 +190,7 @@ class WindowIterator:
     def _next(self) -> Any:
         while True:
             try:
-                item = self._queue.get(timeout=WORKER_POLL_S)
+                item = self._handoff.get(timeout=WORKER_POLL_S)
             except queue.Empty:
                 problem = dead_worker(self.pipe)
                 if problem is None and self._thread is not None and not self._thread.is_alive():
@@ -173,12 +212,8 @@ class WindowIterator:
         A runner that does not finish in time is stuck inside DALI (a worker died holding one of its
         locks, say): :attr:`broken` is set and the pipeline must be abandoned, not reused or shut down.
         """
-        self._stop.set()
-        while True:  # unblock a runner waiting to put
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
+        self._stopping = True
+        self._handoff.drain()  # unblock a runner waiting to put
         if self._thread is not None and not self.broken:
             try:
                 self._thread.join(timeout)

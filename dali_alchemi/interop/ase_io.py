@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dali_alchemi.errors import ConfigError, InputNotFoundError, SampleDataError, StoreExistsError
-from dali_alchemi.interop.ase_fields import extract
+from dali_alchemi.interop.ase_fields import Extracted, extract
 from dali_alchemi.interop.assemble import (
     DEFAULT_TOLERANCE,
     MISSING_POLICIES,
     PRESENT_SUFFIX,
+    REQUIRED,
     MissingPolicy,
     PrecisionLoss,
     Spool,
@@ -94,6 +95,44 @@ class ConversionReport:
     precision: dict[str, PrecisionLoss] = field(default_factory=dict)
 
 
+def _extracted(structures: Iterable[Atoms], cutoff: float | None, refuse_early: bool) -> Iterator[Extracted]:
+    """Each structure's fields as it is read; with ``refuse_early``, stopping at the first whose set of
+    fields differs from the first structure's (see :func:`refuse_differing_fields`)."""
+    first: Extracted | None = None
+    for index, atoms in enumerate(structures):
+        one = extract(atoms, cutoff=cutoff)
+        if refuse_early:
+            first = first or one
+            refuse_differing_fields(first, one, index)
+        yield one
+
+
+def refuse_differing_fields(first: Extracted, other: Extracted, index: int) -> None:
+    """Under ``missing="error"``: raise as soon as structure ``index`` holds other fields than structure 0.
+
+    The whole-input census would refuse the same input after reading all of it; a difference in the
+    set of fields can never be undone by later structures.
+
+    Raises
+    ------
+    SampleDataError
+        Naming each field one of the two structures has and the other lacks.
+    """
+    if other.fields.keys() == first.fields.keys():
+        return
+    only_first = sorted(set(first.fields) - set(other.fields) - set(REQUIRED))
+    only_other = sorted(set(other.fields) - set(first.fields) - set(REQUIRED))
+    if not only_first and not only_other:
+        return
+    problems = [f"{name!r} is in structure 0 but not in structure {index}" for name in only_first]
+    problems += [f"{name!r} is in structure {index} but not in structure 0" for name in only_other]
+    raise SampleDataError(
+        "The structures do not all have the same fields: " + "; ".join(problems) + ". Choose what to do with "
+        "missing='fill' (NaN, -1 or False, with a <name>_present mask) or missing='drop' (--missing on the "
+        f"command line); nothing was written (stopped at structure {index}, before reading the rest)"
+    )
+
+
 def write_atoms(
     structures: Iterable[Atoms],
     store: StoreLike,
@@ -125,7 +164,8 @@ def write_atoms(
     StoreExistsError
         If the store exists (a ``FileExistsError``).
     SampleDataError
-        If the input is empty, or under ``missing="error"`` if the structures' fields differ.
+        If the input is empty, or under ``missing="error"`` if the structures' fields differ: at the first
+        structure whose set of fields differs from the first one's, before the rest is read.
     """
     if chunk < 1:
         raise ConfigError(f"chunk must be >= 1, got {chunk}")
@@ -167,9 +207,8 @@ def _convert(
     report = ConversionReport()
     try:
         spool = Spool(spool_dir)
-        iterator = iter(structures)
-        while block := list(itertools.islice(iterator, chunk)):
-            extracted = [extract(atoms, cutoff=cutoff) for atoms in block]
+        stream = _extracted(structures, cutoff, refuse_early=missing == "error")
+        while extracted := list(itertools.islice(stream, chunk)):
             for one in extracted:
                 for key, why in one.dropped.items():
                     report.dropped[key] += 1

@@ -15,7 +15,8 @@ fourth). So it works in two steps:
 Policies for a field that only some structures have (``missing=``):
 
 - ``"error"`` (the default): a :class:`~dali_alchemi.errors.SampleDataError` naming every such
-  field, how many structures lack it and the first of them; nothing is written.
+  field, how many structures lack it and the first of them; nothing is written. ``convert`` refuses
+  earlier still, at the first structure whose set of fields differs from the first structure's.
 - ``"drop"``: the field is left out, and the report says why.
 - ``"fill"``: the field is kept; structures without it get the fill value of its dtype (NaN for
   floats, -1 for signed integers, the largest value for unsigned ones, ``False`` for booleans), and

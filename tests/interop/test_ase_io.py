@@ -94,7 +94,7 @@ def test_databases_and_trajectories_stream_in(suffix: str, tmp_path: Path) -> No
 def test_molecules_without_a_cell_and_inconsistent_inputs(tmp_path: Path) -> None:
     water = molecule("H2O")
     water.info["energy"] = -14.2
-    with pytest.raises(SampleDataError, match=r"'energy' is missing from 1 of 2 structures \(the first: structure 1\)"):
+    with pytest.raises(SampleDataError, match=r"'energy' is in structure 0 but not in structure 1\. Choose"):
         write_atoms([water, molecule("H2O")], tmp_path / "b.zarr", chunk=1)
     assert not (tmp_path / "b.zarr").exists()
     report = write_atoms([water, water.copy()], tmp_path / "c.zarr", cutoff=1.2)
@@ -155,11 +155,31 @@ def test_fields_are_decided_over_the_whole_input(tmp_path: Path) -> None:
     assert report.dropped_reasons["initial_magmoms"] == "missing from 119 of 162 structures (the first: structure 0)"
 
 
+def test_missing_error_refuses_at_the_first_structure_that_differs_without_reading_on(tmp_path: Path) -> None:
+    pulled = 0
+
+    def structures() -> Iterator[ase.Atoms]:
+        nonlocal pulled
+        for i in range(500):
+            pulled += 1
+            atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
+            if i != 7:  # structure 7 has no energy
+                atoms.info["energy"] = -1.0 * i
+            yield atoms
+
+    with pytest.raises(SampleDataError, match=r"'energy' is in structure 0 but not in structure 7.*stopped at structure 7"):
+        write_atoms(structures(), tmp_path / "early.zarr", chunk=1000)
+    assert pulled == 8  # not the 500 of the input, nor the 1,000 of a chunk
+    assert _leftovers(tmp_path) == []
+    report = write_atoms(structures(), tmp_path / "filled.zarr", missing="fill")
+    assert pulled == 8 + 500 and report.filled == {"energy": 1}
+
+
 def test_a_failed_convert_leaves_no_store_and_a_retry_works(tmp_path: Path) -> None:
     g2 = _g2()
     first = sorted(g2, key=lambda atoms: "initial_magmoms" not in atoms.arrays)  # the 43 magnetic ones first
     out = tmp_path / "g2.zarr"
-    with pytest.raises(SampleDataError, match=r"'initial_magmoms' is missing from 119 of 162 structures.*missing="):
+    with pytest.raises(SampleDataError, match=r"'initial_magmoms' is in structure 0 but not in structure 43.*missing="):
         write_atoms(first, out, chunk=10)
     assert _leftovers(tmp_path) == []
 
@@ -248,8 +268,13 @@ def test_fill_values_per_dtype_and_fields_that_cannot_be_one_array(tmp_path: Pat
     structures[0].info["flag"] = True
     structures[0].info["vector"] = np.arange(3.0)
     structures[2].info["vector"] = np.arange(5.0)
+    with pytest.raises(SampleDataError, match=r"'vector' is in structure 0 but not in structure 1"):
+        write_atoms(structures, tmp_path / "a.zarr")  # refused at structure 1, the first that differs
+    same_fields = [molecule("H2O") for _ in range(3)]
+    for k, atoms in enumerate(same_fields):
+        atoms.info["vector"] = np.arange(5.0 if k == 2 else 3.0)
     with pytest.raises(SampleDataError, match=r"'vector' cannot be one array:.* shape \(5,\) in structure 2"):
-        write_atoms(structures, tmp_path / "a.zarr")
+        write_atoms(same_fields, tmp_path / "a.zarr")  # the same fields, but not one shape: the census refuses
     report = write_atoms(structures, tmp_path / "b.zarr", missing="fill")
     assert "vector" not in report.fields and report.dropped_reasons["vector"].startswith("cannot be one array")
     assert report.dropped["vector"] == 2
@@ -300,7 +325,7 @@ def test_cli_convert_policy_report_and_precision(
     assert main(["convert", g2.filename, str(out), "--chunk", "10"]) == 2
     text = capsys.readouterr().out
     assert text.startswith("error: SampleDataError: The structures do not all have the same fields")
-    assert "'initial_magmoms' is missing from 119 of 162" in text and _leftovers(tmp_path) == []
+    assert "'initial_magmoms' is in structure 3 but not in structure 0" in text and _leftovers(tmp_path) == []
     assert main(["convert", g2.filename, str(out), "--missing", "fill"]) == 0
     text = capsys.readouterr().out
     assert "filled: initial_magmoms for 119 structures without it (see initial_magmoms_present)" in text

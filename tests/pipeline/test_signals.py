@@ -128,15 +128,37 @@ def _stat(pid: str) -> tuple[str, int] | None:
     return fields[0], int(fields[3])
 
 
-def session_processes(sid: int) -> list[int]:
-    """Live (non-zombie) processes of session ``sid``."""
+def session_processes(sid: int, zombies: bool = False) -> list[int]:
+    """Live processes of session ``sid`` (zombies too, if asked)."""
     found = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             stat = _stat(pid)
-            if stat is not None and stat[1] == sid and stat[0] != "Z":
+            if stat is not None and stat[1] == sid and (zombies or stat[0] != "Z"):
                 found.append(int(pid))
     return found
+
+
+def threads_in_kernel(pid: int) -> str:
+    """Each thread of ``pid`` as the kernel sees it: name, state, wait channel and kernel stack (if readable)."""
+
+    def read(path: Path) -> str:
+        try:
+            return path.read_text().strip()
+        except OSError as err:
+            return f"<{type(err).__name__}>"
+
+    lines = [f"process {pid} ({read(Path(f'/proc/{pid}/cmdline')).replace(chr(0), ' ')[:80]}):"]
+    with contextlib.suppress(OSError):
+        for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+            task = Path(f"/proc/{pid}/task/{tid}")
+            state = read(task / "stat").rsplit(")", 1)[-1].split()[:1]
+            stack = " <- ".join(line.split("] ")[-1] for line in read(task / "stack").splitlines()[:6])
+            lines.append(
+                f"  thread {tid} {read(task / 'comm')!r} state {state} wchan {read(task / 'wchan')!r} "
+                f"syscall {read(task / 'syscall').split()[:1]} stack {stack}"
+            )
+    return "\n".join(lines)
 
 
 def mapped_anywhere(segments: set[str]) -> set[str]:
@@ -200,13 +222,16 @@ class Training:
         return self.stderr_path.read_text() if self.stderr_path.exists() else ""
 
     def stacks(self) -> str:
-        """What each thread of each process of the session is doing, and its Ctrl-C handler (stderr)."""
+        """What each thread of each process of the session is doing: the kernel's view of every thread
+        (state, wait channel, kernel stack where readable), then each Python thread's stack and Ctrl-C
+        handler as the process itself writes them to its stderr (nothing once Python has finalized)."""
+        kernel = [threads_in_kernel(pid) for pid in session_processes(self.pid, zombies=True)]
         for pid in session_processes(self.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGUSR1)
                 os.kill(pid, signal.SIGUSR2)
         time.sleep(2.0)
-        return self.stderr()
+        return "\n".join(kernel or ["no process left in the session"]) + "\nstderr:\n" + self.stderr()
 
     def wait_iterating(self) -> None:
         assert self.lines.expect("iterating", 120) is not None, f"{self.what} never iterated: {self.stderr()}"
@@ -244,7 +269,11 @@ class Forked(Training):
         stderr_path = tmp_path / f"stderr-{case}-{time.monotonic_ns()}.txt"
         forker.send(f"{case} {stderr_path} {' '.join(args)}")
         self.exited: str | None = None
+        self.forker_pid = forker.proc.pid
         super().__init__(forker.lines, stderr_path, f"{case} {' '.join(args)}")
+
+    def stacks(self) -> str:
+        return f"the forker: {threads_in_kernel(self.forker_pid)}\n" + super().stacks()
 
     def wait(self, timeout: float) -> int | None:
         line = self.exited or self.lines.expect("exit", timeout)

@@ -25,6 +25,9 @@ def test_notebook_executes(name: str, expected: list[str], tmp_path: Path, monke
     monkeypatch.setenv("NB_STRUCTURES", "400")
     monkeypatch.setenv("NB_ROUNDS", "1")
     monkeypatch.setenv("NB_STEPS", "30")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # where the kernel's tempfile.mkdtemp() writes
     if name.startswith("03"):
         pytest.importorskip("ase")
         monkeypatch.setenv("NB_STRUCTURES", "120")
@@ -46,3 +49,4 @@ def test_notebook_executes(name: str, expected: list[str], tmp_path: Path, monke
         assert snippet in text, f"{name}: {snippet!r} not in the output"
     images = [out for cell in book.cells for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
     assert images, f"{name} produced no figure"
+    assert list(scratch.iterdir()) == [], f"{name} left files behind"

@@ -2,21 +2,23 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# A CPU build of torch keeps the install small; set TORCH_SPEC="torch" (or a CUDA index) on GPU machines.
+# torch as the package index serves it: PyPI's Linux wheels are CUDA builds (several GB). For a CPU build,
+# make install TORCH_INDEX=https://download.pytorch.org/whl/cpu; for another version, TORCH_SPEC=torch==X.
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
 BENCH_ARGS ?=
 # Tests run in one pytest worker per core (pytest-xdist), each test file whole in one worker.
 TEST_ARGS ?= -n auto --dist loadfile
 
-.PHONY: install test stress test-under-load demo lint bench gpu-check parity clean
+.PHONY: install test stress test-under-load demo notebooks lint bench gpu-check parity clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
@@ -34,6 +36,10 @@ test-under-load: install
 demo: install
 	$(BIN)/dali-alchemi bench --rounds 1 --json bench-results/demo.json --plot bench-results/demo.png $(BENCH_ARGS)
 
+# Runs the three notebooks end to end (executed copies in bench-results/notebooks/) and removes their stores.
+notebooks: install
+	$(BIN)/python scripts/run_notebooks.py bench-results/notebooks
+
 lint: install
 	$(BIN)/ruff check dali_alchemi tests examples scripts tools
 	$(BIN)/mypy
@@ -50,7 +56,7 @@ parity:
 	$(PYTHON) -m venv .venv-nvalchemi
 	.venv-nvalchemi/bin/python -m pip install --quiet --upgrade pip
 	.venv-nvalchemi/bin/python -m pip install --quiet -e ".[dev,nvalchemi]"
-	.venv-nvalchemi/bin/python -m pytest -q tests/parity tests/interop/test_frameworks.py
+	.venv-nvalchemi/bin/python -m pytest -q tests/parity tests/interop/test_frameworks.py tests/test_docs.py
 
 clean:
 	rm -rf $(VENV) .venv-nvalchemi .pytest_cache .ruff_cache .mypy_cache .hypothesis bench-results

@@ -25,11 +25,11 @@ if TYPE_CHECKING:
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 """Target uncompressed bytes per chunk when ``chunk_size`` is not set (4 MiB: fastest shuffled reads
-measured, see the README's store tuning)."""
+measured: docs/stores.md, "Store layouts and `rewrite`")."""
 
 DEFAULT_COMPRESSORS: tuple[BytesBytesCodec, ...] = (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),)
 """Codec chain after the ``bytes`` serializer when none is configured: blosc-lz4 with byte shuffle,
-which decoded fastest of the codecs measured (README, store tuning)."""
+which decoded fastest of the codecs measured (docs/stores.md, "Store layouts and `rewrite`")."""
 
 
 def _codec_from_json(spec: Mapping[str, Any]) -> BytesBytesCodec:
@@ -213,7 +213,7 @@ def default_array_configs(group: str, arrays: Mapping[str, Any]) -> dict[str, Ar
     layout stores raw all it can within a disk budget: starting from every array raw, it compresses
     the arrays that save the most bytes (estimated from their first rows, chunk by chunk) until the
     group takes at most :data:`DISK_BUDGET` times the bytes of the ``"compressed"`` layout. Measured
-    (README, "Store layouts and `rewrite`"): real positions, forces and velocities keep 0.83-0.94 of
+    (docs/stores.md, "Store layouts and `rewrite`"): real positions, forces and velocities keep 0.83-0.94 of
     their bytes, so they stay raw, while atomic numbers, neighbor lists and periodic shifts shrink 8x
     to 50x and are compressed. Every array is stored in inner chunks of about
     :data:`SMALL_CHUNK_BYTES` (cheap to decode one structure at a time) inside shards of

@@ -1,4 +1,4 @@
-"""Disk size of one ASE EMT molecular-dynamics trajectory written in each store layout (README, "Store layouts").
+"""Disk size of one ASE EMT molecular-dynamics trajectory written in each store layout (docs/stores.md, "Store layouts").
 
     python scripts/layout_disk.py [FRAMES] [OUT_DIR]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How long a training loop takes to go, workers included, after each signal (the README's table).
+"""How long a training loop takes to go, workers included, after each signal (the table in docs/guarantees.md).
 
 Writes a 300-structure synthetic store (10-40 atoms) to a temporary folder, then for each signal
 runs ``python train.py`` (a ``with DALIDataLoader(..., num_workers=2, device="cpu")`` loop over the

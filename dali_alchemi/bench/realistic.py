@@ -2,7 +2,7 @@
 
 Synthetic stores draw positions and forces at random; real ones hold trajectories, whose positions,
 forces and velocities compress little (blosc-lz4 keeps 0.83-0.94 of their bytes) while their atomic
-numbers compress almost away. Layout choices are measured on both (README, "Store layouts"). Needs ase.
+numbers compress almost away. Layout choices are measured on both (docs/stores.md, "Store layouts"). Needs ase.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ try:
 except ImportError as err:
     raise NvalchemiNotInstalledError(
         "dali_alchemi.nvalchemi needs nvalchemi-toolkit 0.2.0, which cannot be imported here "
-        f"({err}); install it with: pip install 'dali-alchemi[nvalchemi]' (or pip install nvalchemi-toolkit==0.2.0)"
+        f"({err}); install it with: pip install nvalchemi-toolkit==0.2.0 (from a clone: pip install -e '.[nvalchemi]', or make parity)"
     ) from err
 
 from dali_alchemi.interop.nvalchemi_reader import NvalchemiDropInReader as AtomicDataZarrReader

@@ -52,7 +52,7 @@ SHM_HEADROOM, SHM_SLACK_BYTES = 1.5, 1 << 16
 DEFAULT_NUM_WORKERS = 2
 """DALI worker processes by default: on the 2-core reference machine two workers delivered the reader's
 full packed-read rate, while reading on a background thread of the training process reached about
-60% of it (GIL contention); see the README's benchmark."""
+60% of it (GIL contention); see docs/benchmarks.md."""
 
 DEFAULT_BATCHES_PER_WINDOW = 16
 """Batches read with one call to the reader by default (nvalchemi's ``prefetch_factor``)."""
@@ -155,7 +155,7 @@ class DALIDataLoader:
         Batches read together in one packed read (a *window*); nvalchemi calls this ``prefetch_factor``.
     num_workers
         DALI worker processes (parallel external source), each reading whole windows, so a window is
-        never read twice (default 2, the fastest measured; see the README). 0 reads windows on a
+        never read twice (default 2, the fastest measured; see docs/benchmarks.md). 0 reads windows on a
         background thread of this process instead: no start-up cost, less memory, slower.
     device
         ``"auto"`` (CUDA when a GPU is visible), ``"cpu"`` or a CUDA device. With CUDA, DALI copies each
@@ -175,7 +175,7 @@ class DALIDataLoader:
         folder on shared memory, so each chunk is decoded once per machine rather than once per
         worker. Only one store given by path, URL or zarr Store can share; a list of stores, a reader
         passed in or a ``read_many`` reader is a :class:`~dali_alchemi.errors.ConfigError`. Off by default: on the reference machine the per-chunk cost of sharing (files on
-        ``/dev/shm``) outweighed the decodes it saved (README: "Datasets bigger than memory").
+        ``/dev/shm``) outweighed the decodes it saved (docs/bigger-than-memory.md).
     layout
         How a window goes through DALI: ``"window"`` (the default: one DALI sample per output), or
         ``"blob"`` (every array of the window in one byte buffer: one host-to-device copy per window

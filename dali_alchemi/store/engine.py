@@ -422,7 +422,7 @@ class BlockEngine:
 
         They are for an uncompressed array of a local directory store, once the store's uncompressed
         arrays would fill more than half the cache: below that, keeping their blocks (or whole arrays)
-        decoded in the cache is faster still (README, "Datasets bigger than memory").
+        decoded in the cache is faster still (docs/bigger-than-memory.md).
         """
         return self._in_place and handle.codec is not None and reads_rows(handle.codec)
 

@@ -52,7 +52,7 @@ MAX_GAP_BYTES = 64 << 10
 IN_PLACE_SPAN_SIZE = 64
 """Structures per block-shuffle span of a store whose per-atom arrays are all read in place: no chunk
 is decoded, so spans need not follow chunks, and 64 structures of 20-100 atoms still read each array
-as a few contiguous pages (measured: README, "Datasets bigger than memory")."""
+as a few contiguous pages (measured: docs/bigger-than-memory.md)."""
 
 
 def reads_rows(codec: ArrayCodec) -> bool:

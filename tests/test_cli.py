@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -249,3 +250,46 @@ def test_verify_of_a_directory_that_is_no_store_says_what_to_do(
     out = capsys.readouterr().out
     assert "0 structures" not in out and "checksums" not in out  # nothing was checked, so no summary
     assert "is not a zarr group" in out and "dali-alchemi convert INPUT... OUT.zarr" in out
+
+
+def _bench_like_table() -> Any:
+    from dali_alchemi.cli.console import make_table
+
+    table = make_table(
+        "loader", "order", "samples/s", "warm samples/s", "atoms/s", "x plain", "first batch s", "total s",
+        "peak PSS MB", "quality", "batch KS", title="batch 64, cpu, 1 epoch, 1 round",
+    )  # fmt: skip
+    table.add_row("torch-batched-w2", "shuffle", "113,814", "120,000", "6,281,234", "8.40", "0.66", "12.34", "1,114", "0.896", "0.012")  # fmt: skip
+    table.add_row("dali", "block", "3,814", "4,000", "281,234", "1.00", "0.66", "2.34", "914", "0.021", "-")
+    return table
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_a_wide_table_folds_its_columns_on_a_narrow_terminal_and_breaks_no_number(width: int) -> None:
+    import io
+
+    from rich.console import Console
+
+    from dali_alchemi.cli.console import print_table
+
+    out = io.StringIO()
+    print_table(Console(file=out, force_terminal=True, width=width, color_system=None), _bench_like_table(), keys=2)
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= width
+    cells = [cell.strip() for line in lines if line.startswith("│") for cell in line.strip("│").split("│")]
+    for number in ("113,814", "6,281,234", "3,814", "281,234", "1,114", "0.896", "12.34"):
+        assert number in cells, f"{number} is broken or missing"
+    assert cells.count("torch-batched-w2") >= 2  # every part names the row
+
+
+def test_a_wide_table_stays_one_table_off_a_terminal() -> None:
+    import io
+
+    from rich.console import Console
+
+    from dali_alchemi.cli.console import LOG_WIDTH, print_table
+
+    out = io.StringIO()
+    print_table(Console(file=out, width=LOG_WIDTH, soft_wrap=True), _bench_like_table(), keys=2)
+    rows = [line for line in out.getvalue().splitlines() if "torch-batched-w2" in line]
+    assert len(rows) == 1 and "6,281,234" in rows[0] and "0.012" in rows[0]

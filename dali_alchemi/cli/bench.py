@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dali_alchemi.bench.names import CODECS, DEFAULT_LOADERS, LOADER_HELP, STORE_LAYOUTS
-from dali_alchemi.cli.console import CountColumn, cuda_device, fmt, make_table, parse_device
+from dali_alchemi.cli.console import CountColumn, cuda_device, fmt, make_table, parse_device, print_table
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -91,7 +91,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
             fmt(r.batch_energy_ks, ".3f"), *([fmt(r.wait_s, ".2f"), fmt(r.epoch_vs_steps, ".3f")] if steps else []),
             *(shape_cells if shape else []),
         )  # fmt: skip
-    console.print(table)
+    print_table(console, table, keys=2)  # each part names the loader and the order
     console.print(f"opening the store (with its open-time checks) took {run.meta.store['open_s'] * 1000:.1f} ms")
     console.print(
         f"peak PSS: the whole process tree (workers included, shared pages once); "
@@ -133,7 +133,7 @@ def cmd_h2d(args: argparse.Namespace, console: Console) -> int:
             r.device, r.layout, f"{r.samples_per_s:,.0f}", f"{r.atoms_per_s:,.0f}", f"{r.loader_gb_per_s:.2f}",
             f"{r.pinned_copy_gb_per_s:.2f}", f"{r.first_batch_s:.2f}",
         )  # fmt: skip
-    console.print(table)
+    print_table(console, table)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps([r.to_dict() for r in results], indent=2))
@@ -175,7 +175,7 @@ def cmd_plan_cost(args: argparse.Namespace, console: Console) -> int:
         table.add_row(
             name, f"{np.median(builds):.3f}", f"{np.median(epochs):.3f}", f"{epoch.num_batches:,}", fmt(fill, ".3f")
         )
-    console.print(table)
+    print_table(console, table)
     return 0
 
 
@@ -219,7 +219,7 @@ def cmd_augment_cost(args: argparse.Namespace, console: Console) -> int:
         table.add_row(name, f"{median_ms:.3f}")
         records.append({"augmentation": name, "ms_per_batch": median_ms, "device": str(device),
                         "batch_size": args.batch_size, "repeats": args.repeats})  # fmt: skip
-    console.print(table)
+    print_table(console, table)
     if args.json:
         import json
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.progress import ProgressColumn, Task
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 if TYPE_CHECKING:
@@ -46,6 +48,53 @@ def make_table(*columns: str, title: str | None = None) -> Table:
     for column in columns:
         table.add_column(column, overflow="fold")
     return table
+
+
+def print_table(console: Console, table: Table, keys: int = 1) -> None:
+    """Print ``table`` whole, or, on a terminal too narrow for it, as several tables of its columns.
+
+    Each part repeats the first ``keys`` columns (what a row is about) and takes as many of the others
+    as fit, so that no number is broken over two lines. Off a terminal the table is printed whole.
+    """
+    columns = table.columns
+    if not console.is_terminal or _table_width(columns) <= console.width or len(columns) <= keys + 1:
+        console.print(table)
+        return
+    for part in fold_columns(table, console.width, keys):
+        console.print(part)
+
+
+def fold_columns(table: Table, width: int, keys: int = 1) -> list[Table]:
+    """``table`` cut into tables at most ``width`` wide (where its cells allow), each starting with
+    the first ``keys`` columns; the title goes on the first."""
+    key_columns, rest = table.columns[:keys], table.columns[keys:]
+    groups: list[list[Column]] = [[]]
+    for column in rest:
+        if groups[-1] and _table_width([*key_columns, *groups[-1], column]) > width:
+            groups.append([])
+        groups[-1].append(column)
+    parts = []
+    for i, group in enumerate(groups):
+        part = Table(title=table.title if i == 0 else None)
+        for column in (*key_columns, *group):  # as wide as its widest cell, its header wrapped to fit
+            needed = _needed(column)
+            header = textwrap.fill(str(column.header), width=needed)
+            part.add_column(header, overflow="fold", justify=column.justify, min_width=needed)
+        for row in range(table.row_count):
+            part.add_row(*(column._cells[row] for column in (*key_columns, *group)))
+        parts.append(part)
+    return parts
+
+
+def _needed(column: Column) -> int:
+    """The width ``column`` needs with no cell broken (its header may wrap between words)."""
+    header = max((cell_len(word) for word in str(column.header).split()), default=0)
+    return max([header, *(cell_len(str(cell)) for cell in column._cells)])
+
+
+def _table_width(columns: list[Column]) -> int:
+    """The width a table of ``columns`` needs with no cell broken."""
+    return sum(_needed(column) + 3 for column in columns) + 1  # padding and a rule per column, the last edge
 
 
 def parse_device(spec: str) -> torch.device:

@@ -8,7 +8,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from dali_alchemi.bench.names import CODECS, STORE_LAYOUTS
-from dali_alchemi.cli.console import CommandError, human_bytes, make_table
+from dali_alchemi.cli.console import CommandError, human_bytes, make_table, print_table
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -64,7 +64,7 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
             "-" if a.shards is None else str(list(a.shards)),
             " ".join(a.codecs),
         )
-    console.print(table)
+    print_table(console, table)
     return 0
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
-from dali_alchemi.cli.console import CountColumn, human_bytes, make_table
+from dali_alchemi.cli.console import CountColumn, human_bytes, make_table, print_table
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -64,7 +64,7 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     table = make_table("kind", "array", "chunk", "structure", "problem")
     for p in report.problems:
         table.add_row(p.kind, p.array or "-", p.chunk or "-", "-" if p.sample is None else str(p.sample), p.message)
-    console.print(table)
+    print_table(console, table)
     more = f" (and {report.problems_left_out:,} more not listed)" if report.problems_left_out else ""
     n = len(report.problems) + report.problems_left_out
     console.print(f"[red]{n:,} problem{'' if n == 1 else 's'} found[/red]{more}")

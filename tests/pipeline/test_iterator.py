@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import queue
 import sys
 import threading
@@ -74,10 +75,11 @@ def test_an_interrupt_anywhere_in_a_get_leaves_the_handoff_usable() -> None:
         line += 1
         handoff = Handoff(capacity=2)
         handoff.put("a", timeout=0.01)
-        outcome, item = _in_thread(lambda: _get_interrupted_at(handoff, line))
+        outcome, item = _in_thread(functools.partial(_get_interrupted_at, handoff, line))
         _in_thread(handoff.drain)
-        assert _in_thread(lambda: handoff.put("b", timeout=0.01)), f"no free slot after an interrupt at line {line}"
-        assert _in_thread(lambda: handoff.get(timeout=0.01)) == "b"
+        put = functools.partial(handoff.put, "b", timeout=0.01)
+        assert _in_thread(put), f"no free slot after an interrupt at line {line}"
+        assert _in_thread(functools.partial(handoff.get, timeout=0.01)) == "b"
         if outcome == "got":  # the interrupt came after the last line: every point was tried
             assert item == "a"
             break

@@ -19,23 +19,23 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     # reading and writing stores
-    "AtomicDataZarrReader": "dali_alchemi.store.reader",
-    "AtomicDataZarrWriter": "dali_alchemi.store.writer",
-    "PackedSamples": "dali_alchemi.store.packed",
-    "PackedReader": "dali_alchemi.store.protocol",
-    "FieldSpec": "dali_alchemi.store.protocol",
-    "MultiReader": "dali_alchemi.store.multi",
-    "ChunkedReader": "dali_alchemi.store.protocol",
+    "AtomicDataZarrReader": "dali_alchemi.store.read.reader",
+    "AtomicDataZarrWriter": "dali_alchemi.store.write.writer",
+    "PackedSamples": "dali_alchemi.store.format.packed",
+    "PackedReader": "dali_alchemi.store.format.protocol",
+    "FieldSpec": "dali_alchemi.store.format.protocol",
+    "MultiReader": "dali_alchemi.store.read.multi",
+    "ChunkedReader": "dali_alchemi.store.format.protocol",
     "WriteConfig": "dali_alchemi.config",
     "layout_config": "dali_alchemi.config",
-    "rewrite_store": "dali_alchemi.store.rewrite",
-    "RewriteReport": "dali_alchemi.store.rewrite",
+    "rewrite_store": "dali_alchemi.store.write.rewrite",
+    "RewriteReport": "dali_alchemi.store.write.rewrite",
     "ArrayConfig": "dali_alchemi.config",
     "FetchConfig": "dali_alchemi.config",
-    "verify_store": "dali_alchemi.store.verify",
-    "VerifyReport": "dali_alchemi.store.verify",
-    "repair_store": "dali_alchemi.store.repair_apply",
-    "RepairReport": "dali_alchemi.store.repair_apply",
+    "verify_store": "dali_alchemi.store.check.verify",
+    "VerifyReport": "dali_alchemi.store.check.verify",
+    "repair_store": "dali_alchemi.store.write.repair",
+    "RepairReport": "dali_alchemi.store.write.repair",
     # readers of nvalchemi's contract
     "NvalchemiDropInReader": "dali_alchemi.interop.nvalchemi_reader",
     "ReadManyAdapter": "dali_alchemi.interop.read_many",
@@ -159,14 +159,14 @@ if TYPE_CHECKING:
         batch_ks,
         shuffle_quality,
     )
-    from dali_alchemi.store.multi import MultiReader
-    from dali_alchemi.store.packed import PackedSamples
-    from dali_alchemi.store.protocol import ChunkedReader, FieldSpec, PackedReader
-    from dali_alchemi.store.reader import AtomicDataZarrReader
-    from dali_alchemi.store.repair_apply import RepairReport, repair_store
-    from dali_alchemi.store.rewrite import RewriteReport, rewrite_store
-    from dali_alchemi.store.verify import VerifyReport, verify_store
-    from dali_alchemi.store.writer import AtomicDataZarrWriter
+    from dali_alchemi.store.check.verify import VerifyReport, verify_store
+    from dali_alchemi.store.format.packed import PackedSamples
+    from dali_alchemi.store.format.protocol import ChunkedReader, FieldSpec, PackedReader
+    from dali_alchemi.store.read.multi import MultiReader
+    from dali_alchemi.store.read.reader import AtomicDataZarrReader
+    from dali_alchemi.store.write.repair import RepairReport, repair_store
+    from dali_alchemi.store.write.rewrite import RewriteReport, rewrite_store
+    from dali_alchemi.store.write.writer import AtomicDataZarrWriter
 
 
 def __getattr__(name: str) -> Any:

@@ -29,8 +29,8 @@ from dali_alchemi.errors import (
     PlanError,
     SampleIndexError,
 )
-from dali_alchemi.store import layout
-from dali_alchemi.store.packed import PackedSamples
+from dali_alchemi.store.format import layout
+from dali_alchemi.store.format.packed import PackedSamples
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
@@ -240,7 +240,7 @@ class Batch:
     def from_packed(
         cls, packed: PackedSamples, *, device: torch.device | str | None = None, non_blocking: bool = False
     ) -> Batch:
-        """Collate a packed read (see :class:`~dali_alchemi.store.packed.PackedSamples`) with no per-sample step.
+        """Collate a packed read (see :class:`~dali_alchemi.store.format.packed.PackedSamples`) with no per-sample step.
 
         The numpy arrays are wrapped without a copy on the CPU, or copied once per field to ``device``.
         """

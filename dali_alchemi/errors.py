@@ -235,7 +235,7 @@ class StoreSchemaWarning(DaliAlchemiWarning):
 class StoreLockedError(DaliAlchemiError, TimeoutError):
     """Another writer holds the store's writer lock (and kept it past the timeout asked for).
 
-    ``holder`` is the :class:`~dali_alchemi.store.lock.LockHolder` it names (pid, host, operation, since
+    ``holder`` is the :class:`~dali_alchemi.store.write.lock.LockHolder` it names (pid, host, operation, since
     when), or ``None`` when the lock names no readable holder.
     """
 

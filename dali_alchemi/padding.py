@@ -38,7 +38,7 @@ import torch
 
 from dali_alchemi.batch import Batch
 from dali_alchemi.errors import ConfigError
-from dali_alchemi.store import layout
+from dali_alchemi.store.format import layout
 from dali_alchemi.types import Level, PerLevel
 
 PAD_SPACING = 1.0e6

@@ -18,7 +18,7 @@ from pathlib import Path
 from dali_alchemi.bench.realistic import emt_frames
 from dali_alchemi.config import layout_config
 from dali_alchemi.interop.ase_io import write_atoms
-from dali_alchemi.store.summary import summarize
+from dali_alchemi.store.read.summary import summarize
 
 
 def main(frames: int, out: Path) -> None:

@@ -23,7 +23,7 @@ import zarr
 
 from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter, repair_store
 from dali_alchemi.bench.synth import write_synthetic_store
-from dali_alchemi.store.repair import KINDS
+from dali_alchemi.store.check.repair_plan import KINDS
 
 
 def as_appended(path: Path, batch: int) -> int:

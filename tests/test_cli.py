@@ -121,7 +121,7 @@ def test_markup_in_an_error_message_is_printed_as_is(tmp_path: Path, capsys: pyt
     assert "[bold]x.zarr" in capsys.readouterr().out
 
 
-HEAVY = ("torch", "zarr", "numpy", "nvidia.dali", "dali_alchemi.store.reader", "dali_alchemi.bench.loaders")
+HEAVY = ("torch", "zarr", "numpy", "nvidia.dali", "dali_alchemi.store.read.reader", "dali_alchemi.bench.loaders")
 CHECK_HELP = f"""
 import contextlib, io, sys
 from dali_alchemi.cli import build_parser

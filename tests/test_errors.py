@@ -43,7 +43,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("pipeline/source.py", "ReadAheadSource.__call__", "StopIteration"): (
         "iterator protocol: DALI's external source ends an epoch on StopIteration"
     ),
-    ("store/remote.py", "RetryingStore._retry", "AssertionError"): (
+    ("store/format/remote.py", "RetryingStore._retry", "AssertionError"): (
         "marks code after a retry loop that always returns or raises: a bug if reached, not an intended error"
     ),
 }
@@ -131,7 +131,7 @@ def test_an_empty_window_is_an_empty_batch_error_and_a_value_error() -> None:
 
 
 def test_a_truncated_blosc_frame_is_a_chunk_decode_error_and_a_value_error() -> None:
-    from dali_alchemi.store.codecs import _CheckedBlosc
+    from dali_alchemi.store.read.codecs import _CheckedBlosc
 
     with pytest.raises(errors.ChunkDecodeError, match="shorter than its 16-byte header") as info:
         _CheckedBlosc().decode(b"\x00" * 8)
@@ -139,7 +139,7 @@ def test_a_truncated_blosc_frame_is_a_chunk_decode_error_and_a_value_error() -> 
 
 
 def test_non_integer_indices_are_a_config_type_error_and_a_type_error() -> None:
-    from dali_alchemi.store.indices import checked_indices
+    from dali_alchemi.store.format.indices import checked_indices
 
     with pytest.raises(errors.ConfigTypeError, match="Index values must be integers, got dtype float64") as info:
         checked_indices(np.array([0.5, 1.5]), 10)

@@ -2,7 +2,7 @@
 
 The comparison the project measures itself against, built from the same parts as the DALI loader:
 the same :class:`~dali_alchemi.plan.Plan` (so, for a seed, epoch and shard, both yield the same
-batches), the same :class:`~dali_alchemi.store.protocol.PackedReader` seam and the same
+batches), the same :class:`~dali_alchemi.store.format.protocol.PackedReader` seam and the same
 :class:`~dali_alchemi.batch.Batch`. The plan's batches go to torch as a ``batch_sampler``; the dataset
 reads them sample by sample (the common setup) or, with ``batched=True``, through torch's
 ``__getitems__`` hook with one read per batch, handed on as per-sample dicts and concatenated as
@@ -27,16 +27,16 @@ from dali_alchemi.errors import EmptyBatchError
 from dali_alchemi.interop.read_many import as_packed_reader
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.plan import PadShape, PlanArguments, pad_shape, reader_plan, restore
-from dali_alchemi.store.advice import warn_if_slow_layout
-from dali_alchemi.store.multi import open_source
-from dali_alchemi.store.packed import PackedSamples
-from dali_alchemi.store.protocol import as_field_names, select_fields
+from dali_alchemi.store.format.packed import PackedSamples
+from dali_alchemi.store.format.protocol import as_field_names, select_fields
+from dali_alchemi.store.read.advice import warn_if_slow_layout
+from dali_alchemi.store.read.multi import open_source
 
 if TYPE_CHECKING:
     from dali_alchemi.interop.read_many import ReadManyReader
     from dali_alchemi.plan import BlockShuffle, EpochPlan, Plan
-    from dali_alchemi.store.location import StoreLike
-    from dali_alchemi.store.protocol import PackedReader
+    from dali_alchemi.store.format.location import StoreLike
+    from dali_alchemi.store.format.protocol import PackedReader
     from dali_alchemi.types import Level
 
 

@@ -22,8 +22,8 @@ from dali_alchemi.bench.names import LOADER_HELP
 from dali_alchemi.errors import ConfigError
 from dali_alchemi.interop.read_many import as_packed_reader
 from dali_alchemi.plan import PlanArguments, build_plan, store_chunking
-from dali_alchemi.store.protocol import select_fields
-from dali_alchemi.store.reader import AtomicDataZarrReader
+from dali_alchemi.store.format.protocol import select_fields
+from dali_alchemi.store.read.reader import AtomicDataZarrReader
 
 DECODE_CACHE_BYTES = 64 << 20
 

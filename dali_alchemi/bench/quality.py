@@ -16,8 +16,8 @@ import numpy as np
 
 from dali_alchemi.bench.loaders import ORDERS, LoaderSettings, bench_plan
 from dali_alchemi.plan.quality import batch_ks, shuffle_quality
-from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES
-from dali_alchemi.store.reader import AtomicDataZarrReader
+from dali_alchemi.store.read.cache import DEFAULT_CACHE_BYTES
+from dali_alchemi.store.read.reader import AtomicDataZarrReader
 
 
 def order_quality(store: str, orders: tuple[str, ...], settings: LoaderSettings) -> dict[str, dict[str, Any]]:

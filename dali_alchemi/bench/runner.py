@@ -37,7 +37,7 @@ from dali_alchemi.bench.loaders import (
 from dali_alchemi.bench.memory import MB, TreeMemorySampler, tree_pss
 from dali_alchemi.bench.quality import order_quality
 from dali_alchemi.errors import ConfigError
-from dali_alchemi.store.reader import AtomicDataZarrReader
+from dali_alchemi.store.read.reader import AtomicDataZarrReader
 
 ProgressCallback = Callable[[str, int, int], None]
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dali_alchemi.errors import ConfigError, StoreExistsError
-from dali_alchemi.store.packed import PackedSamples
-from dali_alchemi.store.writer import AtomicDataZarrWriter
+from dali_alchemi.store.format.packed import PackedSamples
+from dali_alchemi.store.write.writer import AtomicDataZarrWriter
 
 if TYPE_CHECKING:
     from dali_alchemi.config import WriteConfig

@@ -188,7 +188,7 @@ def cmd_augment_cost(args: argparse.Namespace, console: Console) -> int:
     from dali_alchemi.augment import Augmentation, PositionNoise, RandomRotation, RandomTranslation, apply_augmentations
     from dali_alchemi.batch import Batch
     from dali_alchemi.bench.synth import write_synthetic_store
-    from dali_alchemi.store.reader import AtomicDataZarrReader
+    from dali_alchemi.store.read.reader import AtomicDataZarrReader
 
     device = parse_device(args.device)
     with tempfile.TemporaryDirectory(prefix="dali-alchemi-augment-") as scratch:

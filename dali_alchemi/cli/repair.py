@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 def cmd_repair(args: argparse.Namespace, console: Console) -> int:
     from rich.markup import escape
 
-    from dali_alchemi.store.repair import summary_lines
-    from dali_alchemi.store.repair_apply import repair_store
+    from dali_alchemi.store.check.repair_plan import summary_lines
+    from dali_alchemi.store.write.repair import repair_store
 
     report = repair_store(args.store, out=args.out, dry_run=args.dry_run, prefer=args.prefer)
     for line in summary_lines(report.plan):

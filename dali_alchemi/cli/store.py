@@ -43,7 +43,7 @@ def cmd_synth(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
-    from dali_alchemi.store.summary import summarize
+    from dali_alchemi.store.read.summary import summarize
 
     summary = summarize(args.store)
     console.print(f"[bold]{summary.source}[/bold]")
@@ -121,7 +121,7 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
 def cmd_rewrite(args: argparse.Namespace, console: Console) -> int:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from dali_alchemi.store.rewrite import rewrite_store
+    from dali_alchemi.store.write.rewrite import rewrite_store
 
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
                   console=console, disable=args.quiet or not console.is_terminal) as bar:  # fmt: skip

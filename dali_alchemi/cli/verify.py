@@ -23,7 +23,7 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dali_alchemi.cli.console import CommandError
-    from dali_alchemi.store.verify import verify_store
+    from dali_alchemi.store.check.verify import verify_store
 
     if args.max_problems < 1:
         raise CommandError(f"--max-problems must be at least 1, got {args.max_problems}")

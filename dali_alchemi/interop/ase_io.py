@@ -41,10 +41,10 @@ from dali_alchemi.interop.assemble import (
     decide,
     warn_precision,
 )
-from dali_alchemi.store.journal import CREATE_PREFIX, sibling
-from dali_alchemi.store.location import resolve_store
-from dali_alchemi.store.lock import WriterLock
-from dali_alchemi.store.writer import AtomicDataZarrWriter
+from dali_alchemi.store.format.journal import CREATE_PREFIX, sibling
+from dali_alchemi.store.format.location import resolve_store
+from dali_alchemi.store.write.lock import WriterLock
+from dali_alchemi.store.write.writer import AtomicDataZarrWriter
 
 if TYPE_CHECKING:
     from ase import Atoms
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
     from dali_alchemi.batch import Batch
     from dali_alchemi.config import WriteConfig
-    from dali_alchemi.store.location import StoreLike, StoreLocation
+    from dali_alchemi.store.format.location import StoreLike, StoreLocation
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ fourth). So it works in two steps:
    trailing shape, dtype, how many structures have it) and writes the chunk's values to a spool
    directory on disk, one ``.npy`` file per field, in the values' own dtypes.
 2. :func:`decide` applies the ``missing`` policy to the census, and :meth:`Spool.chunks` reads the
-   chunks back as :class:`~dali_alchemi.store.packed.PackedSamples` with exactly the decided fields,
+   chunks back as :class:`~dali_alchemi.store.format.packed.PackedSamples` with exactly the decided fields,
    filled where a structure lacks one, and cast to the stored dtypes once per chunk, with a check of
    what float32 loses.
 
@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from dali_alchemi.errors import PrecisionLossWarning, SampleDataError
-from dali_alchemi.store import layout
-from dali_alchemi.store.packed import PackedSamples
+from dali_alchemi.store.format import layout
+from dali_alchemi.store.format.packed import PackedSamples
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike, NDArray

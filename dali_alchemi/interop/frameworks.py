@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dali_alchemi.store import layout
+from dali_alchemi.store.format import layout
 
 if TYPE_CHECKING:
     from dali_alchemi.batch import Batch

@@ -5,8 +5,8 @@ nvalchemi's ``Dataset``, ``DataLoader`` and ``MultiDataset`` read through a read
 DataLoader sets it), ``field_levels`` and ``field_names``, and the single-sample hooks of its
 ``Reader`` base class (``_load_sample``, ``_load_many_samples``, ``_get_sample_metadata``, ``read``,
 ``__getitem__``, ``__iter__``). :class:`NvalchemiDropInReader` is
-:class:`~dali_alchemi.store.reader.AtomicDataZarrReader` (so the packed fast path underneath, and a
-:class:`~dali_alchemi.store.protocol.PackedReader` for this project's loaders too) with those hooks,
+:class:`~dali_alchemi.store.read.reader.AtomicDataZarrReader` (so the packed fast path underneath, and a
+:class:`~dali_alchemi.store.format.protocol.PackedReader` for this project's loaders too) with those hooks,
 nvalchemi's constructor, its metadata, and the exceptions nvalchemi raises in the same situations:
 
 ========================================  ======================  ===============================================
@@ -37,15 +37,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dali_alchemi.errors import DeviceError, ReaderClosedError, SampleReadError, StoreFormatError
-from dali_alchemi.store import layout
-from dali_alchemi.store.reader import AtomicDataZarrReader
-from dali_alchemi.store.snapshot import SnapshotIdentity, identify
-from dali_alchemi.store.validate import open_root
+from dali_alchemi.store.format import layout
+from dali_alchemi.store.read.open_checks import open_root
+from dali_alchemi.store.read.reader import AtomicDataZarrReader
+from dali_alchemi.store.read.snapshot import SnapshotIdentity, identify
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-    from dali_alchemi.store.location import StoreLike
+    from dali_alchemi.store.format.location import StoreLike
 
 logger = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ import torch
 
 from dali_alchemi import csr
 from dali_alchemi.errors import NotAReaderError, ReaderClosedError, ReaderOutputError
-from dali_alchemi.store import layout
-from dali_alchemi.store.indices import checked_indices
-from dali_alchemi.store.packed import PackedSamples
-from dali_alchemi.store.protocol import FieldSpec, PackedReader, select_fields
+from dali_alchemi.store.format import layout
+from dali_alchemi.store.format.indices import checked_indices
+from dali_alchemi.store.format.packed import PackedSamples
+from dali_alchemi.store.format.protocol import FieldSpec, PackedReader, select_fields
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -51,7 +51,7 @@ class ReadManyReader(Protocol):
 
 
 class ReadManyAdapter:
-    """A :class:`~dali_alchemi.store.protocol.PackedReader` over a reader with nvalchemi's ``read_many``.
+    """A :class:`~dali_alchemi.store.format.protocol.PackedReader` over a reader with nvalchemi's ``read_many``.
 
     Parameters
     ----------
@@ -173,7 +173,7 @@ class ReadManyAdapter:
     ) -> PackedSamples:
         """One ``read_many`` call, then one ``torch.cat`` per field; request order, duplicates allowed.
 
-        ``neighbor_list`` stays sample-local, as :class:`~dali_alchemi.store.packed.PackedSamples`
+        ``neighbor_list`` stays sample-local, as :class:`~dali_alchemi.store.format.packed.PackedSamples`
         holds it (the Batch adds each structure's atom offset).
 
         Raises
@@ -319,7 +319,7 @@ def _numpy_dtype(value: Any) -> np.dtype[Any]:
 def as_packed_reader(store_or_reader: Any) -> Any:
     """What a loader reads through: a packed reader or a store as given, a ``read_many`` reader wrapped.
 
-    An object with ``read_packed`` and the rest of :class:`~dali_alchemi.store.protocol.PackedReader`
+    An object with ``read_packed`` and the rest of :class:`~dali_alchemi.store.format.protocol.PackedReader`
     is used as it is (this project's readers); one with only nvalchemi's ``read_many`` and
     ``__len__`` becomes a :class:`ReadManyAdapter`; anything else (a path, a URL, a zarr Store) is
     returned unchanged, for the loader to open as a store. A list or tuple (several stores read as one

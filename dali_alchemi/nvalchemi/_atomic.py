@@ -10,7 +10,7 @@ structure (about 4 ms each) and collates them with ``Batch.from_data_list``. Per
    ``velocities`` (zeros like ``positions``) when the structure has none;
 4. orders the keys as ``AtomicData`` declares its fields (custom fields after them).
 
-In a window read by a :class:`~dali_alchemi.store.protocol.PackedReader` every field has one dtype and
+In a window read by a :class:`~dali_alchemi.store.format.protocol.PackedReader` every field has one dtype and
 one trailing shape for the whole store (its ``field_specs``), and the rows per structure come from one
 pair of pointer arrays, so nothing in step 1 can differ between two structures except their atom and
 edge counts. :class:`AtomicDataRules` therefore validates, through nvalchemi's own ``AtomicData``,
@@ -32,7 +32,7 @@ from dali_alchemi.errors import ConfigError
 
 if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
-    from dali_alchemi.store.protocol import PackedReader
+    from dali_alchemi.store.format.protocol import PackedReader
     from dali_alchemi.types import Level
 
 EXCLUDED_KEYS = frozenset({"batch_idx", "batch_ptr", "device", "dtype", "info"})

@@ -46,7 +46,7 @@ from dali_alchemi.interop.nvalchemi_batch import build_batch
 from dali_alchemi.interop.read_many import as_packed_reader
 from dali_alchemi.nvalchemi._epochs import EpochFolderPlan
 from dali_alchemi.plan.recorded import RecordedPlan
-from dali_alchemi.store.shared import make_shared_folder, remove_shared_folder
+from dali_alchemi.store.read.shared import make_shared_folder, remove_shared_folder
 
 DEFAULT_NUM_WORKERS = 2
 """DALI worker processes for a dataset without ``num_workers`` (nvalchemi's default, and DALIDataLoader's)."""
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
     from dali_alchemi.nvalchemi._atomic import AtomicDataRules
     from dali_alchemi.pipeline.loader import DALIDataLoader
-    from dali_alchemi.store.protocol import PackedReader
+    from dali_alchemi.store.format.protocol import PackedReader
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class _PackedRoute:
         from nvalchemi.data.datapipes import MultiDataset
 
         from dali_alchemi.nvalchemi._atomic import AtomicDataRules
-        from dali_alchemi.store.multi import MultiReader
+        from dali_alchemi.store.read.multi import MultiReader
 
         children = list(dataset.datasets) if isinstance(dataset, MultiDataset) else [dataset]
         devices = {str(child.target_device) for child in children}

@@ -3,7 +3,7 @@
 It asks its :class:`~dali_alchemi.plan.Plan` for each epoch, reads each window of the plan's batches
 with one packed read through :class:`~dali_alchemi.pipeline.source.WindowSource`, lets DALI stage and
 copy the data (``.gpu()`` on CUDA), and yields :class:`~dali_alchemi.batch.Batch` objects built on the
-device, cut where the plan says. It reads through any :class:`~dali_alchemi.store.protocol.PackedReader`.
+device, cut where the plan says. It reads through any :class:`~dali_alchemi.store.format.protocol.PackedReader`.
 """
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ from dali_alchemi.pipeline.dali_private import CLOSE_TIMEOUT_S, close_pipeline, 
 from dali_alchemi.pipeline.iterator import WindowIterator
 from dali_alchemi.pipeline.source import BLOB_OUTPUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
 from dali_alchemi.plan import PlanArguments, pad_shape, reader_plan, restore
-from dali_alchemi.store.advice import warn_if_slow_layout
-from dali_alchemi.store.multi import open_source
-from dali_alchemi.store.protocol import PackedReader, as_field_names, select_fields
-from dali_alchemi.store.shared import make_shared_folder, remove_shared_folder
+from dali_alchemi.store.format.protocol import PackedReader, as_field_names, select_fields
+from dali_alchemi.store.read.advice import warn_if_slow_layout
+from dali_alchemi.store.read.multi import open_source
+from dali_alchemi.store.read.shared import make_shared_folder, remove_shared_folder
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
     from dali_alchemi.augment import Augmentation
     from dali_alchemi.interop.read_many import ReadManyReader
     from dali_alchemi.plan import BlockShuffle, EpochPlan, Plan
-    from dali_alchemi.store.location import StoreLike
+    from dali_alchemi.store.format.location import StoreLike
 
 logger = logging.getLogger(__name__)
 
@@ -113,17 +113,17 @@ def _check_shareable(source: Any) -> None:
 
 
 class DALIDataLoader:
-    """Iterate a store (or any :class:`~dali_alchemi.store.protocol.PackedReader`) as Batches through DALI.
+    """Iterate a store (or any :class:`~dali_alchemi.store.format.protocol.PackedReader`) as Batches through DALI.
 
     Parameters
     ----------
     store_or_reader
         A store (path, URL, zarr Store) or an open reader implementing
-        :class:`~dali_alchemi.store.protocol.PackedReader` (this project's
-        :class:`~dali_alchemi.store.reader.AtomicDataZarrReader`, for one), any reader with
+        :class:`~dali_alchemi.store.format.protocol.PackedReader` (this project's
+        :class:`~dali_alchemi.store.read.reader.AtomicDataZarrReader`, for one), any reader with
         nvalchemi's ``read_many`` contract (read through a
         :class:`~dali_alchemi.interop.read_many.ReadManyAdapter`), or a list of them read as one
-        dataset (a :class:`~dali_alchemi.store.multi.MultiReader`). A reader given is not closed.
+        dataset (a :class:`~dali_alchemi.store.read.multi.MultiReader`). A reader given is not closed.
     batch_size, shuffle, seed, drop_last, shard_id, num_shards
         Build the default plan, a :class:`~dali_alchemi.plan.FixedBatchPlan`: batches of ``batch_size``
         structures (default 64), shuffled each epoch by ``(seed, epoch)``, the last one dropped when

@@ -30,7 +30,7 @@ import numpy as np
 from dali_alchemi.batch import collate_on_host
 from dali_alchemi.config import LAYOUTS
 from dali_alchemi.errors import ConfigError, LoaderError
-from dali_alchemi.store.layout import ATOM_INDEX_FIELDS
+from dali_alchemi.store.format.layout import ATOM_INDEX_FIELDS
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from dali_alchemi.plan.base import EpochPlan, Plan
-    from dali_alchemi.store.protocol import FieldSpec, PackedReader
+    from dali_alchemi.store.format.protocol import FieldSpec, PackedReader
     from dali_alchemi.types import Level
 
 

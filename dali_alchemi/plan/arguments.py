@@ -29,7 +29,7 @@ from dali_alchemi.plan.mixture import MixturePlan
 from dali_alchemi.plan.order import resolve_shard
 
 if TYPE_CHECKING:
-    from dali_alchemi.store.protocol import PackedReader
+    from dali_alchemi.store.format.protocol import PackedReader
     from dali_alchemi.types import CountArray, IndexArray
 
 DEFAULT_BATCH_SIZE = 64
@@ -103,7 +103,7 @@ def reader_plan(
     sample_sizes: Callable[[], tuple[CountArray, CountArray]],
 ) -> Plan:
     """:func:`build_plan` for a loader reading ``fields`` of ``reader`` (its chunking, its datasets' lengths)."""
-    from dali_alchemi.store.multi import MultiReader  # the readers stay out of plan/'s imports (numpy only)
+    from dali_alchemi.store.read.multi import MultiReader  # the readers stay out of plan/'s imports (numpy only)
 
     return build_plan(
         plan, arguments, len(reader), sample_sizes, chunking=lambda: store_chunking(reader, fields),

@@ -5,7 +5,7 @@ structure of a window. This plan shuffles coarsely and then finely, as the loade
 datasets do (MosaicML streaming, WebDataset, Ray Data):
 
 1. the store is cut into *spans* of contiguous structures aligned with its chunks (from the reader's
-   :meth:`~dali_alchemi.store.protocol.ChunkedReader.sample_chunk_bounds`, or fixed-size spans);
+   :meth:`~dali_alchemi.store.format.protocol.ChunkedReader.sample_chunk_bounds`, or fixed-size spans);
 2. the span order is shuffled, seeded by ``(seed, epoch)``;
 3. consecutive spans of that order are pooled into *buffers* of ``buffer_spans`` spans (by default as
    many as fill half the cache), and the structures inside each buffer are shuffled;
@@ -36,13 +36,13 @@ from dali_alchemi.csr import concat_aranges, exclusive_cumsum
 from dali_alchemi.errors import PlanError
 from dali_alchemi.plan.base import EpochPlan
 from dali_alchemi.plan.budget import BudgetPlan, pack_greedy
-from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES
-from dali_alchemi.store.protocol import UNCHUNKED_SPAN_SIZE, ChunkedReader
+from dali_alchemi.store.format.protocol import UNCHUNKED_SPAN_SIZE, ChunkedReader
+from dali_alchemi.store.read.cache import DEFAULT_CACHE_BYTES
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-    from dali_alchemi.store.protocol import PackedReader
+    from dali_alchemi.store.format.protocol import PackedReader
     from dali_alchemi.types import CountArray, IndexArray, PtrArray
 
 DEFAULT_SPAN_SIZE = UNCHUNKED_SPAN_SIZE
@@ -96,7 +96,7 @@ class BlockShuffle:
 class StoreChunking:
     """What the block shuffle's default sizes come from: the reader's chunk spans, bytes and cache.
 
-    ``span_bounds`` is ``None`` for a reader without :class:`~dali_alchemi.store.protocol.ChunkedReader`;
+    ``span_bounds`` is ``None`` for a reader without :class:`~dali_alchemi.store.format.protocol.ChunkedReader`;
     ``atom_bytes``/``edge_bytes``/``system_bytes`` are the decoded bytes of one row of each level over
     the fields read.
     """

@@ -1,6 +1,6 @@
 """MixturePlan: epochs drawn from several datasets at set rates, as nvalchemi 0.2.0's multi-dataset samplers.
 
-The plan indexes a :class:`~dali_alchemi.store.multi.MultiReader` (member ``d`` holds global indices
+The plan indexes a :class:`~dali_alchemi.store.read.multi.MultiReader` (member ``d`` holds global indices
 ``offsets[d] ..``). How often each member is drawn follows nvalchemi's samplers:
 
 - ``mix="batch"`` (``MultiDatasetBatchSampler``): every batch holds a fixed number of structures of

@@ -1,8 +1,8 @@
-"""Contract tests for :class:`~dali_alchemi.store.protocol.PackedReader` implementations.
+"""Contract tests for :class:`~dali_alchemi.store.format.protocol.PackedReader` implementations.
 
 Subclass :class:`PackedReaderTests` in a pytest module and implement two fixtures' worth of methods:
 :meth:`~PackedReaderTests.make_reader` (a reader to test) and :meth:`~PackedReaderTests.expected`
-(the samples it must return, as one :class:`~dali_alchemi.store.packed.PackedSamples` in index
+(the samples it must return, as one :class:`~dali_alchemi.store.format.packed.PackedSamples` in index
 order). The tests check sizes, field specs, packed reads in any order with duplicates, narrowing to
 fields, counts read without data, picklability (the DALI loader sends readers to worker processes)
 and closing. Like zarr-python's ``testing/store.py``, the contract lives in the package so that
@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 
-from dali_alchemi.store.protocol import PackedReader
+from dali_alchemi.store.format.protocol import PackedReader
 
 if TYPE_CHECKING:
-    from dali_alchemi.store.packed import PackedSamples
+    from dali_alchemi.store.format.packed import PackedSamples
 
 
 class PackedReaderTests:

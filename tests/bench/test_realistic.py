@@ -12,8 +12,8 @@ pytest.importorskip("ase")
 from dali_alchemi.bench.realistic import emt_frames
 from dali_alchemi.config import layout_config
 from dali_alchemi.interop.ase_io import write_atoms
-from dali_alchemi.store.reader import AtomicDataZarrReader
-from dali_alchemi.store.summary import summarize
+from dali_alchemi.store.read.reader import AtomicDataZarrReader
+from dali_alchemi.store.read.summary import summarize
 
 FRAMES = 150
 

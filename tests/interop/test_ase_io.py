@@ -202,7 +202,7 @@ def test_what_a_killed_convert_left_is_removed_by_the_next(tmp_path: Path) -> No
 
 
 def test_a_failure_while_writing_leaves_no_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dali_alchemi.store.writer import AtomicDataZarrWriter
+    from dali_alchemi.store.write.writer import AtomicDataZarrWriter
 
     def fail(self: AtomicDataZarrWriter, *args: object, **kwargs: object) -> None:
         raise OSError("disk full")

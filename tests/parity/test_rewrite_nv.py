@@ -14,7 +14,7 @@ nv_zarr = pytest.importorskip("nvalchemi.data.datapipes.backends.zarr", reason="
 
 from dali_alchemi import AtomicDataZarrReader  # noqa: E402
 from dali_alchemi.bench.synth import write_synthetic_store_nvalchemi  # noqa: E402
-from dali_alchemi.store.rewrite import rewrite_store  # noqa: E402
+from dali_alchemi.store.write.rewrite import rewrite_store  # noqa: E402
 
 
 @pytest.fixture(scope="module")

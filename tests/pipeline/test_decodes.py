@@ -14,7 +14,7 @@ pytest.importorskip("nvidia.dali", reason="NVIDIA DALI cannot be imported")
 
 from dali_alchemi import DALIDataLoader
 from dali_alchemi.plan import EpochPlan
-from dali_alchemi.store.codecs import ArrayCodec
+from dali_alchemi.store.read.codecs import ArrayCodec
 
 pytestmark = pytest.mark.dali
 

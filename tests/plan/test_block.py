@@ -27,7 +27,7 @@ from dali_alchemi.plan import (
     store_chunking,
 )
 from dali_alchemi.plan.block import DEFAULT_SPAN_SIZE, fixed_spans
-from dali_alchemi.store.cache import DEFAULT_CACHE_BYTES
+from dali_alchemi.store.read.cache import DEFAULT_CACHE_BYTES
 
 
 def _plan(n: int = 1000, span: int = 37, buffer_spans: int = 3, **kwargs: Any) -> BlockShufflePlan:

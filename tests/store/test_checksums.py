@@ -18,7 +18,7 @@ import zarr
 from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter, ChunkDecodeError, ConfigError, StoreFormatError
 from dali_alchemi.bench.synth import synthetic_samples
 from dali_alchemi.config import ArrayConfig, WriteConfig
-from dali_alchemi.store.layout import Integrity, parse_integrity
+from dali_alchemi.store.format.layout import Integrity, parse_integrity
 from tests.store.conftest import CONFIG, N
 
 
@@ -91,7 +91,7 @@ def test_flipped_bytes_fail_the_checksum(store: Path, reader_path: str, monkeypa
     _flip(store / "core" / "forces" / "c" / "1" / "0")
     if reader_path == "zarr":  # arrays the fast decoder cannot take are read through zarr, which checks too
         from dali_alchemi.errors import UnsupportedCodecError
-        from dali_alchemi.store import snapshot
+        from dali_alchemi.store.read import snapshot
 
         class _Refuse:
             def __init__(self, **_: object) -> None:

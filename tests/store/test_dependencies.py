@@ -1,4 +1,5 @@
-"""The store imports nothing above it, and its modules import each other without cycles."""
+"""The store imports nothing above it, its sub-packages import one way (format <- read <- check <- write),
+and its modules import each other without cycles."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class _Imports(ast.NodeVisitor):
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         module = node.module or ""
-        if module in ("dali_alchemi", "dali_alchemi.store"):
+        if module == "dali_alchemi" or module.startswith("dali_alchemi.store") and module.count(".") <= 2:
             # `from dali_alchemi import csr` imports dali_alchemi.csr (or a name the package re-exports)
             self._add([f"{module}.{alias.name}" for alias in node.names])
         else:
@@ -55,8 +56,21 @@ def _imports(path: Path) -> _Imports:
     return found
 
 
+SUBPACKAGES = ("format", "read", "check", "write")
+"""The store's sub-packages, lowest first: each imports only those before it (and itself)."""
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(STORE.parent.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in STORE.rglob("*.py") if p.stem != "__init__"}
+
+
 def _graph() -> dict[str, set[str]]:
-    modules = {f"dali_alchemi.store.{p.stem}": p for p in STORE.glob("*.py") if p.stem != "__init__"}
+    modules = _modules()
     graph = {}
     for name, path in modules.items():
         found = _imports(path)
@@ -68,7 +82,7 @@ def _graph() -> dict[str, set[str]]:
 def test_the_store_imports_nothing_from_above_it() -> None:
     upward = {
         f"{path.name} imports {module}"
-        for path in STORE.glob("*.py")
+        for path in STORE.rglob("*.py")
         for module in _imports(path).all
         if not module.startswith("dali_alchemi.store") and module not in ALLOWED_OUTSIDE
     }
@@ -77,7 +91,7 @@ def test_the_store_imports_nothing_from_above_it() -> None:
 
 def test_store_modules_form_no_import_cycle() -> None:
     graph = _graph()
-    assert len(graph) >= 20 and "dali_alchemi.store.reader" in graph["dali_alchemi.store.defragment"]
+    assert len(graph) >= 20 and "dali_alchemi.store.read.reader" in graph["dali_alchemi.store.write.defragment"]
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     cycles: list[list[str]] = []
 
@@ -98,5 +112,29 @@ def test_store_modules_form_no_import_cycle() -> None:
 
 def test_the_deferred_imports_listed_are_still_deferred() -> None:
     for importer, imported in DEFERRED:
-        found = _imports(STORE / f"{importer.rsplit('.', 1)[1]}.py")
+        found = _imports(_modules()[importer])
         assert imported in found.deferred - found.top, f"{importer} no longer defers {imported}: drop it from DEFERRED"
+
+
+def test_every_store_module_is_in_a_subpackage() -> None:
+    loose = [p.name for p in STORE.glob("*.py") if p.stem != "__init__"]
+    assert not loose, f"store modules outside the sub-packages {SUBPACKAGES}: {loose}"
+    assert sorted(p.name for p in STORE.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(SUBPACKAGES)
+
+
+def test_the_subpackages_import_one_way() -> None:
+    rank = {name: i for i, name in enumerate(SUBPACKAGES)}
+    upward = []
+    for module, path in _modules().items():
+        mine = module.split(".")[2]
+        for imported in _imports(path).all:
+            parts = imported.split(".")
+            if len(parts) > 2 and parts[1] == "store" and parts[2] in rank and rank[parts[2]] > rank[mine]:
+                upward.append(f"{module} imports {imported}")
+    assert not upward, sorted(upward)
+
+
+def test_the_one_way_check_sees_an_upward_import(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("from dali_alchemi.store.write.lock import WriterLock\n")
+    assert "dali_alchemi.store.write.lock" in _imports(probe).all

@@ -17,7 +17,7 @@ from dali_alchemi.errors import (
     StoreExistsError,
     UnsupportedStoreError,
 )
-from dali_alchemi.store.packed import PackedSamples
+from dali_alchemi.store.format.packed import PackedSamples
 
 
 def test_writing_over_an_existing_store_is_a_store_exists_error(tmp_path: Path) -> None:

@@ -105,7 +105,7 @@ def test_extra_groups_and_attributes_alone_keep_the_store_writable(small_store: 
 
 
 def test_inspect_shows_the_level_it_does_not_read(newer_store: Path) -> None:
-    from dali_alchemi.store.summary import summarize
+    from dali_alchemi.store.read.summary import summarize
 
     levels = {f"{a.group}/{a.name}": a.level for a in summarize(newer_store).arrays}
     assert levels["core/group_energy"] == "group (not read)"

@@ -28,7 +28,7 @@ from dali_alchemi import (
 )
 from dali_alchemi.bench.synth import synthetic_samples
 from dali_alchemi.config import ArrayConfig, WriteConfig
-from dali_alchemi.store.layout import default_level
+from dali_alchemi.store.format.layout import default_level
 from dali_alchemi.types import LEVELS
 
 N = 24

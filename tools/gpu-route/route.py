@@ -66,8 +66,8 @@ class Pin:
 
 SHIPPED = (
     Pin("zarr", "3.1.6", "the store format (dali_alchemi.store)"),
-    Pin("numcodecs", "0.16.6", "chunk codecs (zarr; dali_alchemi.store.codecs)"),
-    Pin("google-crc32c", "1.9.0", "chunk checksums (zarr; dali_alchemi.store.codecs)"),
+    Pin("numcodecs", "0.16.6", "chunk codecs (zarr; dali_alchemi.store.read.codecs)"),
+    Pin("google-crc32c", "1.9.0", "chunk checksums (zarr; dali_alchemi.store.read.codecs)"),
     Pin("donfig", "0.8.1.post1", "zarr's configuration"),
     Pin("astunparse", "1.6.3", "DALI (its Python graph code)"),
     Pin("gast", "0.7.0", "DALI (its Python graph code)"),

@@ -1,0 +1,117 @@
+"""Resolving what a user passes as a store (path, URL, zarr Store) into one zarr Store.
+
+The reader and writer accept the same things nvalchemi does: ``str`` or ``pathlib.Path`` paths, a
+URL that fsspec understands (``memory://``, ``http(s)://``, ``s3://``, ``gs://``, ``file://``), a zarr
+``Store`` or ``StorePath``, or a ``dict`` used as in-memory storage. Local directories are recognised
+so the reader can read their chunk files directly.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import zarr
+from zarr.abc.store import Store
+from zarr.storage import FsspecStore, LocalStore, MemoryStore, StorePath
+
+from dali_alchemi.errors import ConfigTypeError, StoreNotFoundError
+from dali_alchemi.store.format.remote import RetryingStore
+
+if TYPE_CHECKING:
+    from dali_alchemi.config import FetchConfig
+
+StoreLike = str | os.PathLike[str] | Store | StorePath | dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLocation:
+    """A resolved store: the zarr store, the path prefix inside it, a display name, and a local root."""
+
+    store: Store
+    prefix: str
+    display: str
+    local_root: Path | None
+
+    def key(self, *parts: str) -> str:
+        """A key inside the store, below ``prefix``."""
+        return "/".join(p for p in (self.prefix, *parts) if p)
+
+
+def open_group(loc: StoreLocation, *, mode: Literal["r", "r+", "w", "a"]) -> Any:
+    """The zarr group at ``loc`` (its store, below its prefix), opened with ``mode``."""
+    return zarr.open_group(store=StorePath(loc.store, loc.prefix), mode=mode)
+
+
+def root_members(root: Any) -> dict[str, Any]:
+    """The arrays and groups at the root of a store, by name.
+
+    The writer keeps its journal and lock under hidden keys at the root of a non-local store
+    (``.dali-alchemi-*``); they are no zarr objects, and zarr's warning about them is silenced here.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Object at \.dali-alchemi-", category=UserWarning)
+        return dict(root.members())
+
+
+def root_groups(root: Any) -> dict[str, Any]:
+    """The groups at the root of a store, by name (see :func:`root_members`)."""
+    return {name: node for name, node in root_members(root).items() if isinstance(node, zarr.Group)}
+
+
+def _is_url(text: str) -> bool:
+    return "://" in text and not text.startswith("file://")
+
+
+def resolve_store(
+    store: StoreLike,
+    *,
+    read_only: bool,
+    must_exist: bool,
+    fetch: FetchConfig | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> StoreLocation:
+    """Resolve ``store`` into a :class:`StoreLocation`.
+
+    Stores reached over a network (URLs, fsspec and object stores) are wrapped in a
+    :class:`~dali_alchemi.store.format.remote.RetryingStore` that retries reads under ``fetch``.
+    ``storage_options`` go to fsspec for URLs (credentials, ``endpoint_url``, ...).
+
+    Raises
+    ------
+    StoreNotFoundError
+        If ``must_exist`` and a local path does not exist.
+    ConfigTypeError
+        If ``store`` is none of the accepted kinds (a ``TypeError``).
+    """
+    if isinstance(store, StorePath):
+        inner = store.store
+        root = Path(inner.root) / store.path if isinstance(inner, LocalStore) else None
+        return StoreLocation(store=inner, prefix=store.path, display=str(store), local_root=root)
+    if isinstance(store, LocalStore):
+        return StoreLocation(store=store, prefix="", display=str(store.root), local_root=Path(store.root))
+    if isinstance(store, (MemoryStore, RetryingStore)):
+        return StoreLocation(store=store, prefix="", display=str(store), local_root=None)
+    if isinstance(store, Store):
+        return StoreLocation(store=RetryingStore(store, fetch), prefix="", display=str(store), local_root=None)
+    if isinstance(store, dict):
+        return StoreLocation(store=MemoryStore(store), prefix="", display="<memory>", local_root=None)
+    if isinstance(store, (str, os.PathLike)):
+        text = os.fspath(store)
+        if _is_url(text):
+            remote = FsspecStore.from_url(
+                text, read_only=read_only, storage_options=dict(storage_options or {}) or None
+            )
+            wrapped: Store = remote if text.startswith("memory://") else RetryingStore(remote, fetch)
+            return StoreLocation(store=wrapped, prefix="", display=text, local_root=None)
+        path = Path(text.removeprefix("file://")).expanduser()
+        if must_exist and not path.exists():
+            raise StoreNotFoundError(f"Zarr store does not exist at {path}")
+        return StoreLocation(store=LocalStore(path, read_only=read_only), prefix="", display=str(path), local_root=path)
+    raise ConfigTypeError(
+        f"store must be a path, a URL, a zarr Store, a StorePath or a dict, got {type(store).__name__}"
+    )

@@ -1,0 +1,458 @@
+"""Decoding of zarr v3 chunks without zarr's per-chunk machinery.
+
+zarr-python spends about half a millisecond of Python per chunk; a shuffled window touches hundreds of
+chunks, so the reader decodes chunk bytes itself with numcodecs (which releases the GIL). This module
+turns an array's zarr metadata into an :class:`ArrayCodec` that knows where each chunk's bytes live (a
+whole object, or a byte range inside a shard) and how to decode them. Codec chains it does not know are
+reported as unsupported, and the reader then falls back to zarr for that array.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import google_crc32c
+import numcodecs
+import numcodecs.blosc
+import numpy as np
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
+
+from dali_alchemi.errors import ChunkDecodeError, UnsupportedCodecError
+from dali_alchemi.store.read.fetch import ByteFetcher, ByteRequest
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+MISSING_CHUNK = (1 << 64) - 1
+"""Shard index entry (offset and length) of an inner chunk that was never written."""
+
+_BLOSC_SIZES = struct.Struct("<III")
+"""The three uint32 sizes of a blosc1 frame header (at byte 4): decoded, block and compressed bytes."""
+
+_blosc_decompress = numcodecs.blosc.decompress
+
+
+class _CheckedBlosc:
+    """Blosc decoding that first checks the frame's own sizes against the payload.
+
+    c-blosc trusts the compressed size written in the frame header, so a truncated frame would make
+    it read past the end of the buffer; the check turns that into a clean error. The header is read
+    with :func:`struct.unpack_from` and the frame handed to numcodecs' ``decompress`` directly: per
+    small chunk, numpy views and the codec wrapper cost as much as the decompression itself.
+    """
+
+    def decode(self, buf: Any, out: Any = None) -> Any:
+        size = buf.nbytes if isinstance(buf, (np.ndarray, memoryview)) else len(buf)
+        if size < 16:
+            raise ChunkDecodeError(f"blosc frame of {size} bytes is shorter than its 16-byte header")
+        # Blosc1 header: version, versionlz, flags, typesize, then uint32 nbytes, blocksize, cbytes.
+        nbytes, _, cbytes = _BLOSC_SIZES.unpack_from(buf, 4)
+        if cbytes != size:
+            raise ChunkDecodeError(f"blosc frame says {cbytes} compressed bytes but the payload has {size}")
+        if out is not None and nbytes != out.nbytes:
+            raise ChunkDecodeError(f"blosc frame decodes to {nbytes} bytes, expected {out.nbytes}")
+        return _blosc_decompress(buf, out)
+
+
+def _compressor(codec: Any) -> Any:
+    """numcodecs decoder for one zarr v3 bytes-to-bytes codec (``None`` for crc32c, handled apart)."""
+    if isinstance(codec, ZstdCodec):
+        return numcodecs.Zstd()
+    if isinstance(codec, BloscCodec):
+        return _CheckedBlosc()
+    if isinstance(codec, GzipCodec):
+        return numcodecs.GZip()
+    raise UnsupportedCodecError(f"codec {type(codec).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Chain:
+    """A ``bytes`` serializer followed by bytes-to-bytes codecs, decoded in reverse order."""
+
+    stored_dtype: np.dtype[Any]
+    steps: tuple[Any, ...]  # numcodecs decoders, or "crc32c", in *encoding* order
+    decoders: tuple[Any, ...] = field(init=False, repr=False, compare=False)  # ``steps`` reversed, once
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decoders", tuple(reversed(self.steps)))
+
+    @classmethod
+    def from_codecs(cls, codecs: tuple[Any, ...], dtype: np.dtype[Any]) -> _Chain:
+        if not codecs or not isinstance(codecs[0], BytesCodec):
+            raise UnsupportedCodecError("first codec is not 'bytes'")
+        endian = codecs[0].endian
+        stored = dtype.newbyteorder("<" if endian is None or endian.value == "little" else ">")
+        steps = tuple("crc32c" if isinstance(codec, Crc32cCodec) else _compressor(codec) for codec in codecs[1:])
+        return cls(stored_dtype=stored, steps=steps)
+
+    def decode(self, payload: Any, shape: tuple[int, ...], out: NDArray[Any] | None) -> NDArray[Any]:
+        """Decode ``payload`` into an array of ``shape``; into ``out`` (C-contiguous, native) when given.
+
+        When the last codec is blosc and ``out`` has the expected size, the frame is decoded straight
+        into ``out`` and ``out`` returned without further views (the common case for small inner
+        chunks); other codecs decode into a buffer of their own, whose size is checked, then copied.
+        """
+        data: Any = payload
+        decoders = self.decoders
+        last = len(decoders) - 1
+        expected = math.prod(shape) * self.stored_dtype.itemsize
+        for pos, step in enumerate(decoders):
+            if isinstance(step, str):  # crc32c: the last 4 bytes are the checksum of the rest
+                raw = np.frombuffer(data, dtype=np.uint8)
+                if raw.size < 4:
+                    raise ChunkDecodeError("payload shorter than its crc32c checksum")
+                if google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:].tobytes(), "little"):
+                    raise ChunkDecodeError("crc32c checksum mismatch")
+                data = raw[:-4]  # the view, not a copy
+            elif pos == last and out is not None and self.stored_dtype == out.dtype and isinstance(step, _CheckedBlosc):
+                # Only blosc decodes straight into ``out``: its frame header says how many bytes it holds,
+                # checked against ``out``. numcodecs' zstd and gzip fill a larger ``out`` only in part
+                # and say nothing, which would leave rows of uninitialised memory in the block.
+                data = step.decode(data, out=out)
+                if data is out and out.nbytes == expected:
+                    return out
+            else:
+                data = step.decode(data)
+        raw = data.reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
+        if raw.size != expected:
+            raise ChunkDecodeError(f"decoded {raw.size} bytes, expected {expected} for chunk shape {shape}")
+        arr = raw.view(self.stored_dtype).reshape(shape)
+        if not self.stored_dtype.isnative:
+            arr = arr.astype(self.stored_dtype.newbyteorder("="))
+        if out is None:
+            return arr
+        if arr.ctypes.data != out.ctypes.data:
+            out[...] = arr
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkLocation:
+    """Where one inner chunk's bytes live: a whole stored object, or a byte range inside a shard."""
+
+    key: str  # the object holding the bytes: the chunk itself, or its shard
+    inner_index: int = 0  # for sharded arrays, the flat index of the inner chunk inside its shard
+
+
+class ArrayCodec:
+    """Chunk addressing and decoding for one zarr v3 array, built once from its metadata.
+
+    The read unit is an *inner* chunk (for sharded arrays, a chunk inside a shard). A *row block* is the
+    set of chunks sharing a first chunk coordinate: rows ``[b * block_rows, (b + 1) * block_rows)`` with
+    every trailing dim whole, which is what the reader caches.
+    """
+
+    def __init__(self, *, name: str, path: str, metadata: Any, complete: bool = False) -> None:
+        self.name = name
+        self.path = path
+        self.complete = complete  # the store promises every chunk: a missing one is an error, not fill
+        self.shape: tuple[int, ...] = tuple(int(s) for s in metadata.shape)
+        self.dtype: np.dtype[Any] = np.dtype(metadata.dtype.to_native_dtype()).newbyteorder("=")
+        self.fill_value = metadata.fill_value
+        self._key_encoding = metadata.chunk_key_encoding
+        grid_shape = tuple(int(s) for s in metadata.chunk_grid.chunk_shape)
+        codecs = tuple(metadata.codecs)
+        self.sharded = len(codecs) == 1 and isinstance(codecs[0], ShardingCodec)
+        if self.sharded:
+            sharding: ShardingCodec = codecs[0]
+            self.chunk_shape = tuple(int(s) for s in sharding.chunk_shape)
+            self.shard_shape = grid_shape
+            self._chain = _Chain.from_codecs(tuple(sharding.codecs), self.dtype)
+            index_codecs = tuple(sharding.index_codecs)
+            self._index_chain = _Chain.from_codecs(index_codecs, np.dtype(np.uint64))
+            self.chunks_per_shard = tuple(s // c for s, c in zip(self.shard_shape, self.chunk_shape, strict=True))
+            n_inner = math.prod(self.chunks_per_shard)
+            checksum = sum(4 for c in index_codecs[1:] if isinstance(c, Crc32cCodec))
+            if any(not isinstance(c, (BytesCodec, Crc32cCodec)) for c in index_codecs):
+                raise UnsupportedCodecError("compressed shard index")
+            self.index_nbytes = 16 * n_inner + checksum
+            self.index_at_end = sharding.index_location.value == "end"
+        else:
+            self.chunk_shape = grid_shape
+            self.shard_shape = grid_shape
+            self._chain = _Chain.from_codecs(codecs, self.dtype)
+            self.chunks_per_shard = tuple(1 for _ in grid_shape)
+            self.index_nbytes = 0
+            self.index_at_end = True
+        if any(s == 0 for s in self.chunk_shape):
+            raise UnsupportedCodecError("zero-sized chunk shape")
+        self.block_rows = self.chunk_shape[0] if self.shape else 1
+        trailing = self.shape[1:]
+        self.trailing_grid = tuple(math.ceil(s / c) for s, c in zip(trailing, self.chunk_shape[1:], strict=True))
+        self.row_nbytes = int(math.prod(trailing)) * self.dtype.itemsize
+        self._whole_rows = all(g == 1 for g in self.trailing_grid)
+        # A row block is exactly one chunk (trailing dims whole and equal to the array's): decoded in place.
+        self._one_chunk = self._whole_rows and self.chunk_shape[1:] == self.shape[1:]
+        self._zeros = tuple(0 for _ in self.trailing_grid)
+        self._row_keys: dict[int, str] = {}  # object key by first chunk coordinate (whole-row chunks)
+
+    # -- addressing ---------------------------------------------------------------------------------
+    @property
+    def n_blocks(self) -> int:
+        """Number of row blocks along dim 0."""
+        return math.ceil(self.shape[0] / self.block_rows) if self.shape else 0
+
+    def block_shape(self, block: int) -> tuple[int, ...]:
+        """Shape of row block ``block`` clipped to the array (the last block may be short)."""
+        rows = min(self.block_rows, self.shape[0] - block * self.block_rows)
+        return (rows, *self.shape[1:])
+
+    def _key(self, coords: tuple[int, ...]) -> str:
+        return f"{self.path}/{self._key_encoding.encode_chunk_key(coords)}"
+
+    def chunks_of_block(self, block: int) -> list[tuple[tuple[int, ...], ChunkLocation]]:
+        """Every inner chunk of row block ``block``: its chunk coordinates and where its bytes live."""
+        if self._whole_rows:  # trailing dims whole (what the writer makes): one chunk per block
+            coords = (block, *self._zeros)
+            first = block // self.chunks_per_shard[0] if self.sharded else block
+            key = self._row_keys.get(first)
+            if key is None:
+                key = self._row_keys.setdefault(first, self._key((first, *self._zeros)))
+            return [(coords, ChunkLocation(key=key, inner_index=block % self.chunks_per_shard[0]))]
+        result: list[tuple[tuple[int, ...], ChunkLocation]] = []
+        for trailing in np.ndindex(*self.trailing_grid) if self.trailing_grid else [()]:
+            coords = (block, *trailing)
+            if not self.sharded:
+                result.append((coords, ChunkLocation(key=self._key(coords))))
+                continue
+            shard = tuple(c // n for c, n in zip(coords, self.chunks_per_shard, strict=True))
+            inner = tuple(c % n for c, n in zip(coords, self.chunks_per_shard, strict=True))
+            flat = int(np.ravel_multi_index(inner, self.chunks_per_shard))
+            key = self._key(shard)
+            result.append((coords, ChunkLocation(key=key, inner_index=flat)))
+        return result
+
+    def shard_key(self, first: int) -> str:
+        """Key of the object holding row blocks ``first * chunks_per_shard[0] ...`` (a chunk, or a shard)."""
+        key = self._row_keys.get(first)
+        if key is None:
+            key = self._row_keys.setdefault(first, self._key((first, *self._zeros)))
+        return key
+
+    @property
+    def stored_dtype(self) -> np.dtype[Any]:
+        """The dtype of the stored bytes (its byte order as written)."""
+        return self._chain.stored_dtype
+
+    @property
+    def uncompressed(self) -> bool:
+        """Whether chunks are raw rows: the ``bytes`` serializer, at most followed by ``crc32c``."""
+        return all(isinstance(step, str) for step in self._chain.steps)
+
+    @property
+    def chunk_checksum(self) -> bool:
+        """Whether each (inner) chunk ends with a ``crc32c`` checksum."""
+        return "crc32c" in self._chain.steps
+
+    # -- decoding -----------------------------------------------------------------------------------
+    def parse_shard_index(self, key: str, payload: Any) -> NDArray[np.uint64]:
+        """Decode a shard index read from the end (or start) of shard ``key``: ``[n_inner, 2]`` offsets/lengths."""
+        try:
+            index = self._index_chain.decode(payload, (math.prod(self.chunks_per_shard), 2), None)
+        except Exception as err:  # numcodecs raises several types; all mean corrupt bytes
+            raise ChunkDecodeError(
+                f"Array {self.name!r}: shard index of {key!r} is corrupt: {err}", array=self.name, chunk=key
+            ) from err
+        offsets, lengths = index[:, 0], index[:, 1]
+        written = (offsets != MISSING_CHUNK) | (lengths != MISSING_CHUNK)
+        limit = np.uint64(1 << 62)  # no file is this large; larger entries would overflow offset arithmetic
+        bad = written & ((offsets >= limit) | (lengths >= limit))
+        if bad.any():
+            at = int(np.argmax(bad))
+            raise ChunkDecodeError(
+                f"Array {self.name!r}: shard index of {key!r} is corrupt: inner chunk {at} has offset "
+                f"{int(offsets[at])} and length {int(lengths[at])}",
+                array=self.name, chunk=key,
+            )  # fmt: skip
+        return index
+
+    def missing_index(self) -> NDArray[np.uint64]:
+        """Shard index of a shard that does not exist: every inner chunk missing."""
+        return np.full((math.prod(self.chunks_per_shard), 2), MISSING_CHUNK, dtype=np.uint64)
+
+    def shard_payload_range(self, index: NDArray[np.uint64], inner: int) -> tuple[int, int] | None:
+        """Byte range ``(start, stop)`` of inner chunk ``inner``, or ``None`` if it was never written.
+
+        A range past the end of the shard reads short, and the decoder then reports the chunk as
+        truncated.
+        """
+        offset, nbytes = int(index[inner, 0]), int(index[inner, 1])
+        if offset == MISSING_CHUNK and nbytes == MISSING_CHUNK:
+            return None
+        return offset, offset + nbytes
+
+    def decode_block(self, block: int, payloads: list[Any | None], keys: list[str]) -> NDArray[Any]:
+        """Assemble row block ``block`` from its inner chunks' payloads (``None`` = never written).
+
+        Returns a new, read-only array of :meth:`block_shape`.
+        """
+        if self._one_chunk and (block + 1) * self.block_rows <= self.shape[0]:  # a full block: one chunk
+            out = np.empty(self.chunk_shape, dtype=self.dtype)
+            self._decode_one(payloads[0], keys[0], self.chunk_shape, out)  # straight into the block
+            out.flags.writeable = False
+            return out
+        shape = self.block_shape(block)
+        out = np.empty(shape, dtype=self.dtype)
+        if self._one_chunk and shape[0] == self.chunk_shape[0]:
+            self._decode_one(payloads[0], keys[0], tuple(self.chunk_shape), out)
+        else:
+            for (coords, _), payload, key in zip(self.chunks_of_block(block), payloads, keys, strict=True):
+                chunk = self._decode_one(payload, key, tuple(self.chunk_shape), None)
+                dst = tuple(
+                    slice(c * n, min((c + 1) * n, s))
+                    for c, n, s in zip(coords[1:], self.chunk_shape[1:], self.shape[1:], strict=True)
+                )
+                src = (slice(0, shape[0]), *(slice(0, d.stop - d.start) for d in dst))
+                out[(slice(None), *dst)] = chunk[src]
+        out.flags.writeable = False
+        return out
+
+    def _decode_one(
+        self, payload: Any | None, key: str, shape: tuple[int, ...], out: NDArray[Any] | None
+    ) -> NDArray[Any]:
+        if payload is None:
+            if self.complete:
+                raise ChunkDecodeError(
+                    f"Array {self.name!r}: chunk {key!r} is missing, but the store promises that every chunk "
+                    f"was written (a deleted or lost file); it would read as the fill value {np.asarray(self.fill_value).item()!r}",
+                    array=self.name, chunk=key,
+                )  # fmt: skip
+            if out is None:
+                return np.full(shape, self.fill_value, dtype=self.dtype)
+            out[...] = self.fill_value
+            return out
+        try:
+            return self._chain.decode(payload, shape, out)
+        except Exception as err:  # numcodecs raises several types; all mean corrupt or truncated bytes
+            raise ChunkDecodeError(
+                f"Array {self.name!r}: chunk {key!r} could not be decoded: {err}", array=self.name, chunk=key
+            ) from err
+
+
+BlockPayloads = tuple[list[Any | None], list[str]]
+"""What :func:`fetch_blocks` gives per row block: each inner chunk's bytes (``None``: not stored) and key."""
+
+BlockRequests = tuple[list[ByteRequest | None], list[str]]
+"""What :func:`block_requests` gives per row block: each inner chunk's read (``None``: not stored) and key."""
+
+
+def _locations(codec: ArrayCodec, block: int) -> list[tuple[str, int]]:
+    """``(object key, inner index)`` of every inner chunk of a row block (one, built directly, when whole-row)."""
+    if codec._whole_rows:
+        per_shard = codec.chunks_per_shard[0]
+        first = block // per_shard if codec.sharded else block
+        key = codec._row_keys.get(first)
+        if key is None:
+            key = codec._row_keys.setdefault(first, codec._key((first, *codec._zeros)))
+        return [(key, block % per_shard)]
+    return [(loc.key, loc.inner_index) for _, loc in codec.chunks_of_block(block)]
+
+
+def load_shard_indexes(
+    fetcher: ByteFetcher,
+    shards: Sequence[tuple[ArrayCodec, str]],
+    shard_indexes: dict[tuple[str, str], NDArray[np.uint64]],
+) -> None:
+    """Fetch, in one batch, and parse the indexes of the ``(array, shard key)`` pairs not in ``shard_indexes``.
+
+    A shard that was never written gets an index of missing inner chunks.
+
+    Raises
+    ------
+    ChunkDecodeError
+        If a shard index is corrupt.
+    """
+    wanted: dict[tuple[str, str], tuple[ArrayCodec, ByteRequest]] = {}
+    for codec, key in shards:
+        ikey = (codec.name, key)
+        if ikey not in shard_indexes and ikey not in wanted:
+            request = (
+                ByteRequest(key, suffix=codec.index_nbytes)
+                if codec.index_at_end
+                else ByteRequest(key, start=0, stop=codec.index_nbytes)
+            )
+            wanted[ikey] = (codec, request)
+    if not wanted:
+        return
+    raw = fetcher.fetch([request for _, request in wanted.values()])
+    for (ikey, (codec, _)), payload in zip(wanted.items(), raw, strict=True):
+        shard_indexes[ikey] = codec.missing_index() if payload is None else codec.parse_shard_index(ikey[1], payload)
+
+
+def block_requests(
+    fetcher: ByteFetcher,
+    blocks: Sequence[tuple[ArrayCodec, int]],
+    shard_indexes: dict[tuple[str, str], NDArray[np.uint64]],
+) -> list[BlockRequests]:
+    """The reads of every chunk payload of the given row blocks, fetching the shard indexes they need.
+
+    ``shard_indexes`` caches the shard indexes already read, by ``(array name, shard key)``; the
+    missing ones are fetched together in one batch and added. Requests of consecutive inner chunks
+    of a shard come out as adjacent byte ranges, which a local fetcher reads with one ``pread``.
+
+    Raises
+    ------
+    ChunkDecodeError
+        If a shard index is corrupt.
+    """
+    locations = [_locations(codec, block) for codec, block in blocks]
+    load_shard_indexes(
+        fetcher,
+        [(codec, key) for (codec, _), locs in zip(blocks, locations, strict=True) if codec.sharded for key, _ in locs],
+        shard_indexes,
+    )
+    # Each shard's index is read once per call for just the inner chunks wanted (one numpy take per
+    # shard): converting a whole 1,024-entry index to Python ints per call cost more than the decoding.
+    wanted: dict[tuple[str, str], list[int]] = {}
+    for (codec, _), locs in zip(blocks, locations, strict=True):
+        if codec.sharded:
+            for key, inner in locs:
+                wanted.setdefault((codec.name, key), []).append(inner)
+    entries: dict[tuple[str, str], Iterator[list[int]]] = {
+        ikey: iter(shard_indexes[ikey][np.asarray(inners, dtype=np.intp)].tolist()) for ikey, inners in wanted.items()
+    }
+    result: list[BlockRequests] = []
+    for (codec, _), locs in zip(blocks, locations, strict=True):
+        keys = [key for key, _ in locs]
+        if not codec.sharded:
+            result.append(([ByteRequest(key) for key in keys], keys))
+            continue
+        requests: list[ByteRequest | None] = []
+        for key, _ in locs:
+            offset, nbytes = next(entries[(codec.name, key)])
+            missing = offset == MISSING_CHUNK and nbytes == MISSING_CHUNK
+            requests.append(None if missing else ByteRequest(key, offset, offset + nbytes))
+        result.append((requests, keys))
+    return result
+
+
+def read_blocks(fetcher: ByteFetcher, wanted: Sequence[BlockRequests]) -> tuple[list[BlockPayloads], int]:
+    """Fetch the requests of :func:`block_requests` in one batch: payloads per block, and how many were read."""
+    present = [r for requests, _ in wanted for r in requests if r is not None]
+    fetched = iter(fetcher.fetch(present))
+    result: list[BlockPayloads] = [
+        ([None if r is None else next(fetched) for r in requests], keys) for requests, keys in wanted
+    ]
+    return result, len(present)
+
+
+def fetch_blocks(
+    fetcher: ByteFetcher,
+    blocks: Sequence[tuple[ArrayCodec, int]],
+    shard_indexes: dict[tuple[str, str], NDArray[np.uint64]],
+) -> tuple[list[BlockPayloads], int]:
+    """Fetch every chunk payload of the given row blocks in one concurrent batch (two for shards).
+
+    ``shard_indexes`` caches the shard indexes already read (see :func:`block_requests`). Returns the
+    payloads per block and the number of chunk payloads fetched.
+
+    Raises
+    ------
+    ChunkDecodeError
+        If a shard index is corrupt.
+    """
+    return read_blocks(fetcher, block_requests(fetcher, blocks, shard_indexes))

@@ -1,0 +1,288 @@
+"""Open-time checks of a store: the cheap invariants, with errors that name the array and the problem.
+
+Everything here reads only metadata plus the pointer arrays and ``samples_mask`` (one int64 and one
+bool per sample), so opening a large store stays fast. Chunk contents are checked lazily, when the
+reader decodes them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from zarr.errors import BaseZarrError
+
+from dali_alchemi.errors import StoreFormatError, UnsupportedCodecError
+from dali_alchemi.store.format import layout
+from dali_alchemi.store.format.journal import AS_IS, ReadView
+from dali_alchemi.store.format.location import open_group, root_groups
+from dali_alchemi.store.read.codecs import ArrayCodec, fetch_blocks
+from dali_alchemi.store.read.fetch import StoreFetcher
+from dali_alchemi.types import PerLevel
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from dali_alchemi.store.format.location import StoreLocation
+    from dali_alchemi.types import Level
+
+
+@dataclass(frozen=True, slots=True)
+class MetaInfo:
+    """What the ``meta`` group and root attributes say: pointers, mask and schema, all checked."""
+
+    schema: layout.StoreSchema
+    atoms_ptr: NDArray[np.int64]
+    edges_ptr: NDArray[np.int64]
+    samples_mask: NDArray[np.bool_]
+    groups: frozenset[str]
+    growing: bool = False  # an append is in progress: data arrays may be longer than the pointers say
+    integrity: layout.Integrity = field(default_factory=layout.Integrity)  # what the store promises of its chunks
+
+    @property
+    def n_physical(self) -> int:
+        """Physical samples (soft-deleted ones included)."""
+        return int(self.samples_mask.size)
+
+    @property
+    def rows(self) -> PerLevel[int]:
+        """Rows of each level the pointers and mask account for (deleted samples included)."""
+        return PerLevel(atom=int(self.atoms_ptr[-1]), edge=int(self.edges_ptr[-1]), system=self.n_physical)
+
+
+NOT_A_STORE_NEXT_STEP = (
+    "To make a store from files ASE reads: dali-alchemi convert INPUT... OUT.zarr "
+    "(or a synthetic one: dali-alchemi synth OUT.zarr)"
+)
+"""What an error about a path that holds no store suggests doing next."""
+
+
+def open_root(loc: StoreLocation) -> Any:
+    """Open the store's root group read-only; not a zarr v3 group -> :class:`StoreFormatError`."""
+    try:
+        root = open_group(loc, mode="r")
+    except (BaseZarrError, FileNotFoundError, KeyError, ValueError, TypeError) as err:
+        raise StoreFormatError(
+            f"Store {loc.display} is not a zarr group: its zarr.json is unreadable: {type(err).__name__}: {err}. "
+            f"{NOT_A_STORE_NEXT_STEP}"
+        ) from err
+    version = root.metadata.zarr_format
+    if version != 3:
+        raise StoreFormatError(f"Store {loc.display} is zarr format {version}; expected zarr format 3")
+    return root
+
+
+def _read_meta_array(meta: Any, name: str, store: str) -> Any:
+    try:
+        return meta[name]
+    except KeyError as err:
+        raise StoreFormatError(f"Store {store}: missing array meta/{name}") from err
+
+
+def _read_prefix(arr: Any, rows: int, name: str, store: str, complete: bool = False) -> NDArray[Any]:
+    """The first ``rows`` entries of a meta array; any failure to decode them means corrupt bytes.
+
+    In a store that promises every chunk (``complete``) they are read through the chunk decoder, which
+    refuses a missing chunk (zarr would return the fill value: a lost ``samples_mask`` chunk would read
+    as deleted samples) and checks crc32c checksums.
+    """
+    if complete and rows:
+        try:
+            codec = ArrayCodec(name=f"meta/{name}", path=arr.store_path.path, metadata=arr.metadata, complete=True)
+        except UnsupportedCodecError:
+            codec = None
+        if codec is not None:
+            blocks = [(codec, b) for b in range(-(-rows // codec.block_rows))]
+            payloads, _ = fetch_blocks(StoreFetcher(arr.store_path.store), blocks, {})
+            parts = [codec.decode_block(b, *p) for (_, b), p in zip(blocks, payloads, strict=True)]
+            return np.concatenate(parts)[:rows]
+    try:
+        return np.asarray(arr[:rows])
+    except Exception as err:  # codecs raise many types; all mean the stored bytes are unusable
+        raise StoreFormatError(f"Store {store}: meta/{name} could not be read: {type(err).__name__}: {err}") from err
+
+
+def _check_pointer(ptr: NDArray[Any], name: str, n: int, store: str) -> NDArray[np.int64]:
+    if ptr.ndim != 1 or ptr.size != n + 1:
+        raise StoreFormatError(
+            f"Store {store}: meta/{name} has shape {ptr.shape}; expected ({n + 1},) for {n} samples in samples_mask"
+        )
+    if not np.issubdtype(ptr.dtype, np.integer):
+        raise StoreFormatError(f"Store {store}: meta/{name} has dtype {ptr.dtype}; expected an integer pointer")
+    ptr = ptr.astype(np.int64, copy=False)
+    if ptr[0] != 0:
+        raise StoreFormatError(f"Store {store}: meta/{name} starts at {int(ptr[0])}; expected 0")
+    steps = np.diff(ptr)
+    if (steps < 0).any():
+        at = int(np.argmax(steps < 0))
+        raise StoreFormatError(
+            f"Store {store}: meta/{name} is not monotonic: entry {at + 1} ({int(ptr[at + 1])}) < entry {at} ({int(ptr[at])})"
+        )
+    return ptr
+
+
+def _check_meta_sizes(n: int, store: str) -> None:
+    """Refuse meta arrays that could not be read into memory, before reading them."""
+    needed = 2 * 8 * (n + 1) + n
+    budget = memory_budget()
+    if needed > budget:
+        raise StoreFormatError(
+            f"Store {store}: meta/samples_mask claims {n:,} samples, so the pointers and mask need "
+            f"{needed / 2**30:,.1f} GiB, more than half of this machine's memory ({budget / 2**30:,.1f} GiB)"
+        )
+
+
+FALLBACK_MEMORY_BUDGET = 8 << 30
+"""The read budget where the machine's memory cannot be queried."""
+
+
+def memory_budget() -> int:
+    """Half of this machine's physical memory, in bytes: the most one read may allocate."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):
+        return FALLBACK_MEMORY_BUDGET
+
+
+def check_meta(root: Any, *, store: str, view: ReadView = AS_IS) -> MetaInfo:
+    """Check groups, root attributes, pointers and masks; return the pointers and mask as numpy arrays.
+
+    ``view`` says how to read a store with an unfinished operation
+    (:func:`~dali_alchemi.store.format.journal.interpret`): during an append the meta arrays may already be
+    longer than the old state they are read at (``view.rows``); during a delete, ``view.deleted``
+    samples are read as deleted.
+    """
+    groups = frozenset(root_groups(root))
+    for required in (layout.META_GROUP, layout.CORE_GROUP):
+        if required not in groups:
+            raise StoreFormatError(f"Store {store} is missing the {required!r} group")
+    attributes = root.attrs.asdict()
+    schema = layout.parse_schema(attributes, store=store)
+    integrity = layout.parse_integrity(attributes, store=store)
+    complete = integrity.complete_chunks
+    meta = root[layout.META_GROUP]
+    arrays = {name: _read_meta_array(meta, name, store) for name in layout.META_ARRAYS}
+    mask_arr = arrays[layout.SAMPLES_MASK]
+    if len(mask_arr.shape) != 1:
+        raise StoreFormatError(f"Store {store}: meta/samples_mask has shape {mask_arr.shape}; expected 1-D")
+    if mask_arr.dtype != np.bool_:
+        raise StoreFormatError(f"Store {store}: meta/samples_mask has dtype {mask_arr.dtype}; expected bool")
+    appending = view.rows is not None
+    n = view.rows.system if view.rows is not None else int(mask_arr.shape[0])
+    if appending and mask_arr.shape[0] < n:
+        raise StoreFormatError(
+            f"Store {store}: meta/samples_mask has {mask_arr.shape[0]} entries; the write journal says {n}"
+        )
+    for name in (layout.ATOMS_PTR, layout.EDGES_PTR):
+        rows = int(arrays[name].shape[0]) if len(arrays[name].shape) == 1 else -1
+        if rows != n + 1 and not (appending and rows > n):
+            raise StoreFormatError(
+                f"Store {store}: meta/{name} has shape {tuple(arrays[name].shape)}; "
+                f"expected ({n + 1},) for {n} samples in samples_mask"
+            )
+    _check_meta_sizes(n, store)
+    samples_mask = np.asarray(_read_prefix(mask_arr, n, layout.SAMPLES_MASK, store, complete), dtype=np.bool_)
+    atoms_ptr = _check_pointer(
+        _read_prefix(arrays[layout.ATOMS_PTR], n + 1, layout.ATOMS_PTR, store, complete), layout.ATOMS_PTR, n, store
+    )
+    edges_ptr = _check_pointer(
+        _read_prefix(arrays[layout.EDGES_PTR], n + 1, layout.EDGES_PTR, store, complete), layout.EDGES_PTR, n, store
+    )
+    for mask_name, ptr, what in ((layout.ATOMS_MASK, atoms_ptr, "atoms"), (layout.EDGES_MASK, edges_ptr, "edges")):
+        shape = tuple(arrays[mask_name].shape)
+        if shape != (int(ptr[-1]),) and not (appending and len(shape) == 1 and shape[0] >= int(ptr[-1])):
+            raise StoreFormatError(
+                f"Store {store}: meta/{mask_name} has shape {shape}; expected ({int(ptr[-1])},) for the {what} in the pointers"
+            )
+    if view.rows is not None and (int(atoms_ptr[-1]), int(edges_ptr[-1])) != (view.rows.atom, view.rows.edge):
+        raise StoreFormatError(f"Store {store}: the pointers disagree with the write journal of an unfinished append")
+    if not appending and schema.num_samples not in (-1, n):
+        raise StoreFormatError(
+            f"Store {store}: root attribute num_samples is {schema.num_samples} but meta/samples_mask has {n} entries"
+        )
+    if view.deleted:
+        doomed = np.asarray(view.deleted, dtype=np.int64)
+        samples_mask[doomed[(doomed >= 0) & (doomed < n)]] = False
+    return MetaInfo(
+        schema=schema, atoms_ptr=atoms_ptr, edges_ptr=edges_ptr, samples_mask=samples_mask, groups=groups,
+        growing=appending, integrity=integrity,
+    )  # fmt: skip
+
+
+def check_every_array_known(root: Any, meta: MetaInfo, *, store: str) -> None:
+    """Refuse to change a store holding arrays this version cannot interpret (a newer writer's levels).
+
+    An operation that keeps every array consistent with the pointers could not extend, zero or copy them.
+    """
+    unknown = sorted(meta.schema.unknown_levels)
+    for group in (layout.CORE_GROUP, layout.CUSTOM_GROUP):
+        if group in meta.groups:
+            unknown += [
+                key for key in (f"{group}/{name}" for name in root[group].array_keys() if name not in meta.schema.field_levels)
+                if key not in meta.schema.unknown_levels
+            ]  # fmt: skip
+    if unknown:
+        raise StoreFormatError(
+            f"Store {store} holds arrays this version cannot interpret ({', '.join(unknown)}: levels of a newer "
+            f"writer, or none recorded); it reads such a store but does not change it"
+        )
+
+
+ROW_SOURCES = PerLevel(atom="atoms (atoms_ptr[-1])", edge="edges (edges_ptr[-1])", system="samples (samples_mask)")
+"""What fixes the row count of each level, as error messages name it."""
+
+
+def check_data_array(
+    arr: Any,
+    *,
+    name: str,
+    group: str,
+    recorded: dict[str, Level],
+    expected_rows: PerLevel[int],
+    store: str,
+    growing: bool = False,
+) -> Level:
+    """Check one core/custom array against its level and the pointers; return its level."""
+    level = recorded.get(name) or layout.default_level(name)
+    if level is None:
+        raise StoreFormatError(
+            f"Store {store}: array {group}/{name} has no level in the 'fields' attribute and is not a known AtomicData field"
+        )
+    shape = tuple(arr.shape)
+    if not shape:
+        raise StoreFormatError(f"Store {store}: array {group}/{name} is 0-dimensional; expected one row per {level}")
+    if shape[0] != expected_rows[level] and not (growing and shape[0] > expected_rows[level]):
+        what = ROW_SOURCES[level]
+        raise StoreFormatError(
+            f"Store {store}: array {group}/{name} has {shape[0]} rows; expected {expected_rows[level]} {what}"
+        )
+    problem = layout.field_array_problem(name, arr.dtype, shape)
+    if problem is not None:
+        raise StoreFormatError(f"Store {store}: array {group}/{name} {problem}")
+    return level
+
+
+def check_chunk_size(arr: Any, *, name: str, store: str) -> None:
+    """Refuse an array whose chunks (or shard index) could not be decoded into memory."""
+    chunk_shape = tuple(int(c) for c in arr.chunks)
+    itemsize = np.dtype(arr.dtype).itemsize
+    chunk_bytes = itemsize
+    for extent in chunk_shape:
+        chunk_bytes *= extent
+    budget = memory_budget()
+    if chunk_bytes > budget:
+        raise StoreFormatError(
+            f"Store {store}: array {name} has chunks of shape {chunk_shape} ({chunk_bytes / 2**30:,.1f} GiB each), "
+            f"more than half of this machine's memory"
+        )
+    shards = getattr(arr, "shards", None)
+    if shards is not None:
+        inner = 1
+        for shard, chunk in zip(shards, chunk_shape, strict=True):
+            inner *= max(1, int(shard) // max(1, chunk))
+        if 16 * inner > budget:
+            raise StoreFormatError(
+                f"Store {store}: array {name} claims {inner:,} chunks per shard; its index cannot be read"
+            )

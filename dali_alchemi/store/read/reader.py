@@ -1,0 +1,598 @@
+"""AtomicDataZarrReader: nvalchemi-compatible random access with a packed, chunk-aware fast path.
+
+The reader opens a store as one consistent :class:`~dali_alchemi.store.read.snapshot.Snapshot` (pointers,
+masks, levels and one decoder per array, checked against the store's cheap invariants) and reads
+through a :class:`~dali_alchemi.store.read.engine.BlockEngine`. :meth:`read_packed` reads a window of
+samples with no Python loop per sample: every row block the window needs is fetched and decoded at
+most once (concurrently, through a byte-bounded cache shared across calls) and scattered into one flat
+array per field. :meth:`read` and :meth:`read_many` are built on it and return what nvalchemi 0.2.0's
+reader returns. The reader does no prefetching, no ordering and no device transfers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from zarr.storage import MemoryStore
+
+from dali_alchemi import csr
+from dali_alchemi.config import FetchConfig
+from dali_alchemi.errors import (
+    ConfigError,
+    DeviceError,
+    ReaderClosedError,
+    ReadTooLargeError,
+    StoreChangedError,
+    StoreFormatError,
+    StoreSchemaWarning,
+    UnknownFieldError,
+)
+from dali_alchemi.store.format import layout
+from dali_alchemi.store.format.generation import read_token
+from dali_alchemi.store.format.indices import checked_indices
+from dali_alchemi.store.format.location import StoreLike, StoreLocation, resolve_store
+from dali_alchemi.store.format.packed import PackedSamples
+from dali_alchemi.store.format.protocol import FieldSpec, PackedReader, as_field_names
+from dali_alchemi.store.read.cache import DEFAULT_CACHE_BYTES
+from dali_alchemi.store.read.engine import BlockEngine, ReadStats
+from dali_alchemi.store.read.open_checks import memory_budget
+from dali_alchemi.store.read.rows import IN_PLACE_SPAN_SIZE
+from dali_alchemi.store.read.shared import SharedBlocks
+from dali_alchemi.store.read.snapshot import (
+    Snapshot,
+    SnapshotIdentity,
+    identify,
+    incompatibility,
+    open_snapshot,
+    served_as,
+)
+from dali_alchemi.types import PerLevel
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from dali_alchemi.types import CountArray, IndexArray, Level
+
+logger = logging.getLogger(__name__)
+
+REFRESH_HINT = (
+    "Call refresh() on the reader to read the store as it is now (a MultiReader: open a new one over its "
+    "stores; a DALIDataLoader: build a new loader)"
+)
+"""What to do about a :class:`StoreChangedError`, as its messages say."""
+
+INDEX_PLAN_BYTES = 16
+"""Bytes of the row plan per atom or edge row of a read (a source and a destination int64)."""
+
+
+NOT_REBASED_HINT = (
+    "The likely cause: it was written by an append that did not re-base neighbor lists to store-global "
+    "indices (nvalchemi 0.2.0's append of a list, a Batch or a single AtomicData, and its dynamics ZarrData "
+    "sink, do this; its defragment moves rows without re-basing them). Fix: `dali-alchemi repair {store}` (--dry-run shows what changes; --out DIR writes a "
+    "repaired copy of a store you cannot write), or AtomicDataZarrWriter(store).repair()"
+)
+"""What the reader's out-of-range neighbor_list error adds: the usual cause, and the fix."""
+
+class AtomicDataZarrReader:
+    """Read samples of an nvalchemi 0.2.0 Zarr store.
+
+    Parameters
+    ----------
+    store
+        A local path, a URL fsspec understands (``memory://``, ``http://``, ``s3://``...), a zarr
+        ``Store``/``StorePath``, or a ``dict`` used as in-memory storage.
+    pin_memory
+        Return pinned tensors from :meth:`read`/:meth:`read_many` (one pinned copy per field per call).
+        Needs CUDA; raises ``RuntimeError`` at construction otherwise.
+    fields
+        Read only these fields (core or custom; one name, or several). ``None`` reads every array, as
+        nvalchemi does.
+    cache_bytes
+        Budget of the decoded-chunk cache shared by every array (default 1 GiB; 0 disables it).
+    num_threads
+        Threads that fetch and decode chunks (default: the core count, clamped to 2..8).
+    fetch
+        Concurrency, retries and back-off for stores reached over a network (see
+        :class:`~dali_alchemi.config.FetchConfig`); reads that keep failing raise ``RemoteReadError``.
+    storage_options
+        Passed to fsspec when ``store`` is a URL (credentials, ``endpoint_url`` for S3-compatible
+        servers, ...).
+    shared_cache
+        A folder (best on ``/dev/shm``) through which readers in several processes share decoded
+        chunks: a chunk one process decoded is mapped by the others instead of decoded again (see
+        :mod:`dali_alchemi.store.read.shared`). The loader sets one up for its worker processes.
+
+    Raises
+    ------
+    StoreNotFoundError
+        If a local path does not exist (also a ``FileNotFoundError``).
+    StoreFormatError
+        If the store is not a zarr v3 group or its layout is inconsistent (also a ``ValueError``).
+    """
+
+    def __init__(
+        self,
+        store: StoreLike,
+        *,
+        pin_memory: bool = False,
+        fields: str | Iterable[str] | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        num_threads: int | None = None,
+        fetch: FetchConfig | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        shared_cache: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if pin_memory and not torch.cuda.is_available():
+            raise DeviceError("pin_memory=True needs a CUDA build of torch and a visible GPU")
+        self._store_arg = store
+        self._options: dict[str, Any] = {
+            "pin_memory": pin_memory,
+            "fields": None if fields is None else as_field_names(fields),
+            "cache_bytes": cache_bytes,
+            "num_threads": num_threads,
+            "fetch": fetch,
+            "storage_options": None if storage_options is None else dict(storage_options),
+            "shared_cache": None if shared_cache is None else str(shared_cache),
+        }
+        self.pin_memory = pin_memory
+        # existence is checked in refresh(): an interrupted defragment may have moved the store aside
+        self._fetch = fetch or FetchConfig()
+        self._location: StoreLocation = resolve_store(
+            store, read_only=True, must_exist=False, fetch=self._fetch, storage_options=storage_options
+        )
+        self._engine = BlockEngine(
+            cache_bytes=cache_bytes,
+            num_threads=num_threads,
+            max_concurrency=self._fetch.max_concurrency,
+            shared=None if shared_cache is None else SharedBlocks(shared_cache),
+        )
+        self._closed = False
+        self._pid = os.getpid()
+        self._max_read_bytes = memory_budget()
+        self.refresh()
+
+    # -- opening ------------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Re-read pointers, masks, levels and array metadata, and drop cached chunks.
+
+        Call it after another writer appended, deleted or defragmented. Raises
+        :class:`ReaderClosedError` on a closed reader.
+        """
+        self._check_open()
+        snapshot = open_snapshot(self._location)
+        requested = self._options["fields"]
+        uninterpretable = [name for name in (requested or ()) if name in snapshot.skipped]
+        if uninterpretable:
+            raise StoreFormatError(snapshot.skipped[uninterpretable[0]])
+        if requested is None and snapshot.skipped:
+            skipped = sorted(snapshot.skipped)
+            message = f"Store {snapshot.location.display}: not reading {skipped}: their level is a newer writer's"
+            warnings.warn(message, StoreSchemaWarning, stacklevel=3)
+        if requested is not None:
+            unknown = sorted(set(requested) - set(snapshot.handles))
+            if unknown:
+                raise UnknownFieldError(
+                    f"Unknown fields {unknown} for store {snapshot.location.display}; "
+                    f"available: {sorted(snapshot.handles)}"
+                )
+            self._fields: tuple[str, ...] = tuple(requested)
+        else:
+            self._fields = tuple(snapshot.handles)
+        self._snapshot: Snapshot = snapshot
+        self._engine.attach(snapshot)
+        logger.info(
+            "opened %s: %d samples (%d physical), %d atoms, %d edges, %d arrays",
+            snapshot.location.display,
+            len(snapshot.active),
+            snapshot.n_physical,
+            int(snapshot.atoms_ptr[-1]),
+            int(snapshot.edges_ptr[-1]),
+            len(snapshot.handles),
+        )
+
+    def _check_open(self) -> None:
+        if getattr(self, "_closed", False):
+            raise ReaderClosedError("This AtomicDataZarrReader is closed; open a new one")
+
+    # -- sizes and names ----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Number of live samples (``True`` entries of ``samples_mask``)."""
+        return int(self._snapshot.active.size)
+
+    @property
+    def store(self) -> StoreLike:
+        """The store argument this reader was opened with."""
+        return self._store_arg
+
+    @property
+    def source(self) -> str:
+        """A display name of the store (its path or URL)."""
+        return self._location.display
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        """The fields this reader returns (all arrays, or the ``fields=`` selection), in store order."""
+        return self._fields
+
+    @property
+    def skipped_fields(self) -> dict[str, str]:
+        """Arrays this version cannot interpret (a newer writer's levels) and why; ``fields=[one]`` raises that."""
+        return dict(self._snapshot.skipped)
+
+    @property
+    def field_levels(self) -> dict[str, Level]:
+        """Level of every field the reader returns (custom wins on a name collision, as in nvalchemi)."""
+        handles = self._snapshot.handles
+        return {name: handles[name].level for name in self._fields}
+
+    @property
+    def atoms_ptr(self) -> NDArray[np.int64]:
+        """The store's ``[N + 1]`` atom pointer over *physical* samples (read-only view)."""
+        view = self._snapshot.atoms_ptr.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def edges_ptr(self) -> NDArray[np.int64]:
+        """The store's ``[N + 1]`` edge pointer over *physical* samples (read-only view)."""
+        view = self._snapshot.edges_ptr.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def field_specs(self) -> dict[str, FieldSpec]:
+        """Level, dtype and trailing shape of every field the reader returns, in its order."""
+        return {
+            name: FieldSpec(level=h.level, dtype=h.dtype, trailing=h.shape[1:])
+            for name, h in ((name, self._snapshot.handles[name]) for name in self._fields)
+        }
+
+    def normalize_indices(self, indices: int | Sequence[int] | NDArray[Any]) -> IndexArray:
+        """Logical indices as a non-negative int64 array; negatives count from the end.
+
+        Raises
+        ------
+        SampleIndexError
+            Naming the first out-of-range index as given (never wrapped around) and the reader's length.
+        TypeError
+            If the indices are not integers.
+        """
+        return checked_indices(indices, len(self), what="Index")
+
+    def sample_sizes(self, indices: int | Sequence[int] | NDArray[Any]) -> tuple[CountArray, CountArray]:
+        """Atom and edge counts of logical samples, from the cached pointers (no array I/O)."""
+        snap = self._snapshot
+        physical = snap.active[self.normalize_indices(indices)]
+        return _counts(snap.atoms_ptr, physical), _counts(snap.edges_ptr, physical)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Budget of the decoded-chunk cache, in bytes."""
+        return int(self._options["cache_bytes"])
+
+    def decoded_block_bytes(self) -> dict[str, int]:
+        """Decoded bytes of one row block of each selected array that is read by decoding (not in place).
+
+        What one random structure costs per array on a store far larger than the cache: the block that
+        holds its rows is decoded whole. Metadata only, no I/O.
+        """
+        handles = [self._snapshot.handles[name] for name in self._fields]
+        return {
+            h.name: min(h.codec.block_rows, h.shape[0]) * h.codec.row_nbytes if h.codec is not None else int(h.array.nbytes)
+            for h in handles
+            if not self._engine.reads_in_place(h)
+        }
+
+    def sample_chunk_bounds(self) -> IndexArray:
+        """``[S + 1]`` logical sample offsets of spans aligned with the core per-atom arrays' chunks.
+
+        A span starts wherever a row block of any core atom-level array does (a sample straddling two
+        blocks goes with the first), so reading a span reads one block of each. Arrays read in place
+        (uncompressed, local) decode no chunk, so their chunks do not cut spans; when every core
+        atom-level array is read so, spans are :data:`~dali_alchemi.store.read.rows.IN_PLACE_SPAN_SIZE`
+        structures. Pointers only, no I/O.
+        """
+        snap = self._snapshot
+        atom_arrays = [
+            h for name, h in snap.handles.items() if h.level == "atom" and snap.schema.group_of(name) == layout.CORE_GROUP
+        ]
+        decoded = [h for h in atom_arrays if not self._engine.reads_in_place(h)]
+        rows = {h.codec.block_rows if h.codec is not None else int(h.array.chunks[0]) for h in decoded}
+        if atom_arrays and not decoded:
+            return np.append(np.arange(0, len(self), IN_PLACE_SPAN_SIZE, dtype=np.int64), np.int64(len(self)))
+        if not rows:  # no per-atom core array: every structure is its own span
+            return np.arange(len(self) + 1, dtype=np.int64)
+        starts = [csr.block_sample_starts(snap.atoms_ptr, r, snap.active) for r in sorted(rows)]
+        return np.unique(np.concatenate(starts))
+
+    def get_metadata(self, index: int) -> tuple[int, int]:
+        """``(num_atoms, num_edges)`` of one sample, as nvalchemi's reader returns it."""
+        atoms, edges = self.sample_sizes([index])
+        return int(atoms[0]), int(edges[0])
+
+    # -- the packed fast path -----------------------------------------------------------------------
+    def read_packed(
+        self, indices: int | Sequence[int] | NDArray[Any], *, fields: str | Iterable[str] | None = None
+    ) -> PackedSamples:
+        """Read a window of samples as one flat array per field, in request order.
+
+        Duplicates and negative indices are allowed. Each row block the window needs is fetched and
+        decoded at most once; blocks already in the cache are not fetched at all. ``fields`` narrows
+        the reader's own field selection for this call. The returned arrays are new (never views of
+        the cache); ``neighbor_list`` holds sample-local atom indices.
+        """
+        self._check_open()
+        self._check_process()
+        names = self._fields if fields is None else self._select(fields)
+        logical = self.normalize_indices(indices)
+        unique, inverse = np.unique(logical, return_inverse=True)
+        if unique.size < logical.size:
+            # Repeated samples are read once and then copied into place.
+            packed = self._read_unique(unique, names)
+            return replace(packed.take(inverse.reshape(-1)), logical_indices=logical)
+        return self._read_unique(logical, names)
+
+    def _read_unique(self, logical: IndexArray, names: Sequence[str]) -> PackedSamples:
+        """:meth:`read_packed` for distinct indices."""
+        snap = self._snapshot
+        physical = snap.active[logical]
+        self._check_read_size(logical, physical, names)
+        # An append rewrites the last shard (and the last partial chunk) of every array: the engine's
+        # cached shard indexes may then point at the wrong bytes. A read that fails, or that used
+        # shard indexes, while the store grew is read once more from a fresh start (attach() drops the
+        # indexes and cached blocks); the rows it indexes have not changed, so the values are exact.
+        for retry in (False, True):
+            stale_indexes = self._engine.holds_shard_indexes()
+            try:
+                rows = self._engine.read(snap, physical, names)
+            except StoreFormatError as err:  # e.g. a chunk a defragment rewrote in another layout
+                if not self._check_unchanged(cause=err) or retry:
+                    raise
+            else:
+                if not self._check_unchanged() or retry or not (stale_indexes or self._engine.holds_shard_indexes()):
+                    break
+            snap = self._snapshot  # the same state under the new token: the engine starts afresh
+        for name in names:
+            if name in layout.ATOM_INDEX_FIELDS and rows.fields[name].size:
+                csr.rebase(rows.fields[name], snap.atoms_ptr[physical], rows.n_edges, sign=-1)
+                self._check_local_indices(name, rows.fields[name], logical, physical, rows.n_atoms, rows.n_edges)
+        return PackedSamples(
+            logical_indices=logical,
+            physical_indices=physical,
+            n_atoms=rows.n_atoms,
+            n_edges=rows.n_edges,
+            fields=rows.fields,
+            levels={name: snap.handles[name].level for name in names},
+        )
+
+    def _check_unchanged(self, cause: BaseException | None = None) -> bool:
+        """Raise if another process rewrote the store since this reader opened it (checked once per read).
+
+        The token is read after the chunks, so a rewrite that started before or during the read is
+        seen. A store that only grew (appends) is still served exactly as it was opened: then the
+        snapshot is kept under the new token and ``True`` is returned (the read may have used shard
+        indexes the append rewrote). ``False``: the store did not change.
+        """
+        snap = self._snapshot
+        token = read_token(self._location)
+        if token == snap.token:
+            return False
+        try:
+            fresh = open_snapshot(self._location)
+            why = incompatibility(snap, fresh, self._fields)
+        except StoreFormatError as err:
+            why = f"it could not be opened again ({err})"
+        if why is not None:
+            raise StoreChangedError(
+                f"Store {self.source} changed under this reader: {why}. The samples this reader indexes are no longer "
+                f"where it read them, so nothing of this read is returned. {REFRESH_HINT}"
+            ) from cause
+        self._snapshot = replace(snap, token=fresh.token)  # grown only: keep serving the state it opened
+        return True
+
+    def _check_read_size(self, logical: IndexArray, physical: IndexArray, names: Sequence[str]) -> None:
+        """Refuse, before allocating anything, a read whose output could not fit in memory."""
+        snap = self._snapshot
+        atoms, edges = _counts(snap.atoms_ptr, physical), _counts(snap.edges_ptr, physical)
+        handles = [snap.handles[name] for name in names]
+
+        def field_bytes(level: Level) -> int:
+            return sum(
+                int(np.prod(h.shape[1:], dtype=np.int64)) * h.dtype.itemsize for h in handles if h.level == level
+            )
+
+        row_bytes = PerLevel(
+            atom=INDEX_PLAN_BYTES + field_bytes("atom"),
+            edge=INDEX_PLAN_BYTES + field_bytes("edge"),
+            system=field_bytes("system"),
+        )
+        per_sample = atoms * row_bytes.atom + edges * row_bytes.edge + row_bytes.system
+        if int(per_sample.sum(dtype=np.float64)) <= self._max_read_bytes:
+            return
+        worst = int(np.argmax(per_sample))
+        raise ReadTooLargeError(
+            f"Store {self.source}: reading {len(logical)} samples needs {per_sample.sum(dtype=np.float64) / 2**30:,.1f} GiB, "
+            f"more than half of this machine's memory; the largest, sample {int(logical[worst])} (physical "
+            f"{int(physical[worst])}), claims {int(atoms[worst]):,} atoms and {int(edges[worst]):,} edges"
+        )
+
+    def _check_local_indices(
+        self, name: str, values: NDArray[Any], logical: IndexArray, physical: IndexArray,
+        n_atoms: CountArray, n_edges: CountArray,
+    ) -> None:  # fmt: skip
+        """Every re-based index must point inside its own sample; a store that says otherwise is corrupt."""
+        bad = csr.first_out_of_range(values, n_atoms, n_edges)
+        if bad is None:
+            return
+        edge, sample = bad
+        ptr = self._snapshot.atoms_ptr
+        raise StoreFormatError(
+            f"Store {self.source}: {name} of sample {int(logical[sample])} (physical {int(physical[sample])}) holds "
+            f"{(values[edge] + ptr[physical[sample]]).tolist()}, outside its atom rows "
+            f"[{int(ptr[physical[sample]])}, {int(ptr[physical[sample] + 1])}). {NOT_REBASED_HINT.format(store=self.source)}"
+        )
+
+    def _select(self, fields: str | Iterable[str]) -> tuple[str, ...]:
+        names = as_field_names(fields)
+        unknown = sorted(set(names) - set(self._fields))
+        uninterpretable = [name for name in unknown if name in self._snapshot.skipped]
+        if uninterpretable:
+            raise StoreFormatError(self._snapshot.skipped[uninterpretable[0]])
+        if unknown:
+            raise UnknownFieldError(f"Unknown fields {unknown}; this reader returns {list(self._fields)}")
+        if not names:
+            raise ConfigError("fields must name at least one field")
+        return names
+
+    def _check_process(self) -> None:
+        """After a fork (DALI's default way to start workers), reconnect to a non-local store.
+
+        Connections to remote stores belong to the parent's event loop and are unusable in a forked
+        child, so the child opens its own: from the URL again, or from a pickled copy of the store.
+        (The engine rebuilds its own thread pool and fetcher after a fork.)
+        """
+        if self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        if self._location.local_root is not None or isinstance(self._location.store, MemoryStore):
+            return
+        identity = identify(self._snapshot, self._fields)
+        arg = self._store_arg
+        fresh = pickle.loads(pickle.dumps(arg)) if not isinstance(arg, (str, os.PathLike)) else arg
+        self._location = resolve_store(
+            fresh, read_only=True, must_exist=False, fetch=self._fetch, storage_options=self._options["storage_options"]
+        )
+        self._serve(identity)  # the state the parent served, not whatever the store holds now
+
+    def _serve(self, identity: SnapshotIdentity) -> None:
+        """Serve exactly the state a parent reader served (a pickled or forked copy), opening the store afresh.
+
+        Raises
+        ------
+        StoreChangedError
+            If the store changed since in a way that moved, deleted or replaced what the parent read;
+            a store that only grew is served as the parent had it (same length, same pointers).
+        """
+        try:
+            snapshot = served_as(identity, open_snapshot(self._location))
+        except StoreFormatError as err:
+            snapshot = f"it could not be opened again ({err})"
+        if isinstance(snapshot, str):
+            raise StoreChangedError(
+                f"Store {self.source} changed since the reader this copy was made from opened it: {snapshot}. This "
+                f"copy (e.g. in a loader's worker process) would read other samples under the same indices, so it "
+                f"refuses. {REFRESH_HINT}"
+            )
+        self._snapshot = snapshot
+        self._fields = tuple(name for name, *_ in identity.fields)
+        self._engine.attach(snapshot)
+
+    # -- nvalchemi-compatible API -------------------------------------------------------------------
+    def read_many(self, indices: Sequence[int] | NDArray[Any]) -> list[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
+        """Read samples in request order as nvalchemi's reader does: ``[(tensors, metadata), ...]``.
+
+        Tensors are CPU tensors in the stored dtype (pinned with ``pin_memory=True``); atom and edge
+        tensors of one call are views into one block per field. System fields keep nvalchemi's leading
+        1 (energy ``[1, 1]``, cell ``[1, 3, 3]``). ``neighbor_list`` is sample-local. Metadata is
+        ``{"index": int, "source_file": str, "physical_index": str}`` (a string, as in nvalchemi).
+        """
+        logical = self.normalize_indices(indices)
+        if logical.size == 0:
+            return []
+        packed = self.read_packed(logical)
+        blocks = {name: torch.from_numpy(arr) for name, arr in packed.fields.items()}
+        if self.pin_memory:
+            blocks = {name: t.pin_memory() for name, t in blocks.items()}
+        samples = replace(packed, fields=blocks).split()  # type: ignore[arg-type]  # tensors slice like arrays
+        metadata = (
+            {"index": index, "source_file": self.source, "physical_index": str(phys)}
+            for index, phys in zip(packed.logical_indices.tolist(), packed.physical_indices.tolist(), strict=True)
+        )
+        return list(zip(samples, metadata, strict=True))  # type: ignore[arg-type]
+
+    def read(self, index: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """One sample: ``(tensors, metadata)`` as in :meth:`read_many`."""
+        return self.read_many([index])[0]
+
+    def __getitem__(self, index: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        return self.read(index)
+
+    # -- bookkeeping --------------------------------------------------------------------------------
+    def stats(self) -> ReadStats:
+        """Counters of packed reads, samples, chunk payloads fetched and cache behaviour so far."""
+        return self._engine.stats()
+
+    def close(self) -> None:
+        """Release the cache and threads. Idempotent; later reads raise :class:`ReaderClosedError`."""
+        if self._closed:
+            return
+        self._closed = True
+        self._engine.close()
+
+    def __enter__(self) -> AtomicDataZarrReader:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickle the recipe, not the handles: a worker process reopens the store itself, and serves
+        # the state this reader serves (or raises), not whatever the store holds by then.
+        return (_reopen, (self._store_arg, self._options, identify(self._snapshot, self._fields)))
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self)} samples, {len(self._fields)} fields"
+        return f"AtomicDataZarrReader({self.source!r}, {state})"
+
+
+def _counts(ptr: NDArray[np.int64], physical: IndexArray) -> CountArray:
+    """Rows of each of ``physical`` samples under CSR pointer ``ptr``."""
+    return ptr[physical + 1] - ptr[physical]
+
+
+def _reopen(
+    store: StoreLike, options: dict[str, Any], identity: SnapshotIdentity | None = None
+) -> AtomicDataZarrReader:
+    reader = AtomicDataZarrReader(store, **options)
+    if identity is not None:
+        reader._serve(identity)
+    return reader
+
+
+def open_reader(
+    store_or_reader: StoreLike | PackedReader,
+    *,
+    fields: tuple[str, ...] | None,
+    cache_bytes: int | None,
+    shared_cache: str | None = None,
+) -> tuple[PackedReader, bool]:
+    """The reader a loader reads through, and whether the loader opened it (and so must close it).
+
+    A :class:`PackedReader` is used as it is; anything else is a store, opened as an
+    :class:`AtomicDataZarrReader` reading only ``fields`` (sharing decoded chunks through
+    ``shared_cache``, when given).
+
+    Raises
+    ------
+    ValueError
+        If ``cache_bytes`` is given with a reader: it configures a reader the loader opens itself.
+    """
+    if isinstance(store_or_reader, PackedReader):
+        if cache_bytes is not None:
+            raise ConfigError("cache_bytes= configures a reader the loader opens itself; set it on your reader instead")
+        return store_or_reader, False
+    options: dict[str, Any] = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
+    if shared_cache is not None:
+        options["shared_cache"] = shared_cache
+    return AtomicDataZarrReader(store_or_reader, fields=fields, **options), True

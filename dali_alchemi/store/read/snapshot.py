@@ -1,0 +1,359 @@
+"""Opening one consistent view of a store while a writer may be working on it.
+
+:func:`open_snapshot` reads the journal, reads the store as :func:`~dali_alchemi.store.format.journal.interpret`
+says, checks the cheap invariants (:mod:`dali_alchemi.store.read.open_checks`) and prepares a decoder per
+array. If the journal changed while it was reading (a write started or finished under it), it reads
+again, so the result is the store's old or new state, never a mix. The result is a frozen
+:class:`Snapshot`; a reader holds one and swaps it for a fresh one on ``refresh()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import zarr
+from zarr.errors import BaseZarrError, ZarrUserWarning
+from zarr.storage import LocalStore
+
+from dali_alchemi.errors import StoreFormatError, StoreNotFoundError, UnsupportedCodecError
+from dali_alchemi.store.format import layout
+from dali_alchemi.store.format.generation import read_token, writer_state
+from dali_alchemi.store.format.journal import ReadView, interpret, read_journal, sibling
+from dali_alchemi.store.format.location import StoreLocation
+from dali_alchemi.store.read.codecs import ArrayCodec
+from dali_alchemi.store.read.open_checks import MetaInfo, check_chunk_size, check_data_array, check_meta, open_root
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from dali_alchemi.types import IndexArray, Level, PtrArray
+
+logger = logging.getLogger(__name__)
+
+LOAD_ATTEMPTS = 3
+"""Times a store whose metadata a concurrent writer changed while it was opened is read again."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayHandle:
+    """One data array: where it lives, its level, and how to decode it (``codec=None``: via zarr)."""
+
+    name: str
+    level: Level
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    codec: ArrayCodec | None
+    array: Any  # the zarr array, used for the fallback path
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One consistent state of a store: its pointers, masks, schema and array handles.
+
+    The numpy arrays are read-only. ``location`` is where the state was read from: the store itself,
+    or, in the instant a defragment swaps directories, the copy beside it.
+    """
+
+    location: StoreLocation
+    schema: layout.StoreSchema
+    atoms_ptr: PtrArray
+    edges_ptr: PtrArray
+    samples_mask: NDArray[np.bool_]
+    active: IndexArray
+    """Physical index of each logical (live) sample."""
+    handles: Mapping[str, ArrayHandle]
+    """Every core and custom array by name (custom wins on a collision, as in nvalchemi)."""
+    token: bytes = b""
+    """What :func:`~dali_alchemi.store.format.generation.read_token` read as this state was opened."""
+    rewritten: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    """The writer's generation that last replaced each custom field (see :mod:`~dali_alchemi.store.format.generation`)."""
+    skipped: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Arrays this version cannot interpret (no level it knows), by name: why, as an error would say."""
+
+    @property
+    def n_physical(self) -> int:
+        """Physical samples (soft-deleted ones included)."""
+        return int(self.samples_mask.size)
+
+    @property
+    def levels(self) -> dict[str, Level]:
+        """Level of every array."""
+        return {name: handle.level for name, handle in self.handles.items()}
+
+
+def open_snapshot(requested: StoreLocation) -> Snapshot:
+    """Open the store at ``requested`` as one consistent state while a writer may be working.
+
+    Raises
+    ------
+    StoreNotFoundError
+        If the store does not exist (and no interrupted defragment left a copy beside it).
+    StoreFormatError
+        If its layout is inconsistent, its metadata unreadable, or it kept changing while being read.
+    """
+    for attempt in range(LOAD_ATTEMPTS):
+        token = read_token(requested)
+        op = read_journal(requested)
+        view = interpret(op)
+        loc = _effective_location(requested, view)
+        try:
+            with warnings.catch_warnings():
+                # a journal inside a non-local store is a foreign key to zarr's group listing
+                warnings.simplefilter("ignore", ZarrUserWarning)
+                root = open_root(loc)
+                meta = check_meta(root, store=loc.display, view=view)
+                handles, skipped = _open_arrays(root, meta, loc, requested, view)
+                _, rewritten = writer_state(root.attrs.asdict())
+        except (StoreFormatError, BaseZarrError, KeyError, TypeError, json.JSONDecodeError) as err:
+            if attempt + 1 < LOAD_ATTEMPTS and read_journal(requested) != op:
+                continue  # a write started or finished under us: read again
+            if isinstance(err, StoreFormatError):
+                raise
+            raise StoreFormatError(f"Store {loc.display}: unreadable metadata: {type(err).__name__}: {err}") from err
+        if read_journal(requested) == op and read_token(requested) == token:
+            return _freeze(loc, meta, handles, token, rewritten, skipped)
+    raise StoreFormatError(f"Store {requested.display} kept changing while it was opened; try again")
+
+
+def _freeze(
+    loc: StoreLocation,
+    meta: MetaInfo,
+    handles: dict[str, ArrayHandle],
+    token: bytes,
+    rewritten: dict[str, int],
+    skipped: dict[str, str],
+) -> Snapshot:
+    active: IndexArray = np.flatnonzero(meta.samples_mask).astype(np.int64)
+    for arr in (meta.atoms_ptr, meta.edges_ptr, meta.samples_mask, active):
+        arr.flags.writeable = False
+    return Snapshot(
+        location=loc,
+        schema=meta.schema,
+        atoms_ptr=meta.atoms_ptr,
+        edges_ptr=meta.edges_ptr,
+        samples_mask=meta.samples_mask,
+        active=active,
+        handles=MappingProxyType(handles),
+        token=token,
+        rewritten=MappingProxyType(rewritten),
+        skipped=MappingProxyType(skipped),
+    )
+
+
+def _open_arrays(
+    root: Any, meta: MetaInfo, loc: StoreLocation, requested: StoreLocation, view: ReadView
+) -> tuple[dict[str, ArrayHandle], dict[str, str]]:
+    """Check every core and custom array and prepare its decoder.
+
+    A custom array that an unfinished ``add_custom`` is writing is not part of the store yet; if it
+    replaces an older array, that older one (possibly moved aside) is read instead. While a repair
+    swaps its rewritten core array in, the rewritten one is read wherever it is. Arrays with no level
+    this version knows (a newer writer's) are returned apart, with the reason, instead of failing.
+    """
+    skipped: dict[str, str] = {}
+    arrays: list[tuple[str, str, Any, dict[str, Level]]] = []
+    for group_name, recorded in ((layout.CORE_GROUP, meta.schema.core), (layout.CUSTOM_GROUP, meta.schema.custom)):
+        if group_name not in meta.groups:
+            continue
+        for name, arr in sorted(root[group_name].arrays()):
+            arrays.append((group_name, name, arr, recorded))
+    key = view.hidden_custom
+    if key is not None:
+        arrays = [a for a in arrays if not (a[0] == layout.CUSTOM_GROUP and a[1] == key)]
+        if view.replaced_level is not None:
+            moved = (
+                sibling(requested, view.moved_aside)
+                if requested.local_root is not None and view.moved_aside is not None
+                else None
+            )
+            old = (
+                zarr.open_array(str(moved), mode="r")
+                if moved is not None and moved.exists()
+                else root[f"{layout.CUSTOM_GROUP}/{key}"]
+            )
+            arrays.append((layout.CUSTOM_GROUP, key, old, {key: view.replaced_level}))
+    if view.staged_core is not None and requested.local_root is not None:
+        name, suffix = view.staged_core
+        staged = sibling(requested, suffix)
+        if staged.exists():  # a repair swapping its rewritten array in: that one is the store's new state
+            arrays = [a for a in arrays if not (a[0] == layout.CORE_GROUP and a[1] == name)]
+            arrays.append((layout.CORE_GROUP, name, zarr.open_array(str(staged), mode="r"), meta.schema.core))
+    _check_fields_present(meta, arrays, loc.display, hidden=key)
+    complete = meta.integrity.complete_chunks
+    handles: dict[str, ArrayHandle] = {}
+    for group_name, name, arr, recorded in arrays:
+        key = f"{group_name}/{name}"
+        if key in meta.schema.unknown_levels:
+            skipped[name] = layout.unknown_level_message(loc.display, key, meta.schema.unknown_levels[key])
+            continue
+        if name not in recorded and layout.default_level(name) is None:
+            skipped[name] = (
+                f"Store {loc.display}: array {key} has no level in the 'fields' attribute and is not a known "
+                f"AtomicData field, so this version cannot interpret it"
+            )
+            continue
+        level = check_data_array(
+            arr, name=name, group=group_name, recorded=recorded, expected_rows=meta.rows,
+            store=loc.display, growing=meta.growing,
+        )  # fmt: skip
+        check_chunk_size(arr, name=f"{group_name}/{name}", store=loc.display)
+        codec: ArrayCodec | None = None
+        if arr.store_path.store is loc.store:  # arrays moved aside are read through zarr
+            try:
+                codec = ArrayCodec(
+                    name=f"{group_name}/{name}", path=arr.store_path.path, metadata=arr.metadata, complete=complete
+                )
+            except UnsupportedCodecError as err:
+                logger.info("array %s/%s read through zarr: %s", group_name, name, err)
+        handles[name] = ArrayHandle(
+            name=name, level=level, shape=tuple(arr.shape), dtype=np.dtype(arr.dtype), codec=codec, array=arr
+        )
+    for name in handles:
+        skipped.pop(name, None)
+    return handles, skipped
+
+
+def _check_fields_present(
+    meta: MetaInfo, arrays: list[tuple[str, str, Any, dict[str, Level]]], store: str, *, hidden: str | None
+) -> None:
+    """Every field the root ``fields`` attribute lists must be an array of its group.
+
+    A deleted array directory, or one whose ``zarr.json`` is gone, is not listed by zarr at all; without
+    this check the field would silently vanish from every sample. ``hidden`` is the custom array an
+    unfinished ``add_custom`` is writing (not part of the state being read).
+    """
+    found = {(group, name) for group, name, _, _ in arrays}
+    if hidden is not None:
+        found.add((layout.CUSTOM_GROUP, hidden))
+    for group, recorded in ((layout.CORE_GROUP, meta.schema.core), (layout.CUSTOM_GROUP, meta.schema.custom)):
+        for name in sorted(recorded):
+            if (group, name) not in found:
+                raise StoreFormatError(
+                    f"Store {store}: field {name!r} is listed in the root 'fields' attribute but array "
+                    f"{group}/{name} is missing (its directory or its zarr.json is gone)"
+                )
+
+
+def _effective_location(loc: StoreLocation, view: ReadView) -> StoreLocation:
+    """Where to read: the store itself, or, in the instant a defragment swaps directories, the new one."""
+    if loc.local_root is None or loc.local_root.exists():
+        return loc
+    if not view.fallback_dirs:
+        raise StoreNotFoundError(f"Zarr store does not exist at {loc.display}")
+    for candidate in (sibling(loc, suffix) for suffix in view.fallback_dirs):
+        if candidate.exists():
+            return StoreLocation(
+                store=LocalStore(candidate, read_only=True), prefix="", display=loc.display, local_root=candidate
+            )
+    raise StoreNotFoundError(f"Zarr store does not exist at {loc.display} (an interrupted defragment left no copy)")
+
+
+def incompatibility(old: Snapshot, new: Snapshot, fields: tuple[str, ...]) -> str | None:
+    """Why ``old`` can no longer be served exactly from the store now in state ``new``; ``None`` if it can.
+
+    ``old`` stays exact while the store only grew: the same pointers for its samples, none of its live
+    samples deleted, and each of ``fields`` still there with the same level, dtype and shape, and not
+    replaced.
+    """
+    n_old = old.n_physical
+    if new.n_physical < n_old:
+        return f"it now holds {new.n_physical} physical samples where this reader indexes {n_old} (a defragment)"
+    for name, ptr_old, ptr_new in (("atom", old.atoms_ptr, new.atoms_ptr), ("edge", old.edges_ptr, new.edges_ptr)):
+        moved = np.flatnonzero(ptr_new[: n_old + 1] != ptr_old)
+        if moved.size:
+            return f"the {name} rows of physical sample {int(moved[0])} onwards moved (a defragment or a rewrite)"
+    deleted = np.flatnonzero(old.samples_mask & ~new.samples_mask[:n_old])
+    if deleted.size:
+        first = ", ".join(str(int(i)) for i in deleted[:5]) + (", ..." if deleted.size > 5 else "")
+        return f"{deleted.size} of its samples were deleted (physical {first}) and their rows zeroed"
+    for name in fields:
+        before, after = old.handles[name], new.handles.get(name)
+        if after is None:
+            return f"field {name!r} was removed"
+        if (after.level, after.dtype, after.shape[1:]) != (before.level, before.dtype, before.shape[1:]):
+            return f"field {name!r} changed from {before.level} {before.dtype} to {after.level} {after.dtype}"
+        if new.rewritten.get(name, 0) > old.rewritten.get(name, 0):
+            return f"field {name!r} was replaced (add_custom, or repair)"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotIdentity:
+    """What a pickled reader carries of the state its parent served, to serve exactly that state again.
+
+    A worker process (spawned, or restarted when a pipeline is rebuilt) opens the store afresh; a
+    delete, defragment or replaced field in between would have it read other structures under the
+    parent's indices. The pointers and mask themselves can be large (17 bytes per sample), so only
+    their digest travels, with the sample count, the token and the fields the parent read.
+    """
+
+    token: bytes
+    n_physical: int
+    digest: bytes
+    """Of the parent's ``atoms_ptr``, ``edges_ptr`` and ``samples_mask`` (see :func:`_state_digest`)."""
+    fields: tuple[tuple[str, str, str, tuple[int, ...]], ...]
+    """``(name, level, dtype, trailing shape)`` of every field the parent read, in its order."""
+    rewritten: tuple[tuple[str, int], ...]
+
+
+def identify(snapshot: Snapshot, fields: tuple[str, ...]) -> SnapshotIdentity:
+    """The identity of ``snapshot`` as served by a reader of ``fields``."""
+    n = snapshot.n_physical
+    return SnapshotIdentity(
+        token=snapshot.token,
+        n_physical=n,
+        digest=_state_digest(snapshot, n),
+        fields=tuple(
+            (name, h.level, h.dtype.str, tuple(h.shape[1:])) for name, h in ((f, snapshot.handles[f]) for f in fields)
+        ),
+        rewritten=tuple(sorted(snapshot.rewritten.items())),
+    )
+
+
+def served_as(identity: SnapshotIdentity, fresh: Snapshot) -> Snapshot | str:
+    """``fresh`` cut back to the state ``identity`` names, or why it cannot be.
+
+    The store may only have grown since: the first ``n_physical`` samples keep their pointers and
+    mask bit for bit, and every field is there with the same level, dtype and trailing shape, and not
+    replaced. The result indexes exactly the parent's samples (appended ones are not seen); its
+    arrays may hold more rows, which are never read.
+    """
+    n = identity.n_physical
+    if fresh.n_physical < n:
+        return f"it now holds {fresh.n_physical} physical samples where the reader indexes {n} (a defragment)"
+    if fresh.token != identity.token and _state_digest(fresh, n) != identity.digest:
+        return f"the pointers or deleted samples of its first {n} physical samples changed (a delete or a defragment)"
+    rewritten = dict(identity.rewritten)
+    for name, level, dtype, trailing in identity.fields:
+        handle = fresh.handles.get(name)
+        if handle is None:
+            return f"field {name!r} was removed"
+        if (handle.level, handle.dtype.str, tuple(handle.shape[1:])) != (level, dtype, trailing):
+            return f"field {name!r} changed from {level} {dtype} to {handle.level} {handle.dtype.str}"
+        if fresh.rewritten.get(name, 0) > rewritten.get(name, 0):
+            return f"field {name!r} was replaced (add_custom, or repair)"
+    if fresh.n_physical == n:
+        return fresh
+    mask = fresh.samples_mask[:n]
+    active: IndexArray = np.flatnonzero(mask).astype(np.int64)
+    active.flags.writeable = False
+    return replace(
+        fresh, atoms_ptr=fresh.atoms_ptr[: n + 1], edges_ptr=fresh.edges_ptr[: n + 1], samples_mask=mask, active=active
+    )
+
+
+def _state_digest(snapshot: Snapshot, n: int) -> bytes:
+    """A digest of the pointers and mask of the first ``n`` physical samples (one pass, no loop per sample)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for arr in (snapshot.atoms_ptr[: n + 1], snapshot.edges_ptr[: n + 1]):
+        digest.update(np.ascontiguousarray(arr, dtype="<i8").tobytes())
+    digest.update(np.ascontiguousarray(snapshot.samples_mask[:n], dtype=np.bool_).tobytes())
+    return digest.digest()

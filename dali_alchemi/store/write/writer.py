@@ -1,0 +1,545 @@
+"""AtomicDataZarrWriter: create, extend, soft-delete and compact nvalchemi 0.2.0 stores, crash-safely.
+
+The writer owns the pointer arrays and masks, and keeps every data array consistent with them:
+``neighbor_list`` is stored store-global (``local + atoms_ptr[i]``) on write and append, and re-based
+whenever rows move (defragment), which fixes the reference implementation's defects listed in the
+store-format notes. Arrays are always created with explicit chunk shapes that keep trailing dims whole.
+
+Interrupted writes (a killed process) leave a local store readable at its old or its new state:
+``write`` builds the store beside its path and renames it into place; ``append``, ``delete`` and
+``add_custom`` record a journal first (:mod:`dali_alchemi.store.format.journal`) and order their changes so
+that the old state stays valid until the commit point; ``defragment`` builds the compacted store
+beside the old one and swaps the directories (:mod:`dali_alchemi.store.write.defragment`). The next writer
+operation finishes or rolls back an interrupted one (:mod:`dali_alchemi.store.write.recovery`). ``repair``
+re-bases the neighbor lists of stores grown by nvalchemi's append (:mod:`dali_alchemi.store.check.repair_plan`).
+One writer operation at a time per store: each holds the store's writer lock
+(:mod:`dali_alchemi.store.write.lock`) from before it reads the journal until it is done.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import zarr
+
+from dali_alchemi.config import WriteConfig
+from dali_alchemi.errors import (
+    ConfigError,
+    ConfigTypeError,
+    SampleDataError,
+    StoreExistsError,
+    StoreNotFoundError,
+    UnsupportedStoreError,
+)
+from dali_alchemi.store.format import layout
+from dali_alchemi.store.format.generation import bumped
+from dali_alchemi.store.format.indices import checked_indices
+from dali_alchemi.store.format.journal import (
+    CREATE_PREFIX,
+    AddCustomOp,
+    AppendOp,
+    DeleteOp,
+    OpState,
+    clear_journal,
+    previous_suffix,
+    read_journal,
+    sibling,
+    staging_suffix,
+    write_journal,
+)
+from dali_alchemi.store.format.location import StoreLike, StoreLocation, open_group, resolve_store, root_members
+from dali_alchemi.store.format.packed import PackedSamples, SupportsPacked
+from dali_alchemi.store.read.open_checks import MetaInfo, check_every_array_known, check_meta, open_root
+from dali_alchemi.store.write.arrays import extend_array, promise, write_array
+from dali_alchemi.store.write.defragment import DEFAULT_DEFRAGMENT_WINDOW
+from dali_alchemi.store.write.defragment import defragment as run_defragment
+from dali_alchemi.store.write.encode import (
+    Samples,
+    check_disk,
+    check_field_name,
+    check_neighbor_list,
+    check_stored,
+    disk_arrays,
+    field_names,
+    to_packed,
+)
+from dali_alchemi.store.write.lock import WriterLock
+from dali_alchemi.store.write.recovery import apply_delete, recover
+from dali_alchemi.store.write.repair import RepairReport, check_in_place, repair_copy, run_repair
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from dali_alchemi.types import Level
+
+logger = logging.getLogger(__name__)
+
+
+class AtomicDataZarrWriter:
+    """Write nvalchemi 0.2.0 stores.
+
+    Parameters
+    ----------
+    store
+        Where the store lives: a path, a URL, a zarr ``Store`` or ``StorePath``, or a ``dict``.
+    config
+        Codecs, chunk and shard sizes (a :class:`~dali_alchemi.config.WriteConfig` or a plain mapping).
+        ``None`` follows the default layout (:func:`~dali_alchemi.config.default_array_configs`): arrays
+        that compress little stored raw, the others compressed in small chunks, inside shards.
+    lock_timeout
+        Seconds each operation waits for another writer of the same store to finish (see
+        :mod:`dali_alchemi.store.write.lock`); 0, the default, raises
+        :class:`~dali_alchemi.errors.StoreLockedError` at once, naming that writer.
+    allow_nonfinite
+        Store NaN and inf in float fields. By default they are refused (``SampleDataError`` naming the
+        field and sample, before anything is written): nvalchemi stores them silently, and a NaN
+        position or label poisons a training run far from its cause. Pass ``True`` for stores that
+        mark missing labels with NaN, or the names of the fields that may (convert's filled fields).
+
+    Attributes
+    ----------
+    on_phase
+        Called with the name of each step of a write operation as it completes (``"journal"``,
+        ``"data"``, ..., ``"done"``); for progress reporting and the crash tests.
+    """
+
+    def __init__(
+        self,
+        store: StoreLike,
+        config: WriteConfig | Mapping[str, Any] | None = None,
+        *,
+        lock_timeout: float = 0.0,
+        allow_nonfinite: bool | Collection[str] = False,
+    ) -> None:
+        if not lock_timeout >= 0:
+            raise ConfigError(f"lock_timeout must be >= 0 seconds, got {lock_timeout}")
+        self.lock_timeout = float(lock_timeout)
+        self.allow_nonfinite: bool | frozenset[str] = (
+            allow_nonfinite if isinstance(allow_nonfinite, bool) else frozenset(allow_nonfinite)
+        )
+        self._location: StoreLocation = resolve_store(store, read_only=False, must_exist=False)
+        if config is None:
+            config = WriteConfig()
+        elif isinstance(config, Mapping):
+            config = WriteConfig.from_dict(config)
+        self.config: WriteConfig = config
+        self.on_phase: Callable[[str], None] | None = None
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _phase(self, name: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(name)
+
+    @contextmanager
+    def _locked(self, operation: str) -> Iterator[WriterLock]:
+        """Hold the store's writer lock for ``operation`` (re-entrant: nested operations hold it once)."""
+        local = self._local
+        if local is not None:
+            local.parent.mkdir(parents=True, exist_ok=True)
+        with WriterLock(self._location, operation, timeout=self.lock_timeout) as lock:
+            yield lock
+
+    @property
+    def _local(self) -> Path | None:
+        return self._location.local_root
+
+    def _exists(self) -> bool:
+        loc = self._location
+        if loc.local_root is not None:
+            return loc.local_root.exists()
+        try:
+            root = open_group(loc, mode="r")
+        except (FileNotFoundError, zarr.errors.BaseZarrError, KeyError):
+            return False
+        return bool(root_members(root))
+
+    def _root(self) -> Any:
+        return open_group(self._location, mode="r+")
+
+    def _open(self, *, every_array_known: bool = True, recover_first: bool = True) -> tuple[Any, MetaInfo]:
+        """Recover an interrupted operation if there is one, then open the store for writing.
+
+        Operations that must keep every array consistent with the pointers (``every_array_known``)
+        refuse a store holding arrays this version cannot interpret (levels of a newer writer).
+        """
+        if recover_first:
+            recover(self._location, self._phase)
+        if not self._exists():
+            raise StoreNotFoundError(f"Zarr store does not exist at {self._location.display}")
+        open_root(self._location)  # checks that it is a zarr v3 group
+        root = self._root()
+        meta = check_meta(root, store=self._location.display)
+        if every_array_known:
+            check_every_array_known(root, meta, store=self._location.display)
+        return root, meta
+
+    # -- write --------------------------------------------------------------------------------------
+    def write(self, samples: Samples, *, levels: Mapping[str, str] | None = None, custom: Sequence[str] = ()) -> None:
+        """Create the store from ``samples`` (dicts of numpy arrays or torch tensors, or a Batch).
+
+        Per-sample shapes follow nvalchemi: atom fields ``[V, *t]``, edge fields ``[E, *t]``, system
+        fields ``[1, *t]``; ``neighbor_list`` is sample-local. Fields outside nvalchemi's key sets need
+        ``levels={name: "atom"|"edge"|"system"}``. Fields named in ``custom`` go to the ``custom/`` group
+        (as :meth:`add_custom` would put them) instead of ``core/``. A local store is built beside its
+        path and renamed into place, so it never exists half-written.
+
+        Raises
+        ------
+        StoreExistsError
+            If the store exists (for a local path: anything at that path, an empty directory too); a
+            ``FileExistsError``.
+        SampleDataError
+            If there are no samples, or they are inconsistent (a ``ValueError``).
+        """
+        with self._locked("write"):
+            if self._exists():
+                raise StoreExistsError(f"Zarr store already exists at {self._location.display}")
+            packed = to_packed(samples, levels)
+            if len(packed) == 0:
+                raise SampleDataError("No data provided to write.")
+            if "atom" not in packed.levels.values():
+                raise SampleDataError("Samples need at least one atom-level field (e.g. atomic_numbers, positions)")
+            disk = self._checked_disk(packed, 0)
+            unknown = sorted(set(custom) - set(packed.fields))
+            if unknown:
+                raise SampleDataError(f"custom= names fields the samples do not have: {unknown}")
+            clash = sorted(set(custom) & (layout.ATOM_INDEX_FIELDS | {"atomic_numbers", "positions"}))
+            if clash:
+                raise SampleDataError(f"{clash} must stay core fields")
+            local = self._local
+            if local is None:
+                self._write_new(self._root_for_new(self._location), packed, disk, frozenset(custom))
+                self._phase("done")
+                return
+            staging = sibling(self._location, f"{CREATE_PREFIX}{uuid.uuid4().hex[:8]}")
+            try:
+                self._write_new(zarr.open_group(str(staging), mode="w"), packed, disk, frozenset(custom))
+                self._phase("staged")
+                os.rename(staging, local)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            self._phase("done")
+
+    @staticmethod
+    def _root_for_new(loc: StoreLocation) -> Any:
+        return open_group(loc, mode="a")  # "w" would clear the store, the writer lock with it
+
+    def _checked_disk(self, packed: PackedSamples, atom_base: int) -> dict[str, NDArray[Any]]:
+        """The arrays ``packed`` puts on disk, checked by the reader's rules before any is written."""
+        for name in packed.fields:
+            check_field_name(name)
+        check_neighbor_list(packed)
+        disk = disk_arrays(packed, atom_base)
+        check_disk(packed, disk, allow_nonfinite=self.allow_nonfinite)
+        return disk
+
+    def _write_new(
+        self, root: Any, packed: PackedSamples, disk: Mapping[str, NDArray[Any]], custom: frozenset[str] = frozenset()
+    ) -> None:
+        meta = root.create_group(layout.META_GROUP)
+        groups = {
+            layout.CORE_GROUP: root.create_group(layout.CORE_GROUP),
+            layout.CUSTOM_GROUP: root.create_group(layout.CUSTOM_GROUP),
+        }
+        atoms_ptr, edges_ptr = packed.atoms_ptr, packed.edges_ptr
+        meta_arrays = {
+            layout.ATOMS_PTR: atoms_ptr,
+            layout.EDGES_PTR: edges_ptr,
+            layout.SAMPLES_MASK: np.ones(len(packed), dtype=np.bool_),
+            layout.ATOMS_MASK: np.ones(int(atoms_ptr[-1]), dtype=np.bool_),
+            layout.EDGES_MASK: np.ones(int(edges_ptr[-1]), dtype=np.bool_),
+        }
+        configs = []
+        for name, values in meta_arrays.items():
+            configs.append(self.config.for_array(layout.META_GROUP, name, values))
+            write_array(meta, name, values, configs[-1])
+        for group, target in groups.items():
+            arrays = {name: values for name, values in disk.items() if (name in custom) == (group == layout.CUSTOM_GROUP)}
+            for name, cfg in self.config.for_arrays(group, arrays).items():
+                configs.append(cfg)
+                write_array(target, name, arrays[name], cfg)
+        schema = layout.StoreSchema(
+            num_samples=len(packed),
+            core={k: v for k, v in packed.levels.items() if k not in custom},
+            custom={k: v for k, v in packed.levels.items() if k in custom},
+        )
+        root.attrs.update({**schema.to_attributes(), **promise(configs).to_attributes()})
+
+    # -- append -------------------------------------------------------------------------------------
+    def append(self, samples: Samples, *, levels: Mapping[str, str] | None = None) -> None:
+        """Add samples at the end, extending every core and custom array and the pointers and masks.
+
+        The new samples must carry exactly the store's fields (core and custom), with trailing shapes
+        and dtypes the store can hold; ``neighbor_list`` is stored re-based to store-global indices.
+        An empty sequence does nothing. Data is extended first, then the masks, the pointers and last
+        ``samples_mask``, under a journal that makes readers keep the old sample count until the end.
+
+        Raises
+        ------
+        StoreNotFoundError
+            If the store does not exist (a ``FileNotFoundError``).
+        SampleDataError
+            If fields are missing or extra, or shapes or dtypes do not fit the stored arrays.
+        """
+        if isinstance(samples, SupportsPacked) and not isinstance(samples, PackedSamples):
+            samples = samples.to_packed()  # once: a Batch on a device is copied to the host here only
+        if not isinstance(samples, PackedSamples) and len(samples) == 0:
+            return
+        with self._locked("append"):
+            root, meta = self._open()
+            store_levels = meta.schema.field_levels
+            given = set(field_names(samples))
+            missing, extra = sorted(set(store_levels) - given), sorted(given - set(store_levels))
+            if missing or extra:
+                raise SampleDataError(
+                    f"Appended samples must have exactly the store's fields: missing {missing}, unexpected {extra} "
+                    f"(add new fields to existing samples with add_custom first)"
+                )
+            packed = to_packed(samples, {**store_levels, **(levels or {})})
+            if len(packed) == 0:
+                return
+            for name, level in packed.levels.items():
+                if level != store_levels[name]:
+                    raise SampleDataError(
+                        f"Field {name!r} is {store_levels[name]!r} in the store but {level!r} in the new samples"
+                    )
+            atom_base, edge_base, n_old = int(meta.atoms_ptr[-1]), int(meta.edges_ptr[-1]), meta.n_physical
+            disk = self._checked_disk(packed, atom_base)
+            arrays = {name: root[f"{meta.schema.group_of(name)}/{name}"] for name in disk}
+            for name, values in disk.items():
+                arr = arrays[name]
+                if tuple(arr.shape[1:]) != values.shape[1:]:
+                    raise SampleDataError(
+                        f"Field {name!r}: new rows have trailing shape {values.shape[1:]}, the store holds {tuple(arr.shape[1:])}"
+                    )
+                if not np.can_cast(values.dtype, arr.dtype, casting="same_kind"):
+                    raise SampleDataError(
+                        f"Field {name!r}: new rows have dtype {values.dtype}, the store holds {arr.dtype}"
+                    )
+            write_journal(self._location, AppendOp(samples=n_old, atoms=atom_base, edges=edge_base))
+            self._phase("journal")
+            for name, values in disk.items():
+                extend_array(arrays[name], values.astype(arrays[name].dtype, copy=False), meta.rows[packed.levels[name]])
+            self._phase("data")
+            meta_group = root[layout.META_GROUP]
+            extend_array(meta_group[layout.ATOMS_MASK], np.ones(int(packed.n_atoms.sum()), np.bool_), atom_base)
+            extend_array(meta_group[layout.EDGES_MASK], np.ones(int(packed.n_edges.sum()), np.bool_), edge_base)
+            self._phase("masks")
+            extend_array(meta_group[layout.ATOMS_PTR], packed.atoms_ptr[1:] + atom_base, n_old + 1)
+            extend_array(meta_group[layout.EDGES_PTR], packed.edges_ptr[1:] + edge_base, n_old + 1)
+            self._phase("pointers")
+            extend_array(meta_group[layout.SAMPLES_MASK], np.ones(len(packed), np.bool_), n_old)
+            self._phase("samples_mask")
+            schema = layout.StoreSchema(num_samples=n_old + len(packed), core=meta.schema.core, custom=meta.schema.custom)
+            root.attrs.update(schema.to_attributes())
+            self._phase("attributes")
+            clear_journal(self._location)
+            self._phase("done")
+
+    # -- custom arrays ------------------------------------------------------------------------------
+    def add_custom(self, key: str, data: NDArray[Any] | torch.Tensor, level: str) -> None:
+        """Store ``data`` as ``custom/<key>``, one row per atom, edge or physical sample.
+
+        An existing custom array of that name is replaced. On a local store the new array is built
+        beside the store and moved in; the ``fields`` attribute is the commit point.
+
+        Raises
+        ------
+        FieldLevelError
+            If ``level`` is not ``atom``, ``edge`` or ``system`` (a ``ValueError``).
+        StoreNotFoundError
+            If the store does not exist (a ``FileNotFoundError``).
+        SampleDataError
+            If ``data.shape[0]`` is not the physical size of that level (deleted samples included),
+            ``key`` is already a core field or no usable name, the array breaks the rules the reader
+            checks, or holds NaN or inf without ``allow_nonfinite`` (a ``ValueError``); all before
+            anything is written.
+        """
+        checked: Level = layout.check_level(level, what=f"custom array {key!r}")
+        check_field_name(key)
+        with self._locked("add_custom"):
+            root, meta = self._open()
+            values = data.detach().cpu().numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
+            expected = meta.rows[checked]
+            if values.ndim == 0 or values.shape[0] != expected:
+                got = values.shape[0] if values.ndim else "a scalar"
+                raise SampleDataError(f"Data shape[0]={got} does not match expected size={expected} for level={checked}")
+            if key in meta.schema.core:
+                raise SampleDataError(
+                    f"{key!r} is already a core field of this store; choose another name for the custom array"
+                )
+            ptr = {"atom": meta.atoms_ptr, "edge": meta.edges_ptr, "system": None}[checked]
+            allowed = self.allow_nonfinite if isinstance(self.allow_nonfinite, bool) else key in self.allow_nonfinite
+            check_stored(key, values, allow_nonfinite=allowed, rows_ptr=ptr)
+            previous = meta.schema.custom.get(key)
+            journal = AddCustomOp(key=key, level=checked, previous=previous, state=OpState.STAGING)
+            write_journal(self._location, journal)
+            self._phase("journal")
+            root.attrs.update(bumped(root.attrs.asdict(), rewritten=key if previous is not None else None))
+            values = np.ascontiguousarray(values)
+            cfg = self.config.for_array(layout.CUSTOM_GROUP, key, values)
+            local = self._local
+            if local is None:
+                custom = root.require_group(layout.CUSTOM_GROUP)
+                if key in custom:
+                    del custom[key]
+                write_array(custom, key, values, cfg)
+                self._phase("moved-new")
+            else:
+                staging = sibling(self._location, staging_suffix(key))
+                shutil.rmtree(staging, ignore_errors=True)
+                write_array(zarr.open_group(str(staging), mode="w"), key, values, cfg)
+                self._phase("staged")
+                write_journal(self._location, journal.with_state(OpState.SWAPPING))
+                target = local / layout.CUSTOM_GROUP / key
+                target.parent.mkdir(exist_ok=True)
+                if previous is not None and target.exists():
+                    os.rename(target, sibling(self._location, previous_suffix(key)))
+                    self._phase("moved-previous")
+                os.rename(staging / key, target)
+                shutil.rmtree(staging, ignore_errors=True)
+                self._phase("moved-new")
+            schema = layout.StoreSchema(
+                num_samples=meta.n_physical, core=meta.schema.core, custom={**meta.schema.custom, key: checked}
+            )
+            attributes = schema.to_attributes()
+            if meta.integrity.checksums is not None and not cfg.checksum:  # the new array breaks that promise
+                promise_now = layout.Integrity(complete_chunks=meta.integrity.complete_chunks)
+                attributes.update(promise_now.to_attributes(root.attrs.asdict()))
+            root.attrs.update(attributes)
+            self._phase("fields")
+            write_journal(self._location, journal.with_state(OpState.COMMITTED))
+            self._finish_add_custom(key)
+            self._phase("done")
+
+    def _finish_add_custom(self, key: str) -> None:
+        if self._local is not None:
+            shutil.rmtree(sibling(self._location, previous_suffix(key)), ignore_errors=True)
+            shutil.rmtree(sibling(self._location, staging_suffix(key)), ignore_errors=True)
+        clear_journal(self._location)
+
+    # -- delete -------------------------------------------------------------------------------------
+    def delete(self, indices: Sequence[int] | NDArray[Any] | torch.Tensor) -> None:
+        """Soft-delete samples by *physical* index (nvalchemi semantics); their data is zeroed.
+
+        The pointers are unchanged; readers must :meth:`~AtomicDataZarrReader.refresh`. Deleting an
+        already deleted sample does nothing. ``samples_mask`` is the commit point; the journal makes
+        readers see the deletion as soon as it starts. Raises :class:`SampleIndexError` for an
+        out-of-range index.
+        """
+        raw = indices.cpu().numpy() if isinstance(indices, torch.Tensor) else np.asarray(indices)
+        if raw.dtype == np.bool_ or (raw.size and raw.dtype.kind not in "iuO"):
+            raise ConfigTypeError(
+                f"delete() takes integer physical indices, got dtype {raw.dtype} (a mask is not accepted)"
+            )
+        if raw.size == 0:
+            return
+        with self._locked("delete"):
+            root, meta = self._open()
+            physical = np.unique(
+                checked_indices(raw, meta.n_physical, what="Physical index", owner="a store", negative=False)
+            )
+            write_journal(self._location, DeleteOp(physical=tuple(physical.tolist())))
+            self._phase("journal")
+            root.attrs.update(bumped(root.attrs.asdict()))  # open readers notice before any row is zeroed
+            apply_delete(root, meta, physical, self._phase)
+            clear_journal(self._location)
+            self._phase("done")
+
+    # -- defragment ---------------------------------------------------------------------------------
+    def defragment(
+        self, config: WriteConfig | Mapping[str, Any] | None = None, *, window: int = DEFAULT_DEFRAGMENT_WINDOW
+    ) -> None:
+        """Drop soft-deleted samples for good, streaming ``window`` samples at a time.
+
+        The live samples are copied in order into a new store beside the old one (with ``config``, or
+        the writer's), with ``neighbor_list`` re-based, and the new store then replaces the old one.
+        Deleting every sample leaves a valid, empty, readable store that keeps its fields. Memory use is
+        bounded by one window, never the whole store (:mod:`dali_alchemi.store.write.defragment`).
+
+        Raises
+        ------
+        UnsupportedStoreError
+            If the store is not a local directory (a ``NotImplementedError``).
+        """
+        if window < 1:
+            raise ConfigError(f"window must be >= 1 sample, got {window}")
+        new_config = (
+            self.config if config is None else WriteConfig.from_dict(config) if isinstance(config, Mapping) else config
+        )
+        loc = self._location
+        if loc.local_root is None:
+            raise UnsupportedStoreError(
+                "defragment() rewrites local directory stores only; copy the store to a local path first"
+            )
+        with self._locked("defragment"):
+            root, meta = self._open()
+            run_defragment(loc, root, meta, new_config, window, self._phase)
+            self.config = new_config
+            self._phase("done")
+            logger.info("defragmented %s: %d -> %d samples", loc.display, meta.n_physical, int(meta.samples_mask.sum()))
+
+    # -- repair -------------------------------------------------------------------------------------
+    def repair(
+        self, *, out: str | os.PathLike[str] | None = None, dry_run: bool = False, prefer: str | None = None
+    ) -> RepairReport:
+        """Re-base neighbor lists that nvalchemi 0.2.0's append (or defragment) stored un-rebased.
+
+        Infers how each sample's ``neighbor_list`` was stored and rewrites it store-global
+        (:mod:`dali_alchemi.store.check.repair_plan`), in place and crash-safely, or into a new store at ``out``.
+        ``dry_run`` only reports. The report's plan says what was found per sample. ``prefer``
+        (``"sample-local"``, ``"batch-local"``, ``"global"``) settles samples that several
+        interpretations fit, the way the user knows the store was grown.
+
+        Raises
+        ------
+        AmbiguousRepairError
+            If several ways of storing fit some samples; they are listed, nothing is changed.
+        RepairError
+            If no way of storing can be determined for some samples; likewise.
+        UnsupportedStoreError
+            For an in-place repair of a store that is not a local directory (use ``out``).
+        """
+        if out is not None or dry_run:  # the store is only read (it may be read-only): no lock unless recovering
+            if read_journal(self._location) is not None:
+                self.recover()
+            if out is not None and not dry_run:
+                return repair_copy(self._location, Path(out), self._phase, prefer=prefer)
+            root, meta = self._open(every_array_known=False, recover_first=False)
+            return run_repair(self._location, root, meta, dry_run=True, prefer=prefer, phase=self._phase)
+        check_in_place(self._location)
+        with self._locked("repair"):
+            root, meta = self._open(every_array_known=False)  # only neighbor_list changes
+            report = run_repair(self._location, root, meta, dry_run=False, prefer=prefer, phase=self._phase)
+        if report.applied:
+            self._phase("done")
+            logger.info("repaired %s: %d samples re-based", self._location.display, report.plan.changed.size)
+        return report
+
+    # -- recovery -----------------------------------------------------------------------------------
+    def recover(self) -> str | None:
+        """Finish or roll back an operation that a killed writer left half-done; returns its name.
+
+        Every writer operation calls this first. An append, or an add_custom that had not committed,
+        is rolled back (the store returns to its old state); a delete is completed; a defragment is
+        completed if its directory swap had begun, and rolled back (its staged copy removed) if not.
+        Staging directories and the ``*.partial`` files that a killed writer left are removed
+        (:mod:`dali_alchemi.store.write.recovery`). Runs under the writer lock, so an operation whose writer
+        is alive is never rolled back: that raises :class:`~dali_alchemi.errors.StoreLockedError`
+        instead (after ``lock_timeout``).
+        """
+        local = self._local
+        if local is not None and not local.parent.is_dir():
+            return None  # nothing can be there, and recovering creates no directories
+        with self._locked("recover"):
+            return recover(self._location, self._phase)

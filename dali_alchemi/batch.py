@@ -20,13 +20,13 @@ import torch
 from numpy.typing import NDArray
 
 from dali_alchemi import csr
+from dali_alchemi.collate import check_window, slice_window, window_offsets
 from dali_alchemi.csr import exclusive_cumsum
 from dali_alchemi.errors import (
     ConfigTypeError,
     EmptyBatchError,
     FieldAssignmentError,
     FieldLevelError,
-    PlanError,
     SampleIndexError,
 )
 from dali_alchemi.store.format import layout
@@ -40,39 +40,6 @@ if TYPE_CHECKING:
 _KEY_OF_LEVEL: dict[Level, str] = {"atom": "node", "edge": "edge", "system": "system"}
 
 ArrayLike = torch.Tensor | NDArray[Any]
-
-
-def _exclusive_cumsum_t(counts: torch.Tensor) -> torch.Tensor:
-    ptr = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=counts.device)
-    torch.cumsum(counts, 0, out=ptr[1:])
-    return ptr
-
-
-def _within_batch(n_atoms: NDArray[np.int64], cuts: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """Each structure's graph index and first-atom offset *within its own batch*."""
-    per_batch = np.diff(cuts)
-    atoms_ptr = exclusive_cumsum(n_atoms)
-    graph = np.arange(n_atoms.size, dtype=np.int64) - np.repeat(cuts[:-1], per_batch)
-    node_offset = atoms_ptr[:-1] - np.repeat(atoms_ptr[cuts[:-1]], per_batch)
-    return graph, node_offset
-
-
-def collate_on_host(
-    index_fields: Mapping[str, NDArray[Any]],
-    n_atoms: NDArray[np.int64],
-    n_edges: NDArray[np.int64],
-    cuts: NDArray[np.int64],
-) -> NDArray[np.int32]:
-    """The host half of :func:`collate`, for data not yet on its way to a device.
-
-    Offsets each index field (sample-local ``neighbor_list``) *in place* by its structure's first atom
-    within its batch, and returns the per-atom batch index (int32 ``[V]``). Pass the result to
-    :func:`collate` as ``batch_idx``.
-    """
-    graph, node_offset = _within_batch(n_atoms, cuts)
-    for values in index_fields.values():
-        csr.rebase(values, node_offset, n_edges)
-    return np.repeat(graph.astype(np.int32), n_atoms)
 
 
 def collate(
@@ -95,8 +62,8 @@ def collate(
     index-field offsets are computed once for the whole window (numpy on the CPU, torch on a GPU, with
     sizes from the host so nothing synchronises), and every Batch gets views of them. ``batch_bounds`` is
     the ``[b + 1]`` int64 structure offsets of the window's batches, as the plan decided them (``None``
-    makes one batch of everything). When ``batch_idx`` is given it came from :func:`collate_on_host`,
-    and the index fields are already offset.
+    makes one batch of everything). When ``batch_idx`` is given it came from :func:`~dali_alchemi.collate.collate_on_host`,
+    and the index fields are already offset. The steps are in :mod:`dali_alchemi.collate`.
 
     Raises
     ------
@@ -107,64 +74,9 @@ def collate(
     PlanError
         If ``batch_bounds`` does not rise strictly from 0 to the window's length.
     """
-    missing = set(fields) - set(levels)
-    if missing:
-        raise FieldLevelError(f"No level given for fields {sorted(missing)}")
-    n = int(host_n_atoms.size)
-    if n == 0:
-        raise EmptyBatchError("Cannot create batch from empty data list")
-    cuts = np.array([0, n], dtype=np.int64) if batch_bounds is None else np.asarray(batch_bounds, dtype=np.int64)
-    if cuts.size < 2 or cuts[0] != 0 or cuts[-1] != n or bool(np.any(np.diff(cuts) < 1)):
-        raise PlanError(f"batch_bounds must rise strictly from 0 to the window's {n} structures, got {cuts.tolist()}")
-    per_batch = np.diff(cuts)
-    atoms_ptr, edges_ptr = exclusive_cumsum(host_n_atoms), exclusive_cumsum(host_n_edges)
-    total_atoms, total_edges = int(atoms_ptr[-1]), int(edges_ptr[-1])
-    device = n_atoms.device
-    out = dict(fields)
-    index_fields = {name: out[name] for name in out if name in layout.ATOM_INDEX_FIELDS and total_edges}
-    if device.type == "cpu":
-        # numpy, not torch: torch's intra-op thread pool contends with the reading threads for the cores.
-        window_atoms_ptr, window_edges_ptr = torch.from_numpy(atoms_ptr), torch.from_numpy(edges_ptr)
-        if batch_idx is None:
-            offset = {name: tensor.numpy().copy() for name, tensor in index_fields.items()}
-            batch_idx = torch.from_numpy(collate_on_host(offset, host_n_atoms, host_n_edges, cuts))
-            out.update({name: torch.from_numpy(values) for name, values in offset.items()})
-    else:
-        counts_atoms, counts_edges = n_atoms.to(torch.int64), n_edges.to(torch.int64)
-        window_atoms_ptr, window_edges_ptr = _exclusive_cumsum_t(counts_atoms), _exclusive_cumsum_t(counts_edges)
-        if batch_idx is None:
-            graph, node_offset = _within_batch(host_n_atoms, cuts)
-            graph_t = torch.from_numpy(graph.astype(np.int32)).to(device, non_blocking=True)
-            batch_idx = torch.repeat_interleave(graph_t, counts_atoms, output_size=total_atoms)
-            if index_fields:
-                offset_t = torch.from_numpy(node_offset).to(device, non_blocking=True)
-                shift_t = torch.repeat_interleave(offset_t, counts_edges, output_size=total_edges)
-                for name, index in index_fields.items():
-                    out[name] = index + shift_t.to(index.dtype).view((-1,) + (1,) * (index.dim() - 1))
-    batches = []
-    level_cuts = PerLevel(atom=atoms_ptr[cuts].tolist(), edge=edges_ptr[cuts].tolist(), system=cuts.tolist())
-    kept_levels = {name: levels[name] for name in out}
-    for j in range(per_batch.size):
-        g0, g1 = int(cuts[j]), int(cuts[j + 1])
-        a0, a1 = level_cuts.atom[j], level_cuts.atom[j + 1]
-        e0 = level_cuts.edge[j]
-        batch_fields = {}
-        for name, tensor in out.items():
-            bounds = level_cuts[kept_levels[name]]
-            batch_fields[name] = tensor[bounds[j] : bounds[j + 1]]
-        batches.append(
-            Batch(
-                fields=batch_fields,
-                levels=kept_levels,
-                batch_ptr=window_atoms_ptr[g0 : g1 + 1] - a0,
-                edge_batch_ptr=window_edges_ptr[g0 : g1 + 1] - e0,
-                batch_idx=batch_idx[a0:a1],
-                host_n_atoms=host_n_atoms[g0:g1],
-                host_n_edges=host_n_edges[g0:g1],
-                sample_indices=None if sample_indices is None else sample_indices[g0:g1],
-            )
-        )
-    return batches
+    cuts = check_window(fields, levels, int(host_n_atoms.size), batch_bounds)
+    window = window_offsets(fields, n_atoms, n_edges, host_n_atoms, host_n_edges, cuts, batch_idx)
+    return [Batch(**parts) for parts in slice_window(window, levels, cuts, host_n_atoms, host_n_edges, sample_indices)]
 
 
 class Batch:

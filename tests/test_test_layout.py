@@ -21,6 +21,7 @@ TESTED_BY: dict[str, tuple[str, ...]] = {
     "cli/repair.py": ("tests/store/write/test_repair.py",),
     "cli/store.py": ("tests/test_cli.py",),
     "cli/verify.py": ("tests/store/check/test_verify.py", "tests/test_cli.py"),
+    "collate.py": ("tests/test_batch.py", "tests/pipeline/test_device_collation.py"),
     "interop/ase_fields.py": ("tests/interop/test_ase_io.py",),
     "interop/assemble.py": ("tests/interop/test_ase_io.py",),
     "interop/nvalchemi_batch.py": ("tests/interop/test_frameworks.py", "tests/parity/test_nvalchemi_dataloader.py"),

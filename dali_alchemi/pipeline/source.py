@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dali_alchemi.batch import collate_on_host
+from dali_alchemi.collate import collate_on_host
 from dali_alchemi.config import LAYOUTS
 from dali_alchemi.errors import ConfigError, LoaderError
 from dali_alchemi.store.format.layout import ATOM_INDEX_FIELDS
@@ -90,7 +90,7 @@ def output_specs(
     """The pipeline outputs for ``fields``: one per field, then counts, indices and the batch bounds.
 
     With ``host_collation`` the source also emits the per-atom batch index and batch-offset neighbor
-    lists (see :func:`~dali_alchemi.batch.collate_on_host`): the CPU path then does that work in the
+    lists (see :func:`~dali_alchemi.collate.collate_on_host`): the CPU path then does that work in the
     worker processes instead of the training process.
     """
     specs = []

@@ -43,7 +43,7 @@ class _Imports(ast.NodeVisitor):
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         module = node.module or ""
-        if module == "dali_alchemi" or module.startswith("dali_alchemi.store") and module.count(".") <= 2:
+        if module == "dali_alchemi" or (module.startswith("dali_alchemi.store") and module.count(".") <= 2):
             # `from dali_alchemi import csr` imports dali_alchemi.csr (or a name the package re-exports)
             self._add([f"{module}.{alias.name}" for alias in node.names])
         else:

@@ -28,6 +28,21 @@ from dali_alchemi.errors import ConfigError, ConfigTypeError
 if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
 
+__all__ = [
+    "LATTICE_FIELDS",
+    "TENSOR_FIELDS",
+    "VECTOR_FIELDS",
+    "Augmentation",
+    "PositionNoise",
+    "RandomRotation",
+    "RandomTranslation",
+    "apply_augmentations",
+    "batch_generator",
+    "check_augmentations",
+    "random_rotations",
+]
+
+
 VECTOR_FIELDS = ("positions", "forces", "velocities", "momenta", "shifts", "dipole")
 LATTICE_FIELDS = ("cell",)
 TENSOR_FIELDS = ("stress", "virial")

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
     from dali_alchemi.padding import Padding
     from dali_alchemi.types import Level, PtrArray
 
+__all__ = ["ArrayLike", "Batch", "collate"]
+
+
 _KEY_OF_LEVEL: dict[Level, str] = {"atom": "node", "edge": "edge", "system": "system"}
 
 ArrayLike = torch.Tensor | NDArray[Any]

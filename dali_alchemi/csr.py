@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
     from dali_alchemi.types import CountArray, PtrArray
 
+__all__ = ["block_sample_starts", "concat_aranges", "exclusive_cumsum", "first_out_of_range", "per_row", "rebase"]
+
 
 def exclusive_cumsum(counts: NDArray[np.int64]) -> PtrArray:
     """CSR pointer ``[0, c0, c0 + c1, ...]`` (int64, length ``len(counts) + 1``)."""

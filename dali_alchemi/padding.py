@@ -41,6 +41,9 @@ from dali_alchemi.errors import ConfigError
 from dali_alchemi.store.format import layout
 from dali_alchemi.types import Level, PerLevel
 
+__all__ = ["CELL", "PAD_SPACING", "POSITIONS", "Padding", "pad_batch", "unpad_batch"]
+
+
 PAD_SPACING = 1.0e6
 """How far padding atoms sit from the origin and from each other (per coordinate, positions' unit)."""
 

@@ -8,6 +8,9 @@ from typing import Generic, Literal, TypeAlias, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
+__all__ = ["LEVELS", "CountArray", "IndexArray", "Level", "PerLevel", "PtrArray", "T"]
+
+
 Level: TypeAlias = Literal["atom", "edge", "system"]
 """Where a field lives: one row per atom, one row per edge, or one row per sample (structure)."""
 

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from dali_alchemi.store.format.protocol import PackedReader
     from dali_alchemi.types import Level
 
+__all__ = ["Collater", "Item", "PlanBatchSampler", "PlanDataLoader", "SampleDataset", "plain_dataloader"]
+
 
 Item = tuple[dict[str, torch.Tensor], int, int, int]
 """A sample, its reader index, and its atom and edge counts (which its fields alone may not show)."""

@@ -17,6 +17,8 @@ import torch
 if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
 
+__all__ = ["H2DResult", "batch_bytes", "measure_h2d", "pinned_copy_rate"]
+
 
 @dataclass(frozen=True, slots=True)
 class H2DResult:

@@ -27,6 +27,9 @@ from typing import Any
 
 from dali_alchemi.errors import ConfigError
 
+__all__ = ["StoreServer"]
+
+
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
 
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 import os
 import threading
 
+__all__ = ["MB", "SAMPLE_INTERVAL_S", "TreeMemorySampler", "children", "process_pss", "tree_pss"]
+
+
 SAMPLE_INTERVAL_S = 0.1
 """How often the tree is sampled during a run (each sample reads two small files per process)."""
 

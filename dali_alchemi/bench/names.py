@@ -7,6 +7,9 @@ name lives with the loaders, in :mod:`dali_alchemi.bench.loaders`.
 
 from __future__ import annotations
 
+__all__ = ["CODECS", "DEFAULT_LOADERS", "LOADER_HELP", "STORE_LAYOUTS"]
+
+
 LOADER_HELP = (
     "dali-wN (the DALI loader with N worker processes; dali-w0 reads on a background thread; dali: the "
     "default), optionally with a DALI layout suffix -window or -blob, and -shared (the workers share decoded "

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from dali_alchemi.bench.runner import Record
 
+__all__ = ["plot_records"]
+
 
 def plot_records(records: list[Record], path: str | Path, *, title: str = "") -> Path:
     """Write a PNG bar chart of ``records`` to ``path`` (matplotlib is imported here, lazily)."""

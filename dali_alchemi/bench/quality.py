@@ -19,6 +19,8 @@ from dali_alchemi.plan.quality import batch_ks, shuffle_quality
 from dali_alchemi.store.read.cache import DEFAULT_CACHE_BYTES
 from dali_alchemi.store.read.reader import AtomicDataZarrReader
 
+__all__ = ["order_quality"]
+
 
 def order_quality(store: str, orders: tuple[str, ...], settings: LoaderSettings) -> dict[str, dict[str, Any]]:
     """``{order: {"shuffle_quality": q, "batch_energy_ks": ks or None}}`` for every order."""

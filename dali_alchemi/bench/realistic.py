@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from dali_alchemi.config import WriteConfig
     from dali_alchemi.interop.ase_io import ConversionReport
 
+__all__ = ["emt_frames", "write_emt_store"]
+
 
 def emt_frames(
     n_frames: int, *, repeat: int = 3, steps_per_frame: int = 5, temperature_k: float = 800.0, seed: int = 0

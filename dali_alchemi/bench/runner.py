@@ -39,6 +39,22 @@ from dali_alchemi.bench.quality import order_quality
 from dali_alchemi.errors import ConfigError
 from dali_alchemi.store.read.reader import AtomicDataZarrReader
 
+__all__ = [
+    "BenchConfig",
+    "BenchMeta",
+    "BenchRun",
+    "Measurement",
+    "ProgressCallback",
+    "Record",
+    "machine_info",
+    "measure",
+    "open_time",
+    "package_versions",
+    "run_bench",
+    "summarize",
+]
+
+
 ProgressCallback = Callable[[str, int, int], None]
 
 

@@ -24,6 +24,17 @@ from dali_alchemi.store.write.writer import AtomicDataZarrWriter
 if TYPE_CHECKING:
     from dali_alchemi.config import WriteConfig
 
+__all__ = [
+    "SYNTHETIC_LEVELS",
+    "size_plan",
+    "synthetic_config",
+    "synthetic_samples",
+    "write_synthetic_extxyz",
+    "write_synthetic_store",
+    "write_synthetic_store_nvalchemi",
+]
+
+
 def synthetic_config(
     codec: str | None = None,
     chunk_size: int | None = None,

@@ -23,6 +23,9 @@ from dali_alchemi.cli import bench, repair, store, verify
 from dali_alchemi.cli.console import CommandError, make_console
 from dali_alchemi.errors import DaliAlchemiError
 
+__all__ = ["COMMAND_MODULES", "build_parser", "main"]
+
+
 COMMAND_MODULES = (store, verify, repair, bench)
 """The modules whose commands make up ``dali-alchemi``, in the order ``--help`` lists them."""
 

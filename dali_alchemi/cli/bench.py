@@ -13,6 +13,7 @@ from dali_alchemi.cli.console import CountColumn, cuda_device, fmt, make_table, 
 if TYPE_CHECKING:
     from rich.console import Console
 
+__all__ = ["cmd_augment_cost", "cmd_bench", "cmd_h2d", "cmd_plan_cost", "register"]
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:

@@ -14,6 +14,21 @@ from rich.text import Text
 if TYPE_CHECKING:
     import torch
 
+__all__ = [
+    "LOG_WIDTH",
+    "CommandError",
+    "CountColumn",
+    "cuda_device",
+    "fmt",
+    "fold_columns",
+    "human_bytes",
+    "make_console",
+    "make_table",
+    "parse_device",
+    "print_table",
+]
+
+
 LOG_WIDTH = 10_000
 """The console width off a terminal: wider than any table, so rich never shrinks or ellipsizes a cell."""
 

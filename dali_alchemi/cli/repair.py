@@ -10,6 +10,8 @@ from dali_alchemi.cli.console import CommandError
 if TYPE_CHECKING:
     from rich.console import Console
 
+__all__ = ["cmd_repair", "register"]
+
 
 def cmd_repair(args: argparse.Namespace, console: Console) -> int:
     from rich.markup import escape

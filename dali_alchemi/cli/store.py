@@ -13,6 +13,8 @@ from dali_alchemi.cli.console import CommandError, human_bytes, make_table, prin
 if TYPE_CHECKING:
     from rich.console import Console
 
+__all__ = ["cmd_convert", "cmd_inspect", "cmd_rewrite", "cmd_synth", "register"]
+
 
 def cmd_synth(args: argparse.Namespace, console: Console) -> int:
     from dali_alchemi.bench.synth import write_synthetic_store

@@ -17,6 +17,8 @@ from dali_alchemi.cli.console import CountColumn, human_bytes, make_table, print
 if TYPE_CHECKING:
     from rich.console import Console
 
+__all__ = ["cmd_verify", "register"]
+
 
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     from rich.console import Console as RichConsole

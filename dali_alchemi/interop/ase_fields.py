@@ -33,6 +33,21 @@ if TYPE_CHECKING:
 
     from dali_alchemi.types import Level
 
+__all__ = [
+    "ARRAY_NAMES",
+    "COLUMNS",
+    "HANDLED_ARRAYS",
+    "NESTED_INFO",
+    "PER_ATOM_RESULTS",
+    "RANK2",
+    "RESULT_NAMES",
+    "Extracted",
+    "extract",
+    "rank2",
+    "system_row",
+]
+
+
 # Calculator results that hold one row per atom (ASE's per-atom properties); any other result with
 # a leading dim equal to the atom count is taken per atom too, and the rest per structure.
 PER_ATOM_RESULTS = frozenset({"forces", "stresses", "charges", "magmoms", "energies", "born_effective_charges"})

@@ -47,6 +47,24 @@ if TYPE_CHECKING:
     from dali_alchemi.interop.ase_fields import Extracted
     from dali_alchemi.types import Level
 
+__all__ = [
+    "DEFAULT_TOLERANCE",
+    "GEOMETRY",
+    "MISSING_POLICIES",
+    "PRESENT_SUFFIX",
+    "REQUIRED",
+    "Decision",
+    "FieldCensus",
+    "MissingPolicy",
+    "PrecisionLoss",
+    "Spool",
+    "decide",
+    "fill_value",
+    "to_float32",
+    "warn_precision",
+]
+
+
 MissingPolicy = Literal["error", "fill", "drop"]
 MISSING_POLICIES: tuple[MissingPolicy, ...] = ("error", "fill", "drop")
 PRESENT_SUFFIX = "_present"

@@ -16,6 +16,9 @@ from dali_alchemi.store.format import layout
 if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
 
+__all__ = ["PYG_NAMES", "to_nvalchemi", "to_pyg"]
+
+
 PYG_NAMES = {"positions": "pos", "atomic_numbers": "z", "neighbor_list": "edge_index"}
 
 

@@ -21,6 +21,9 @@ from dali_alchemi.errors import ConfigError, SampleDataError
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
+__all__ = ["BLOCK_BYTES", "MAX_EDGES", "MAX_IMAGES", "image_offsets", "image_reach", "radius_graph"]
+
+
 BLOCK_BYTES = 64 << 20
 """Memory for one block of candidate displacement vectors."""
 

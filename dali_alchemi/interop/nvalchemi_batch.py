@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
     from dali_alchemi.types import Level
 
+__all__ = ["build_batch", "from_batch"]
+
+
 _GROUP_OF_LEVEL: dict[str, str] = {"atom": "atoms", "edge": "edges", "system": "system"}
 _KEY_OF_LEVEL: dict[str, str] = {"atom": "node", "edge": "edge", "system": "system"}
 

@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 
     from dali_alchemi.store.format.location import StoreLike
 
+__all__ = ["NvalchemiDropInReader"]
+
+
 logger = logging.getLogger(__name__)
 
 

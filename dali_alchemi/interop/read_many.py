@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
     from dali_alchemi.types import CountArray, IndexArray, Level
 
+__all__ = ["SIZE_READ_WINDOW", "ReadManyAdapter", "ReadManyReader", "as_packed_reader"]
+
+
 SIZE_READ_WINDOW = 1024
 """Structures per ``read_many`` call when sizes must be learned by reading (no ``get_metadata``)."""
 

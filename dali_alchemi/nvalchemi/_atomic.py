@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from dali_alchemi.store.format.protocol import PackedReader
     from dali_alchemi.types import Level
 
+__all__ = ["EXCLUDED_KEYS", "FILLED", "AtomicDataRules", "representatives"]
+
+
 EXCLUDED_KEYS = frozenset({"batch_idx", "batch_ptr", "device", "dtype", "info"})
 """Keys nvalchemi's collation never batches (``nvalchemi.data.batch._EXCLUDED_KEYS``)."""
 

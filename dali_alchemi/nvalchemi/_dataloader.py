@@ -48,6 +48,9 @@ from dali_alchemi.nvalchemi._epochs import EpochFolderPlan
 from dali_alchemi.plan.recorded import RecordedPlan
 from dali_alchemi.store.read.shared import make_shared_folder, remove_shared_folder
 
+__all__ = ["DEFAULT_NUM_WORKERS", "DataLoader", "packed_route_applies"]
+
+
 DEFAULT_NUM_WORKERS = 2
 """DALI worker processes for a dataset without ``num_workers`` (nvalchemi's default, and DALIDataLoader's)."""
 

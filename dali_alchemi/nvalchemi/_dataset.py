@@ -20,6 +20,8 @@ from dali_alchemi.interop.nvalchemi_reader import NvalchemiDropInReader
 if TYPE_CHECKING:
     import torch
 
+__all__ = ["Dataset"]
+
 
 class Dataset(_NvDataset):  # type: ignore[misc]  # nvalchemi is untyped here
     """nvalchemi's ``Dataset(reader, *, device=None, num_workers=2, skip_validation=False, transforms=None)``.

@@ -21,6 +21,9 @@ import numpy as np
 from dali_alchemi.errors import PlanError
 from dali_alchemi.plan.base import EpochPlan
 
+__all__ = ["KEPT_EPOCHS", "EpochFolderPlan"]
+
+
 KEPT_EPOCHS = 2
 """Recorded epochs kept in the folder: the one being read and the one before it (a worker may still be
 finishing it)."""

@@ -25,6 +25,9 @@ from dali_alchemi.pipeline.lifetime import GuardedSource, WorkerGuard, starting_
 if TYPE_CHECKING:
     from dali_alchemi.pipeline.source import OutputSpec
 
+__all__ = ["PipelineOutputs", "build_pipeline"]
+
+
 logger = logging.getLogger(__name__)
 
 

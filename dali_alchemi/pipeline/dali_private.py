@@ -14,6 +14,21 @@ import threading
 import time
 from typing import Any
 
+__all__ = [
+    "CLOSE_TIMEOUT_S",
+    "OBSERVER_PATH",
+    "POOL_ATTRIBUTE",
+    "PROCESSES_PATH",
+    "SHUTDOWN_METHOD",
+    "close_pipeline",
+    "disarm_pool",
+    "kill_workers",
+    "worker_pool",
+    "worker_processes",
+    "workers_hidden",
+]
+
+
 logger = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 5.0

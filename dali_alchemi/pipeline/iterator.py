@@ -45,6 +45,9 @@ if TYPE_CHECKING:
     from dali_alchemi.pipeline.build import PipelineOutputs
     from dali_alchemi.types import Level
 
+__all__ = ["STOP_TIMEOUT_S", "WORKER_POLL_S", "Handoff", "WindowIterator", "dead_worker"]
+
+
 logger = logging.getLogger(__name__)
 
 WORKER_POLL_S = 0.2

@@ -42,6 +42,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+__all__ = [
+    "DEFERRED_SIGNALS",
+    "PARENT_SIGNALS",
+    "SIGNAL_STOP_TIMEOUT_S",
+    "WATCHDOG_INTERVAL_S",
+    "GuardedSource",
+    "WorkerGuard",
+    "WorkerOwner",
+    "arm_worker",
+    "register",
+    "starting_workers",
+    "stop_all_workers",
+    "unregister",
+]
+
+
 logger = logging.getLogger(__name__)
 
 WATCHDOG_INTERVAL_S = 0.25

@@ -41,6 +41,16 @@ if TYPE_CHECKING:
     from dali_alchemi.plan import BlockShuffle, EpochPlan, Plan
     from dali_alchemi.store.format.location import StoreLike
 
+__all__ = [
+    "BATCH_TYPES",
+    "DEFAULT_BATCHES_PER_WINDOW",
+    "DEFAULT_NUM_WORKERS",
+    "KEEP_ALIVE_MARGIN",
+    "DALIDataLoader",
+    "resolve_device",
+]
+
+
 logger = logging.getLogger(__name__)
 
 KEEP_ALIVE_MARGIN = 3

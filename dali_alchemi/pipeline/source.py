@@ -42,6 +42,28 @@ if TYPE_CHECKING:
     from dali_alchemi.store.format.protocol import FieldSpec, PackedReader
     from dali_alchemi.types import Level
 
+__all__ = [
+    "BATCH_BOUNDS",
+    "BATCH_IDX",
+    "BLOB",
+    "BLOB_ALIGN",
+    "BLOB_OUTPUTS",
+    "HEADER",
+    "INDICES",
+    "N_ATOMS",
+    "N_EDGES",
+    "READ_AHEAD_CLOSE_TIMEOUT_S",
+    "BlobEntry",
+    "OutputSpec",
+    "ReadAheadSource",
+    "WindowSource",
+    "blob_entries",
+    "loader_error",
+    "output_specs",
+    "pack_blob",
+    "source_error",
+]
+
 
 N_ATOMS = "__n_atoms"
 N_EDGES = "__n_edges"

@@ -32,6 +32,17 @@ if TYPE_CHECKING:
     from dali_alchemi.store.format.protocol import PackedReader
     from dali_alchemi.types import CountArray, IndexArray
 
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "PadShape",
+    "PlanArguments",
+    "build_plan",
+    "pad_shape",
+    "reader_plan",
+    "shuffle_mode",
+]
+
+
 DEFAULT_BATCH_SIZE = 64
 """Structures per batch when neither ``batch_size``, a budget nor a plan is given."""
 

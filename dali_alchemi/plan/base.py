@@ -28,6 +28,8 @@ from dali_alchemi.errors import PlanError, PlanIndexError
 if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray, PtrArray
 
+__all__ = ["ElasticPlan", "EpochPlan", "Plan", "Window", "restore"]
+
 
 @dataclass(frozen=True, slots=True)
 class Window:

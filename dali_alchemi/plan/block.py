@@ -45,6 +45,27 @@ if TYPE_CHECKING:
     from dali_alchemi.store.format.protocol import PackedReader
     from dali_alchemi.types import CountArray, IndexArray, PtrArray
 
+__all__ = [
+    "BLOCK_STREAM",
+    "BUFFER_CACHE_FRACTION",
+    "DEFAULT_SPAN_SIZE",
+    "ELASTIC_KEYS",
+    "BlockShuffle",
+    "BlockShufflePlan",
+    "ResumePoint",
+    "StoreChunking",
+    "block_order",
+    "block_plan",
+    "block_sizes",
+    "check_span_bounds",
+    "deal",
+    "default_buffer_spans",
+    "fixed_spans",
+    "local_spans",
+    "store_chunking",
+]
+
+
 DEFAULT_SPAN_SIZE = UNCHUNKED_SPAN_SIZE
 """Structures per span for a reader that does not say how it is chunked (about one 4 MiB chunk of
 positions for structures of 20-40 atoms)."""

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
     from dali_alchemi.types import PtrArray
 
+__all__ = ["OVERSIZED_POLICIES", "BudgetPlan", "deal_batches", "pack_greedy"]
+
+
 OVERSIZED_POLICIES = ("error", "alone")
 """What to do with a structure larger than a budget: refuse the plan, or give it a batch of its own."""
 

@@ -12,6 +12,8 @@ from dali_alchemi.errors import PlanError
 from dali_alchemi.plan.base import EpochPlan
 from dali_alchemi.plan.order import epoch_order, shard
 
+__all__ = ["FixedBatchPlan"]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FixedBatchPlan:

@@ -47,6 +47,9 @@ if TYPE_CHECKING:
     from dali_alchemi.plan.base import EpochPlan
     from dali_alchemi.types import IndexArray
 
+__all__ = ["EPOCH_POLICIES", "MIXES", "MixturePlan", "counts_from_weights", "normalise_weights", "pass_orders"]
+
+
 EPOCH_POLICIES = ("dataset_size", "min_size", "max_size")
 """How the epoch's length follows from the datasets' lengths (nvalchemi's ``epoch_policy``)."""
 

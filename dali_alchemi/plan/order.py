@@ -18,6 +18,8 @@ from dali_alchemi.errors import PlanError
 if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray
 
+__all__ = ["epoch_order", "resolve_shard", "shard"]
+
 
 def epoch_order(n: int, *, seed: int, epoch: int, shuffle: bool) -> IndexArray:
     """The order of ``n`` samples in ``epoch``: a permutation seeded by ``(seed, epoch)``, or ``arange``."""

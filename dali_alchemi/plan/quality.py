@@ -20,6 +20,9 @@ from dali_alchemi.errors import MetricInputError
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
+__all__ = ["QUALITY_BATCH", "REFERENCE_SEED", "batch_ks", "gap_entropy", "gap_quality", "shuffle_quality"]
+
+
 REFERENCE_SEED = 0
 """Seed of the random permutation the qualities are normalised by (fixed: the figures are deterministic)."""
 

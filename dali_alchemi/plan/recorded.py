@@ -18,6 +18,8 @@ import numpy as np
 from dali_alchemi.errors import EmptyBatchError, PlanError, SampleIndexError
 from dali_alchemi.plan.base import EpochPlan
 
+__all__ = ["RecordedPlan"]
+
 
 @dataclass(frozen=True, slots=True)
 class RecordedPlan:

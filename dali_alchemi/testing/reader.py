@@ -22,6 +22,8 @@ from dali_alchemi.store.format.protocol import PackedReader
 if TYPE_CHECKING:
     from dali_alchemi.store.format.packed import PackedSamples
 
+__all__ = ["PackedReaderTests"]
+
 
 class PackedReaderTests:
     """The contract; a subclass provides :meth:`make_reader` and :meth:`expected`."""

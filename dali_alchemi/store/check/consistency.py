@@ -16,6 +16,9 @@ import numpy as np
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
+__all__ = ["Findings", "OnBlock", "Problem", "mask_check", "neighbor_check", "owners", "pointer_ok", "row_owner"]
+
+
 OnBlock = Callable[[int, "NDArray[Any]", str], None]
 """Called with (first row, decoded rows, chunk key) for every block of an array that decoded."""
 

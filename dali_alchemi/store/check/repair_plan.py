@@ -39,6 +39,18 @@ if TYPE_CHECKING:
 
     from dali_alchemi.store.read.open_checks import MetaInfo
 
+__all__ = [
+    "INFER_WINDOW_EDGES",
+    "KINDS",
+    "NEIGHBOR_LIST",
+    "PREFERENCES",
+    "RepairPlan",
+    "infer",
+    "stored_extents",
+    "summary_lines",
+]
+
+
 NEIGHBOR_LIST = "neighbor_list"
 INFER_WINDOW_EDGES = 1 << 22
 """Edge rows read per step while inferring (about 64 MiB of int64 pairs)."""

@@ -54,6 +54,16 @@ from dali_alchemi.store.read.open_checks import check_chunk_size, memory_budget,
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
+__all__ = [
+    "BLOCKS_PER_THREAD",
+    "DEFAULT_MAX_PROBLEMS",
+    "MAX_IMPLICIT_OBJECTS",
+    "Progress",
+    "VerifyReport",
+    "verify_store",
+]
+
+
 DEFAULT_MAX_PROBLEMS = 100
 """Problems listed one by one in a report; the rest are only counted."""
 

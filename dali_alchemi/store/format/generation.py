@@ -27,6 +27,9 @@ from dali_alchemi.store.format import layout
 if TYPE_CHECKING:
     from dali_alchemi.store.format.location import StoreLocation
 
+__all__ = ["GENERATION_KEY", "REWRITTEN_KEY", "TOKEN_KEYS", "bumped", "read_token", "writer_state"]
+
+
 TOKEN_KEYS = ("zarr.json", f"{layout.META_GROUP}/{layout.ATOMS_PTR}/zarr.json")
 """The objects whose bytes make up a store's token."""
 

@@ -11,6 +11,8 @@ from dali_alchemi.errors import ConfigTypeError, SampleIndexError
 if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray
 
+__all__ = ["checked_indices"]
+
 
 def checked_indices(
     values: Any,

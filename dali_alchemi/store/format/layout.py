@@ -16,6 +16,42 @@ import numpy as np
 from dali_alchemi.errors import FieldLevelError, StoreFormatError
 from dali_alchemi.types import LEVELS, Level
 
+__all__ = [
+    "ATOMS_MASK",
+    "ATOMS_PTR",
+    "ATOM_FIELDS",
+    "ATOM_INDEX_FIELDS",
+    "CHECKSUM_CRC32C",
+    "CORE_GROUP",
+    "CUSTOM_GROUP",
+    "EDGES_MASK",
+    "EDGES_PTR",
+    "EDGE_FIELDS",
+    "EXPECTED_DTYPE_KINDS",
+    "EXPECTED_TRAILING_SHAPES",
+    "FIELDS_ATTR",
+    "MAX_NAME_BYTES",
+    "META_ARRAYS",
+    "META_GROUP",
+    "NON_DATA_KEYS",
+    "NUM_SAMPLES_ATTR",
+    "RESERVED_NAMES",
+    "SAMPLES_MASK",
+    "SYSTEM_FIELDS",
+    "WRITER_ATTR",
+    "Integrity",
+    "StoreSchema",
+    "check_level",
+    "default_level",
+    "field_array_problem",
+    "field_name_problem",
+    "parse_integrity",
+    "parse_schema",
+    "resolve_level",
+    "unknown_level_message",
+]
+
+
 META_GROUP = "meta"
 CORE_GROUP = "core"
 CUSTOM_GROUP = "custom"

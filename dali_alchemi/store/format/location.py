@@ -25,6 +25,9 @@ from dali_alchemi.store.format.remote import RetryingStore
 if TYPE_CHECKING:
     from dali_alchemi.config import FetchConfig
 
+__all__ = ["StoreLike", "StoreLocation", "open_group", "resolve_store", "root_groups", "root_members"]
+
+
 StoreLike = str | os.PathLike[str] | Store | StorePath | dict[str, Any]
 
 

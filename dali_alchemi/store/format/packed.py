@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
     from dali_alchemi.types import CountArray, IndexArray, Level, PtrArray
 
+__all__ = ["PackedSamples", "SupportsPacked"]
+
 
 @dataclass(frozen=True, slots=True)
 class PackedSamples:

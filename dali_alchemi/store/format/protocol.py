@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from dali_alchemi.store.format.packed import PackedSamples
     from dali_alchemi.types import CountArray, IndexArray, Level
 
+__all__ = ["UNCHUNKED_SPAN_SIZE", "ChunkedReader", "FieldSpec", "PackedReader", "as_field_names", "select_fields"]
+
 
 @dataclass(frozen=True, slots=True)
 class FieldSpec:

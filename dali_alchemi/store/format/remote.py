@@ -24,6 +24,9 @@ from dali_alchemi.errors import RemoteReadError
 if TYPE_CHECKING:
     from zarr.core.buffer import Buffer, BufferPrototype
 
+__all__ = ["PERMANENT_ERRORS", "RetryingStore", "T"]
+
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")

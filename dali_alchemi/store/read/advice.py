@@ -18,6 +18,9 @@ import numpy as np
 
 from dali_alchemi.errors import SlowLayoutWarning
 
+__all__ = ["LARGE_BLOCK_BYTES", "slow_layout_advice", "warn_if_slow_layout"]
+
+
 LARGE_BLOCK_BYTES = 1 << 20
 """A decoded row block at least this large, in a store larger than the cache, makes random reads slow."""
 

@@ -18,6 +18,9 @@ from dali_alchemi.errors import ConfigError
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
+__all__ = ["DEFAULT_CACHE_BYTES", "BlockCache", "BlockKey", "CacheStats"]
+
+
 DEFAULT_CACHE_BYTES = 1 << 30
 """Default decoded-chunk cache: 1 GiB per reader (per worker process when workers are used)."""
 

@@ -27,6 +27,19 @@ from dali_alchemi.store.read.fetch import ByteFetcher, ByteRequest
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
+__all__ = [
+    "MISSING_CHUNK",
+    "ArrayCodec",
+    "BlockPayloads",
+    "BlockRequests",
+    "ChunkLocation",
+    "block_requests",
+    "fetch_blocks",
+    "load_shard_indexes",
+    "read_blocks",
+]
+
+
 MISSING_CHUNK = (1 << 64) - 1
 """Shard index entry (offset and length) of an inner chunk that was never written."""
 

@@ -60,6 +60,19 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.snapshot import ArrayHandle, Snapshot
     from dali_alchemi.types import CountArray, IndexArray, Level
 
+__all__ = [
+    "DEFAULT_WORKING_SET_BYTES",
+    "INLINE_ROWS",
+    "RESIDENT",
+    "TASKS_PER_THREAD",
+    "WHOLE_ARRAY_SHARE",
+    "BlockEngine",
+    "ReadStats",
+    "RowsRead",
+    "default_threads",
+]
+
+
 RESIDENT = -1
 """Cache key (in place of a block index) of an array held whole: read with one take, no scatter."""
 

@@ -24,6 +24,18 @@ from zarr.core.sync import sync
 
 from dali_alchemi.errors import ChunkDecodeError, ConfigError
 
+__all__ = [
+    "INLINE_READS",
+    "MERGE_BYTES",
+    "MERGE_GAP",
+    "READ_TASKS",
+    "ByteFetcher",
+    "ByteRequest",
+    "LocalFetcher",
+    "StoreFetcher",
+]
+
+
 INLINE_READS = 2
 """At most this many local reads are done on the calling thread (a pool hand-off costs more)."""
 

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.fetch import LocalFetcher
     from dali_alchemi.store.read.gather import BlockJob
 
+__all__ = ["READ_BATCH_BYTES", "read_and_finish"]
+
+
 READ_BATCH_BYTES = 1 << 20
 """Compressed bytes a task reads before decoding them (at least one block's; a whole-object read of
 unknown size counts as this much)."""

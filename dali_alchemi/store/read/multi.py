@@ -49,6 +49,9 @@ if TYPE_CHECKING:
     from dali_alchemi.store.format.location import StoreLike
     from dali_alchemi.types import CountArray, IndexArray, Level
 
+__all__ = ["ADDED_FIELDS", "MAX_RUN_COPIES", "MultiReader", "open_source"]
+
+
 DATASET_ID, DATASET_INDEX = "dataset_id", "dataset_index"
 """The system-level fields a MultiReader adds: each structure's member and its index in that member."""
 

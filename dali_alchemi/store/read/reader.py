@@ -62,6 +62,9 @@ if TYPE_CHECKING:
 
     from dali_alchemi.types import CountArray, IndexArray, Level
 
+__all__ = ["INDEX_PLAN_BYTES", "NOT_REBASED_HINT", "REFRESH_HINT", "AtomicDataZarrReader", "open_reader"]
+
+
 logger = logging.getLogger(__name__)
 
 REFRESH_HINT = (

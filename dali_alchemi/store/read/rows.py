@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.codecs import ArrayCodec
     from dali_alchemi.store.read.fetch import ByteFetcher
 
+__all__ = ["CHECKSUM_BYTES", "IN_PLACE_SPAN_SIZE", "MAX_GAP_BYTES", "MAX_RUNS", "RowReader", "reads_rows"]
+
+
 CHECKSUM_BYTES = 4
 """Bytes of the ``crc32c`` that ends a checksummed chunk."""
 

@@ -43,6 +43,9 @@ import numpy as np
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
+__all__ = ["POLL_S", "WAIT_S", "SharedBlocks", "make_shared_folder", "remove_shared_folder", "shared_memory_root"]
+
+
 logger = logging.getLogger(__name__)
 
 _TRAILER = struct.Struct("<4sI")

@@ -36,6 +36,18 @@ if TYPE_CHECKING:
 
     from dali_alchemi.types import IndexArray, Level, PtrArray
 
+__all__ = [
+    "LOAD_ATTEMPTS",
+    "ArrayHandle",
+    "Snapshot",
+    "SnapshotIdentity",
+    "identify",
+    "incompatibility",
+    "open_snapshot",
+    "served_as",
+]
+
+
 logger = logging.getLogger(__name__)
 
 LOAD_ATTEMPTS = 3

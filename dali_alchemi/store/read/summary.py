@@ -16,6 +16,8 @@ from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.location import StoreLike, StoreLocation, resolve_store
 from dali_alchemi.store.read.open_checks import check_meta, open_root
 
+__all__ = ["ArraySummary", "StoreSummary", "summarize"]
+
 
 @dataclass(frozen=True, slots=True)
 class ArraySummary:

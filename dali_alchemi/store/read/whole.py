@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.codecs import ArrayCodec
     from dali_alchemi.store.read.fetch import ByteFetcher
 
+__all__ = ["read_whole", "reads_whole"]
+
 
 def reads_whole(codec: ArrayCodec) -> bool:
     """Whether :func:`read_whole` applies: an array whose inner chunks hold whole rows."""

@@ -22,6 +22,16 @@ if TYPE_CHECKING:
 
     from dali_alchemi.config import ArrayConfig
 
+__all__ = [
+    "WRITE_EVERY_CHUNK",
+    "complete",
+    "create_array",
+    "extend_array",
+    "promise",
+    "truncate_array",
+    "write_array",
+]
+
 
 def create_array(group: Any, name: str, shape: tuple[int, ...], dtype: np.dtype[Any], cfg: ArrayConfig) -> Any:
     """Create an array chunked (and optionally sharded) along dim 0 only, with explicit codecs."""

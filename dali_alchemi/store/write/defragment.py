@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     from dali_alchemi.store.format.location import StoreLocation
     from dali_alchemi.store.read.open_checks import MetaInfo
 
+__all__ = ["DEFAULT_DEFRAGMENT_WINDOW", "DEFRAGMENT_CACHE_BYTES", "copy_live", "defragment"]
+
+
 DEFAULT_DEFRAGMENT_WINDOW = 8192
 """Samples copied per step by :meth:`~dali_alchemi.store.write.writer.AtomicDataZarrWriter.defragment`."""
 

@@ -20,6 +20,20 @@ from dali_alchemi.store.format.packed import PackedSamples, SupportsPacked
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
+__all__ = [
+    "Samples",
+    "check_disk",
+    "check_field_name",
+    "check_neighbor_list",
+    "check_stored",
+    "disk_arrays",
+    "field_names",
+    "global_index",
+    "squeeze_system",
+    "to_packed",
+]
+
+
 Samples = Sequence[Mapping[str, Any]] | PackedSamples | SupportsPacked
 
 

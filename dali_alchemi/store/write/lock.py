@@ -52,6 +52,9 @@ try:
 except ImportError:  # not on Windows; the lock then relies on the pid check alone
     fcntl = None  # type: ignore[assignment]
 
+__all__ = ["LOCK_KEY", "LOCK_SUFFIX", "LockHolder", "WriterLock"]
+
+
 logger = logging.getLogger(__name__)
 
 LOCK_SUFFIX = "lock"

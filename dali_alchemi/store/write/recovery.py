@@ -50,6 +50,9 @@ from dali_alchemi.types import PerLevel
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
+__all__ = ["apply_delete", "finish_repair_swap", "recover", "remove_partial_files", "remove_staging"]
+
+
 logger = logging.getLogger(__name__)
 
 

@@ -50,6 +50,19 @@ from dali_alchemi.store.write.arrays import complete
 from dali_alchemi.store.write.lock import WriterLock
 from dali_alchemi.store.write.recovery import finish_repair_swap, recover, remove_staging
 
+__all__ = [
+    "COPY_CONCURRENCY",
+    "REWRITE_WINDOW_ROWS",
+    "RepairReport",
+    "check_in_place",
+    "repair_copy",
+    "repair_in_place",
+    "repair_store",
+    "rewrite",
+    "run_repair",
+]
+
+
 REWRITE_WINDOW_ROWS = 1 << 21
 """Edge rows rewritten per step (at least one storage block)."""
 COPY_CONCURRENCY = 32

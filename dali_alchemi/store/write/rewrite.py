@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from dali_alchemi.store.format.location import StoreLike, StoreLocation
     from dali_alchemi.store.read.open_checks import MetaInfo
 
+__all__ = ["STAGING_SUFFIX", "STEP_BYTES", "Progress", "RewriteReport", "rewrite_store", "staging_path"]
+
+
 STEP_BYTES = 64 << 20
 """Bytes of one array copied per step (rounded to whole target shards or chunks)."""
 

@@ -81,6 +81,9 @@ if TYPE_CHECKING:
 
     from dali_alchemi.types import Level
 
+__all__ = ["AtomicDataZarrWriter"]
+
+
 logger = logging.getLogger(__name__)
 
 

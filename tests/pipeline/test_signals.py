@@ -108,7 +108,9 @@ def serve():
             {"train": train, "wedged": wedged}[case](*args)
             return  # a KeyboardInterrupt propagates to the top level as in any script
         _, status = os.waitpid(pid, 0)
-        print(f"exit {os.waitstatus_to_exitcode(status)}", flush=True)
+        # on a line of its own: a Ctrl-C inside the child's print("epoch") can leave "epoch" written
+        # without its newline, and the child flushes that at exit
+        print(f"\\nexit {os.waitstatus_to_exitcode(status)}", flush=True)
 
 
 if __name__ == "__main__":
@@ -180,7 +182,8 @@ class Lines:
 
     def _read(self, stream: Any) -> None:
         for line in stream:
-            self._queue.put(line.strip())
+            if line.strip():  # blank lines carry nothing; "" is kept for the end of the stream
+                self._queue.put(line.strip())
         self._queue.put("")
 
     def expect(self, prefix: str, timeout: float) -> str | None:

@@ -24,18 +24,15 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dali_alchemi.batch import Batch
 from dali_alchemi.errors import EmptyBatchError
-from dali_alchemi.interop.read_many import as_packed_reader
+from dali_alchemi.loader_inputs import resolve_inputs
 from dali_alchemi.padding import pad_batch
-from dali_alchemi.plan import PadShape, PlanArguments, pad_shape, reader_plan, restore
+from dali_alchemi.plan import PadShape, PlanArguments, restore
 from dali_alchemi.store.format.packed import PackedSamples
-from dali_alchemi.store.format.protocol import as_field_names, select_fields
-from dali_alchemi.store.read.advice import warn_if_slow_layout
-from dali_alchemi.store.read.multi import open_source
+from dali_alchemi.store.format.protocol import as_field_names
 
 if TYPE_CHECKING:
-    from dali_alchemi.interop.read_many import ReadManyReader
+    from dali_alchemi.loader_inputs import LoaderSource
     from dali_alchemi.plan import BlockShuffle, EpochPlan, Plan
-    from dali_alchemi.store.format.location import StoreLike
     from dali_alchemi.store.format.protocol import PackedReader
     from dali_alchemi.types import Level
 
@@ -195,7 +192,7 @@ class PlanDataLoader(DataLoader[Any]):
 
 
 def plain_dataloader(
-    store_or_reader: StoreLike | PackedReader | ReadManyReader | Sequence[StoreLike | PackedReader | ReadManyReader],
+    store_or_reader: LoaderSource,
     *,
     batch_size: int | None = None,
     shuffle: bool | str | BlockShuffle = True,
@@ -232,23 +229,15 @@ def plain_dataloader(
     for a new order; ``loader.state_dict()``/``load_state_dict()`` save and restore the position.
     """
     names = None if fields is None else as_field_names(fields)
-    reader, owns = open_source(as_packed_reader(store_or_reader), fields=names, cache_bytes=cache_bytes)
-    try:
-        selected = select_fields(reader, names)
-        arguments = PlanArguments(
-            batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, shard_id=shard_id,
-            num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized, pad=pad,
-            weights=weights, samples_per_dataset=samples_per_dataset, epoch_policy=epoch_policy,
-        )  # fmt: skip
-        shuffled = plan is not None or bool(shuffle)
-        plan = reader_plan(plan, arguments, reader, selected, lambda: reader.sample_sizes(np.arange(len(reader))))
-        if shuffled:
-            warn_if_slow_layout(reader, "plain_dataloader")
-        shape = pad_shape(arguments, plan)
-    except BaseException:
-        if owns:
-            reader.close()
-        raise
+    arguments = PlanArguments(
+        batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, shard_id=shard_id,
+        num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized, pad=pad,
+        weights=weights, samples_per_dataset=samples_per_dataset, epoch_policy=epoch_policy,
+    )  # fmt: skip
+    inputs = resolve_inputs(
+        store_or_reader, plan=plan, arguments=arguments, fields=names, cache_bytes=cache_bytes, loader="plain_dataloader"
+    )
+    reader, owns, selected, plan, shape = inputs.reader, inputs.owns_reader, inputs.fields, inputs.plan, inputs.pad_shape
     specs = reader.field_specs
     extra: dict[str, Any] = {}
     if num_workers > 0:

@@ -20,26 +20,22 @@ import torch
 from dali_alchemi.augment import apply_augmentations, check_augmentations
 from dali_alchemi.config import LoaderConfig
 from dali_alchemi.errors import ConfigError, DeviceError, LoaderClosedError, LoaderError
-from dali_alchemi.interop.nvalchemi_batch import from_batch
-from dali_alchemi.interop.read_many import ReadManyAdapter, as_packed_reader
+from dali_alchemi.loader_inputs import check_shareable, nvalchemi_batches, resolve_inputs
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.pipeline import lifetime
 from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline
 from dali_alchemi.pipeline.dali_private import CLOSE_TIMEOUT_S, close_pipeline, disarm_pool, kill_workers
 from dali_alchemi.pipeline.iterator import WindowIterator
 from dali_alchemi.pipeline.source import BLOB_OUTPUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
-from dali_alchemi.plan import PlanArguments, pad_shape, reader_plan, restore
-from dali_alchemi.store.format.protocol import PackedReader, as_field_names, select_fields
-from dali_alchemi.store.read.advice import warn_if_slow_layout
-from dali_alchemi.store.read.multi import open_source
+from dali_alchemi.plan import PlanArguments, restore
+from dali_alchemi.store.format.protocol import as_field_names
 from dali_alchemi.store.read.shared import make_shared_folder, remove_shared_folder
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
     from dali_alchemi.augment import Augmentation
-    from dali_alchemi.interop.read_many import ReadManyReader
+    from dali_alchemi.loader_inputs import LoaderSource
     from dali_alchemi.plan import BlockShuffle, EpochPlan, Plan
-    from dali_alchemi.store.format.location import StoreLike
 
 __all__ = [
     "BATCH_TYPES",
@@ -99,29 +95,6 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return resolved
 
 
-def _check_shareable(source: Any) -> None:
-    """Refuse ``shared_cache=True`` for a source that would silently not share (see ``DALIDataLoader``).
-
-    Raises
-    ------
-    ConfigError
-        For a list of stores (the MultiReader's members keep caches of their own), a reader passed in
-        (opened without the loader's shared folder) or a ``read_many`` reader (no decoded-chunk cache).
-    """
-    if isinstance(source, (list, tuple)):
-        why = "a list of stores: the stores a MultiReader opens keep caches of their own"
-    elif isinstance(source, ReadManyAdapter):
-        why = f"a read_many reader ({type(source.reader).__name__}), which has no decoded-chunk cache"
-    elif isinstance(source, PackedReader):
-        why = (
-            f"a reader passed in ({type(source).__name__}), opened without the loader's shared folder; "
-            "open it with AtomicDataZarrReader(..., shared_cache=FOLDER) instead"
-        )
-    else:
-        return
-    raise ConfigError(f"shared_cache=True needs one store the loader opens itself, got {why}")
-
-
 class DALIDataLoader:
     """Iterate a store (or any :class:`~dali_alchemi.store.format.protocol.PackedReader`) as Batches through DALI.
 
@@ -161,6 +134,8 @@ class DALIDataLoader:
     plan
         A :class:`~dali_alchemi.plan.Plan` deciding every epoch's order and batches instead; it
         excludes the plan arguments above (except ``seed``) and must be made for the reader's length.
+        Or a :class:`~dali_alchemi.plan.PlanArguments` holding those arguments, to share one set
+        between this loader and :func:`~dali_alchemi.baseline.plain_dataloader`.
     batches_per_window
         Batches read together in one packed read (a *window*); nvalchemi calls this ``prefetch_factor``.
     num_workers
@@ -217,7 +192,7 @@ class DALIDataLoader:
 
     def __init__(
         self,
-        store_or_reader: StoreLike | PackedReader | ReadManyReader | Sequence[StoreLike | PackedReader | ReadManyReader],
+        store_or_reader: LoaderSource,
         *,
         batch_size: int | None = None,
         shuffle: bool | str | BlockShuffle = True,
@@ -259,39 +234,29 @@ class DALIDataLoader:
         self.layout = self.config.layout
         self.seed = seed
         self.device = resolve_device(device)
-        source = as_packed_reader(store_or_reader)
         # With shared_cache, worker processes share decoded chunks through a shared-memory folder, which
         # only a reader the loader opens itself, of one store, can be given: anything else would ignore it.
         if shared_cache:
-            _check_shareable(source)
+            check_shareable(store_or_reader)
         sharing = shared_cache and num_workers > 0
         self._shared_folder = make_shared_folder() if sharing else None
+        arguments = PlanArguments(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, shard_id=shard_id,
+            num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized, pad=pad,
+            weights=weights, samples_per_dataset=samples_per_dataset, epoch_policy=epoch_policy,
+        )  # fmt: skip
         try:
-            self.reader, self._owns_reader = open_source(
-                source, fields=self.config.fields, cache_bytes=cache_bytes, shared_cache=self._shared_folder
-            )
-        except BaseException:
-            if self._shared_folder is not None:
-                remove_shared_folder(self._shared_folder)
-            raise
-        self._sizes: tuple[Any, Any] | None = None
-        try:
-            self.fields = select_fields(self.reader, self.config.fields)
-            arguments = PlanArguments(
-                batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, shard_id=shard_id,
-                num_shards=num_shards, max_atoms=max_atoms, max_edges=max_edges, oversized=oversized, pad=pad,
-                weights=weights, samples_per_dataset=samples_per_dataset, epoch_policy=epoch_policy,
+            inputs = resolve_inputs(
+                store_or_reader, plan=plan, arguments=arguments, fields=self.config.fields,
+                cache_bytes=cache_bytes, loader="DALIDataLoader", shared_cache=self._shared_folder,
             )  # fmt: skip
-            self.plan = reader_plan(plan, arguments, self.reader, self.fields, self._all_sizes)
-            if plan is not None or shuffle:
-                warn_if_slow_layout(self.reader, "DALIDataLoader")
-            self.pad_shape = pad_shape(arguments, self.plan)
         except BaseException:
-            if self._owns_reader:
-                self.reader.close()
             if self._shared_folder is not None:
                 remove_shared_folder(self._shared_folder)
             raise
+        self.reader, self._owns_reader, self.fields = inputs.reader, inputs.owns_reader, inputs.fields
+        self.plan, self.pad_shape, self._all_sizes = inputs.plan, inputs.pad_shape, inputs.sample_sizes
+        self._to_nvalchemi = nvalchemi_batches() if batch_type == "nvalchemi" else None
         # On the CPU the batch index and neighbor-list offsets are computed where the window is read (in
         # the workers); on a GPU they are computed on the device (batch.collate).
         self.specs: tuple[OutputSpec, ...] = output_specs(
@@ -312,12 +277,6 @@ class DALIDataLoader:
             lifetime.register(self)  # its workers end with this process (SIGTERM, SIGHUP, exit)
 
     # -- sizes and position ---------------------------------------------------------------------------
-    def _all_sizes(self) -> tuple[Any, Any]:
-        """Atom and edge counts of every structure, from the reader's pointers (no data read; once)."""
-        if self._sizes is None:
-            self._sizes = self.reader.sample_sizes(np.arange(len(self.reader), dtype=np.int64))
-        return self._sizes
-
     def epoch_plan(self, epoch: int | None = None) -> EpochPlan:
         """The plan of ``epoch`` (default: the current one), computed once per epoch."""
         epoch = self._epoch if epoch is None else epoch
@@ -394,7 +353,7 @@ class DALIDataLoader:
                     if self.pad_shape is not None:
                         batch = pad_batch(batch, **self.pad_shape.to_kwargs())
                     self._batch += 1
-                    yield from_batch(batch) if self.batch_type == "nvalchemi" else batch
+                    yield batch if self._to_nvalchemi is None else self._to_nvalchemi(batch)
         except LoaderError:
             if generation != self._generation:
                 raise  # superseded: the pipeline belongs to the newer iteration now

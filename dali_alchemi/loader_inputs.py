@@ -1,0 +1,143 @@
+"""What both loaders make of their arguments, once: the reader, the fields, the plan and the pad shape.
+
+:func:`resolve_inputs` takes the store-or-reader argument (a path or URL, a packed reader, a reader with
+nvalchemi's ``read_many`` contract, or a list of them), opens it, selects the fields, builds the plan
+from a :class:`~dali_alchemi.plan.Plan` or :class:`~dali_alchemi.plan.PlanArguments`, and works out the
+padded shape. A step that fails closes what the earlier ones opened. :class:`~dali_alchemi.pipeline.loader.DALIDataLoader`
+and :func:`~dali_alchemi.baseline.plain_dataloader` both start here, so they mean the same by every
+argument; neither imports :mod:`dali_alchemi.interop`, which only this module reaches into.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import numpy as np
+
+from dali_alchemi.errors import ConfigError, PlanError
+from dali_alchemi.interop.read_many import ReadManyAdapter, ReadManyReader, as_packed_reader
+from dali_alchemi.plan import PadShape, Plan, PlanArguments, pad_shape, reader_plan
+from dali_alchemi.store.format.location import StoreLike
+from dali_alchemi.store.format.protocol import PackedReader, select_fields
+from dali_alchemi.store.read.advice import warn_if_slow_layout
+from dali_alchemi.store.read.multi import open_source
+
+if TYPE_CHECKING:
+    from dali_alchemi.batch import Batch
+    from dali_alchemi.types import CountArray
+
+__all__ = ["LoaderInputs", "LoaderSource", "check_shareable", "nvalchemi_batches", "resolve_inputs"]
+
+LoaderSource: TypeAlias = (
+    StoreLike | PackedReader | ReadManyReader | Sequence[StoreLike | PackedReader | ReadManyReader]
+)
+"""What a loader reads: a store path or URL, a packed reader, a ``read_many`` reader, or a list of them."""
+
+
+@dataclass
+class LoaderInputs:
+    """A loader's reader (and whether the loader opened it), fields, plan and pad shape."""
+
+    reader: PackedReader
+    owns_reader: bool
+    fields: tuple[str, ...]
+    plan: Plan
+    pad_shape: PadShape | None
+    sample_sizes: Callable[[], tuple[CountArray, CountArray]]
+    """Atom and edge counts of every structure, from the reader's pointers: computed once, when first asked."""
+
+    def close(self) -> None:
+        """Close the reader if the loader opened it."""
+        if self.owns_reader:
+            self.reader.close()
+
+
+def resolve_inputs(
+    store_or_reader: LoaderSource,
+    *,
+    plan: Plan | PlanArguments | None,
+    arguments: PlanArguments,
+    fields: tuple[str, ...] | None,
+    cache_bytes: int | None,
+    loader: str,
+    shared_cache: str | None = None,
+) -> LoaderInputs:
+    """Open ``store_or_reader`` and build what a loader reads: see the module docstring.
+
+    ``plan`` is a plan, or a :class:`~dali_alchemi.plan.PlanArguments` that stands for the loader's plan
+    arguments (which must then be left at their defaults); ``arguments`` are those the loader was given.
+    ``loader`` names the loader in the slow-layout warning.
+
+    Raises
+    ------
+    PlanError
+        If ``plan`` is a ``PlanArguments`` and plan arguments were given too, or the plan does not fit
+        the reader (see :func:`~dali_alchemi.plan.arguments.build_plan`).
+    """
+    if isinstance(plan, PlanArguments):
+        given = arguments.given()
+        if given:
+            raise PlanError(
+                f"plan=PlanArguments(...) is mutually exclusive with {', '.join(given)}: pass them inside it"
+            )
+        arguments, plan = plan, None
+    reader, owns = open_source(
+        as_packed_reader(store_or_reader), fields=fields, cache_bytes=cache_bytes, shared_cache=shared_cache
+    )
+    try:
+        selected = select_fields(reader, fields)
+        sizes = _once(lambda: reader.sample_sizes(np.arange(len(reader), dtype=np.int64)))
+        built = reader_plan(plan, arguments, reader, selected, sizes)
+        if plan is not None or arguments.shuffle:
+            warn_if_slow_layout(reader, loader)
+        shape = pad_shape(arguments, built)
+    except BaseException:
+        if owns:
+            reader.close()
+        raise
+    return LoaderInputs(reader, owns, tuple(selected), built, shape, sizes)
+
+
+def _once(compute: Callable[[], Any]) -> Callable[[], Any]:
+    done: list[Any] = []
+
+    def get() -> Any:
+        if not done:
+            done.append(compute())
+        return done[0]
+
+    return get
+
+
+def check_shareable(source: Any) -> None:
+    """Refuse ``shared_cache=True`` for a source that would silently not share (see ``DALIDataLoader``).
+
+    Raises
+    ------
+    ConfigError
+        For a list of stores (the MultiReader's members keep caches of their own), a reader passed in
+        (opened without the loader's shared folder) or a ``read_many`` reader (no decoded-chunk cache).
+    """
+    source = as_packed_reader(source)
+    if isinstance(source, list | tuple):
+        why = "a list of stores: the stores a MultiReader opens keep caches of their own"
+    elif isinstance(source, ReadManyAdapter):
+        why = f"a read_many reader ({type(source.reader).__name__}), which has no decoded-chunk cache"
+    elif isinstance(source, PackedReader):
+        why = (
+            f"a reader passed in ({type(source).__name__}), opened without the loader's shared folder; "
+            "open it with AtomicDataZarrReader(..., shared_cache=FOLDER) instead"
+        )
+    else:
+        return
+    raise ConfigError(f"shared_cache=True needs one store the loader opens itself, got {why}")
+
+
+def nvalchemi_batches() -> Callable[[Batch], Any]:
+    """What turns a Batch into nvalchemi's (``batch_type="nvalchemi"``); needs nvalchemi-toolkit."""
+    from dali_alchemi.interop.nvalchemi_batch import from_batch
+
+    return from_batch
+

@@ -29,17 +29,8 @@ if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
 
 __all__ = [
-    "LATTICE_FIELDS",
-    "TENSOR_FIELDS",
-    "VECTOR_FIELDS",
-    "Augmentation",
-    "PositionNoise",
-    "RandomRotation",
-    "RandomTranslation",
-    "apply_augmentations",
-    "batch_generator",
-    "check_augmentations",
-    "random_rotations",
+    "LATTICE_FIELDS", "TENSOR_FIELDS", "VECTOR_FIELDS", "Augmentation", "PositionNoise", "RandomRotation",
+    "RandomTranslation", "apply_augmentations", "batch_generator", "check_augmentations", "random_rotations"
 ]
 
 

@@ -24,30 +24,11 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 __all__ = [
-    "CHUNKS_PER_SHARD",
-    "COMPRESSED_ARRAYS",
-    "COMPRESSED_CODEC",
-    "DEFAULT_CHUNK_BYTES",
-    "DEFAULT_COMPRESSORS",
-    "DENSE_GAIN",
-    "DENSE_MIN_SAVING",
-    "DENSE_SMALL_CHUNK_CODEC",
-    "DISK_BUDGET",
-    "FAST_SMALL_CHUNK_CODEC",
-    "LAYOUTS",
-    "RAW_ARRAYS",
-    "SAMPLE_BYTES",
-    "SHARD_INDEX_ENTRY_BYTES",
-    "SMALL_CHUNK_BYTES",
-    "START_METHODS",
-    "ArrayConfig",
-    "FetchConfig",
-    "LoaderConfig",
-    "WriteConfig",
-    "compressed_ratio",
-    "default_array_configs",
-    "layout_config",
-    "small_chunk_rows",
+    "CHUNKS_PER_SHARD", "COMPRESSED_ARRAYS", "COMPRESSED_CODEC", "DEFAULT_CHUNK_BYTES", "DEFAULT_COMPRESSORS",
+    "DENSE_GAIN", "DENSE_MIN_SAVING", "DENSE_SMALL_CHUNK_CODEC", "DISK_BUDGET", "FAST_SMALL_CHUNK_CODEC",
+    "LAYOUTS", "RAW_ARRAYS", "SAMPLE_BYTES", "SHARD_INDEX_ENTRY_BYTES", "SMALL_CHUNK_BYTES", "START_METHODS",
+    "ArrayConfig", "FetchConfig", "LoaderConfig", "WriteConfig", "compressed_ratio", "default_array_configs",
+    "layout_config", "small_chunk_rows"
 ]
 
 

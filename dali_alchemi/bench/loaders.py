@@ -26,19 +26,8 @@ from dali_alchemi.store.format.protocol import select_fields
 from dali_alchemi.store.read.reader import AtomicDataZarrReader
 
 __all__ = [
-    "DECODE_CACHE_BYTES",
-    "LIMITS",
-    "NO_BLOCK_ORDER",
-    "ORDERS",
-    "LoaderSettings",
-    "Runnable",
-    "Shuffle",
-    "bench_plan",
-    "is_plain",
-    "median",
-    "nvalchemi_available",
-    "open_loader",
-    "validate_names",
+    "DECODE_CACHE_BYTES", "LIMITS", "NO_BLOCK_ORDER", "ORDERS", "LoaderSettings", "Runnable", "Shuffle",
+    "bench_plan", "is_plain", "median", "nvalchemi_available", "open_loader", "validate_names"
 ]
 
 

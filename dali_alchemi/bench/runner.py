@@ -40,18 +40,8 @@ from dali_alchemi.errors import ConfigError
 from dali_alchemi.store.read.reader import AtomicDataZarrReader
 
 __all__ = [
-    "BenchConfig",
-    "BenchMeta",
-    "BenchRun",
-    "Measurement",
-    "ProgressCallback",
-    "Record",
-    "machine_info",
-    "measure",
-    "open_time",
-    "package_versions",
-    "run_bench",
-    "summarize",
+    "BenchConfig", "BenchMeta", "BenchRun", "Measurement", "ProgressCallback", "Record", "machine_info",
+    "measure", "open_time", "package_versions", "run_bench", "summarize"
 ]
 
 

@@ -25,13 +25,8 @@ if TYPE_CHECKING:
     from dali_alchemi.config import WriteConfig
 
 __all__ = [
-    "SYNTHETIC_LEVELS",
-    "size_plan",
-    "synthetic_config",
-    "synthetic_samples",
-    "write_synthetic_extxyz",
-    "write_synthetic_store",
-    "write_synthetic_store_nvalchemi",
+    "SYNTHETIC_LEVELS", "size_plan", "synthetic_config", "synthetic_samples", "write_synthetic_extxyz",
+    "write_synthetic_store", "write_synthetic_store_nvalchemi"
 ]
 
 

@@ -15,17 +15,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "LOG_WIDTH",
-    "CommandError",
-    "CountColumn",
-    "cuda_device",
-    "fmt",
-    "fold_columns",
-    "human_bytes",
-    "make_console",
-    "make_table",
-    "parse_device",
-    "print_table",
+    "LOG_WIDTH", "CommandError", "CountColumn", "cuda_device", "fmt", "fold_columns", "human_bytes",
+    "make_console", "make_table", "parse_device", "print_table"
 ]
 
 

@@ -34,17 +34,8 @@ if TYPE_CHECKING:
     from dali_alchemi.types import Level
 
 __all__ = [
-    "ARRAY_NAMES",
-    "COLUMNS",
-    "HANDLED_ARRAYS",
-    "NESTED_INFO",
-    "PER_ATOM_RESULTS",
-    "RANK2",
-    "RESULT_NAMES",
-    "Extracted",
-    "extract",
-    "rank2",
-    "system_row",
+    "ARRAY_NAMES", "COLUMNS", "HANDLED_ARRAYS", "NESTED_INFO", "PER_ATOM_RESULTS", "RANK2", "RESULT_NAMES",
+    "Extracted", "extract", "rank2", "system_row"
 ]
 
 

@@ -55,17 +55,9 @@ if TYPE_CHECKING:
     from dali_alchemi.store.format.location import StoreLike, StoreLocation
 
 __all__ = [
-    "DATABASE_FORMATS",
-    "DEFAULT_CHUNK",
-    "MIN_ATOM_LINE_BYTES",
-    "XYZ_FORMATS",
-    "ConversionReport",
-    "batch_to_atoms",
-    "check_xyz_counts",
-    "convert",
-    "read_structures",
-    "refuse_differing_fields",
-    "write_atoms",
+    "DATABASE_FORMATS", "DEFAULT_CHUNK", "MIN_ATOM_LINE_BYTES", "XYZ_FORMATS", "ConversionReport",
+    "batch_to_atoms", "check_xyz_counts", "convert", "read_structures", "refuse_differing_fields",
+    "write_atoms"
 ]
 
 

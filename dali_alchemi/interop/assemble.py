@@ -48,20 +48,9 @@ if TYPE_CHECKING:
     from dali_alchemi.types import Level
 
 __all__ = [
-    "DEFAULT_TOLERANCE",
-    "GEOMETRY",
-    "MISSING_POLICIES",
-    "PRESENT_SUFFIX",
-    "REQUIRED",
-    "Decision",
-    "FieldCensus",
-    "MissingPolicy",
-    "PrecisionLoss",
-    "Spool",
-    "decide",
-    "fill_value",
-    "to_float32",
-    "warn_precision",
+    "DEFAULT_TOLERANCE", "GEOMETRY", "MISSING_POLICIES", "PRESENT_SUFFIX", "REQUIRED", "Decision",
+    "FieldCensus", "MissingPolicy", "PrecisionLoss", "Spool", "decide", "fill_value", "to_float32",
+    "warn_precision"
 ]
 
 

@@ -47,17 +47,7 @@ from dali_alchemi.nvalchemi._dataloader import DataLoader
 from dali_alchemi.nvalchemi._dataset import Dataset
 
 __all__ = [
-    "AtomicDataZarrReader",
-    "AtomicDataZarrWriter",
-    "BatchDatasetProtocol",
-    "DataLoader",
-    "Dataset",
-    "DistributedSamplerProtocol",
-    "InMemoryDataset",
-    "MultiDataset",
-    "MultiDatasetBatchSampler",
-    "MultiDatasetSampler",
-    "Reader",
-    "ZarrArrayConfig",
-    "ZarrWriteConfig",
+    "AtomicDataZarrReader", "AtomicDataZarrWriter", "BatchDatasetProtocol", "DataLoader", "Dataset",
+    "DistributedSamplerProtocol", "InMemoryDataset", "MultiDataset", "MultiDatasetBatchSampler",
+    "MultiDatasetSampler", "Reader", "ZarrArrayConfig", "ZarrWriteConfig"
 ]

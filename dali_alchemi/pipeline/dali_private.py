@@ -15,17 +15,8 @@ import time
 from typing import Any
 
 __all__ = [
-    "CLOSE_TIMEOUT_S",
-    "OBSERVER_PATH",
-    "POOL_ATTRIBUTE",
-    "PROCESSES_PATH",
-    "SHUTDOWN_METHOD",
-    "close_pipeline",
-    "disarm_pool",
-    "kill_workers",
-    "worker_pool",
-    "worker_processes",
-    "workers_hidden",
+    "CLOSE_TIMEOUT_S", "OBSERVER_PATH", "POOL_ATTRIBUTE", "PROCESSES_PATH", "SHUTDOWN_METHOD",
+    "close_pipeline", "disarm_pool", "kill_workers", "worker_pool", "worker_processes", "workers_hidden"
 ]
 
 

@@ -43,18 +43,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 __all__ = [
-    "DEFERRED_SIGNALS",
-    "PARENT_SIGNALS",
-    "SIGNAL_STOP_TIMEOUT_S",
-    "WATCHDOG_INTERVAL_S",
-    "GuardedSource",
-    "WorkerGuard",
-    "WorkerOwner",
-    "arm_worker",
-    "register",
-    "starting_workers",
-    "stop_all_workers",
-    "unregister",
+    "DEFERRED_SIGNALS", "PARENT_SIGNALS", "SIGNAL_STOP_TIMEOUT_S", "WATCHDOG_INTERVAL_S", "GuardedSource",
+    "WorkerGuard", "WorkerOwner", "arm_worker", "register", "starting_workers", "stop_all_workers",
+    "unregister"
 ]
 
 

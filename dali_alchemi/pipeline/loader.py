@@ -38,12 +38,8 @@ if TYPE_CHECKING:
     from dali_alchemi.plan import BlockShuffle, EpochPlan, Plan
 
 __all__ = [
-    "BATCH_TYPES",
-    "DEFAULT_BATCHES_PER_WINDOW",
-    "DEFAULT_NUM_WORKERS",
-    "KEEP_ALIVE_MARGIN",
-    "DALIDataLoader",
-    "resolve_device",
+    "BATCH_TYPES", "DEFAULT_BATCHES_PER_WINDOW", "DEFAULT_NUM_WORKERS", "KEEP_ALIVE_MARGIN", "DALIDataLoader",
+    "resolve_device"
 ]
 
 

@@ -43,25 +43,9 @@ if TYPE_CHECKING:
     from dali_alchemi.types import Level
 
 __all__ = [
-    "BATCH_BOUNDS",
-    "BATCH_IDX",
-    "BLOB",
-    "BLOB_ALIGN",
-    "BLOB_OUTPUTS",
-    "HEADER",
-    "INDICES",
-    "N_ATOMS",
-    "N_EDGES",
-    "READ_AHEAD_CLOSE_TIMEOUT_S",
-    "BlobEntry",
-    "OutputSpec",
-    "ReadAheadSource",
-    "WindowSource",
-    "blob_entries",
-    "loader_error",
-    "output_specs",
-    "pack_blob",
-    "source_error",
+    "BATCH_BOUNDS", "BATCH_IDX", "BLOB", "BLOB_ALIGN", "BLOB_OUTPUTS", "HEADER", "INDICES", "N_ATOMS",
+    "N_EDGES", "READ_AHEAD_CLOSE_TIMEOUT_S", "BlobEntry", "OutputSpec", "ReadAheadSource", "WindowSource",
+    "blob_entries", "loader_error", "output_specs", "pack_blob", "source_error"
 ]
 
 

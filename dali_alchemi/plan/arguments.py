@@ -33,13 +33,8 @@ if TYPE_CHECKING:
     from dali_alchemi.types import CountArray, IndexArray
 
 __all__ = [
-    "DEFAULT_BATCH_SIZE",
-    "PadShape",
-    "PlanArguments",
-    "build_plan",
-    "pad_shape",
-    "reader_plan",
-    "shuffle_mode",
+    "DEFAULT_BATCH_SIZE", "PadShape", "PlanArguments", "build_plan", "pad_shape", "reader_plan",
+    "shuffle_mode"
 ]
 
 

@@ -46,23 +46,9 @@ if TYPE_CHECKING:
     from dali_alchemi.types import CountArray, IndexArray, PtrArray
 
 __all__ = [
-    "BLOCK_STREAM",
-    "BUFFER_CACHE_FRACTION",
-    "DEFAULT_SPAN_SIZE",
-    "ELASTIC_KEYS",
-    "BlockShuffle",
-    "BlockShufflePlan",
-    "ResumePoint",
-    "StoreChunking",
-    "block_order",
-    "block_plan",
-    "block_sizes",
-    "check_span_bounds",
-    "deal",
-    "default_buffer_spans",
-    "fixed_spans",
-    "local_spans",
-    "store_chunking",
+    "BLOCK_STREAM", "BUFFER_CACHE_FRACTION", "DEFAULT_SPAN_SIZE", "ELASTIC_KEYS", "BlockShuffle",
+    "BlockShufflePlan", "ResumePoint", "StoreChunking", "block_order", "block_plan", "block_sizes",
+    "check_span_bounds", "deal", "default_buffer_spans", "fixed_spans", "local_spans", "store_chunking"
 ]
 
 

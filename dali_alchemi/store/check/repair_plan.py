@@ -40,14 +40,8 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.open_checks import MetaInfo
 
 __all__ = [
-    "INFER_WINDOW_EDGES",
-    "KINDS",
-    "NEIGHBOR_LIST",
-    "PREFERENCES",
-    "RepairPlan",
-    "infer",
-    "stored_extents",
-    "summary_lines",
+    "INFER_WINDOW_EDGES", "KINDS", "NEIGHBOR_LIST", "PREFERENCES", "RepairPlan", "infer", "stored_extents",
+    "summary_lines"
 ]
 
 

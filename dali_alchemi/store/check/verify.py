@@ -55,12 +55,8 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 __all__ = [
-    "BLOCKS_PER_THREAD",
-    "DEFAULT_MAX_PROBLEMS",
-    "MAX_IMPLICIT_OBJECTS",
-    "Progress",
-    "VerifyReport",
-    "verify_store",
+    "BLOCKS_PER_THREAD", "DEFAULT_MAX_PROBLEMS", "MAX_IMPLICIT_OBJECTS", "Progress", "VerifyReport",
+    "verify_store"
 ]
 
 

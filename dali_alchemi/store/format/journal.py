@@ -37,33 +37,10 @@ if TYPE_CHECKING:
     from dali_alchemi.store.format.location import StoreLocation
 
 __all__ = [
-    "AS_IS",
-    "CREATE_PREFIX",
-    "DEFRAGMENT_NEW",
-    "DEFRAGMENT_OLD",
-    "JOURNAL_KEY",
-    "JOURNAL_SUFFIX",
-    "REPAIR_NEW",
-    "REPAIR_OLD",
-    "AddCustomOp",
-    "AppendOp",
-    "DefragmentOp",
-    "DeleteOp",
-    "OpState",
-    "Operation",
-    "ReadView",
-    "RepairOp",
-    "atomic_write_text",
-    "clear_journal",
-    "dumps",
-    "interpret",
-    "parse_operation",
-    "previous_suffix",
-    "read_journal",
-    "sibling",
-    "siblings",
-    "staging_suffix",
-    "write_journal",
+    "AS_IS", "CREATE_PREFIX", "DEFRAGMENT_NEW", "DEFRAGMENT_OLD", "JOURNAL_KEY", "JOURNAL_SUFFIX",
+    "REPAIR_NEW", "REPAIR_OLD", "AddCustomOp", "AppendOp", "DefragmentOp", "DeleteOp", "OpState", "Operation",
+    "ReadView", "RepairOp", "atomic_write_text", "clear_journal", "dumps", "interpret", "parse_operation",
+    "previous_suffix", "read_journal", "sibling", "siblings", "staging_suffix", "write_journal"
 ]
 
 

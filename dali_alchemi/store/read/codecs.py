@@ -28,15 +28,8 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 __all__ = [
-    "MISSING_CHUNK",
-    "ArrayCodec",
-    "BlockPayloads",
-    "BlockRequests",
-    "ChunkLocation",
-    "block_requests",
-    "fetch_blocks",
-    "load_shard_indexes",
-    "read_blocks",
+    "MISSING_CHUNK", "ArrayCodec", "BlockPayloads", "BlockRequests", "ChunkLocation", "block_requests",
+    "fetch_blocks", "load_shard_indexes", "read_blocks"
 ]
 
 

@@ -61,15 +61,8 @@ if TYPE_CHECKING:
     from dali_alchemi.types import CountArray, IndexArray, Level
 
 __all__ = [
-    "DEFAULT_WORKING_SET_BYTES",
-    "INLINE_ROWS",
-    "RESIDENT",
-    "TASKS_PER_THREAD",
-    "WHOLE_ARRAY_SHARE",
-    "BlockEngine",
-    "ReadStats",
-    "RowsRead",
-    "default_threads",
+    "DEFAULT_WORKING_SET_BYTES", "INLINE_ROWS", "RESIDENT", "TASKS_PER_THREAD", "WHOLE_ARRAY_SHARE",
+    "BlockEngine", "ReadStats", "RowsRead", "default_threads"
 ]
 
 

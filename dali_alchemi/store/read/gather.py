@@ -26,16 +26,8 @@ if TYPE_CHECKING:
     from dali_alchemi.types import CountArray, IndexArray, PtrArray
 
 __all__ = [
-    "BlockJob",
-    "LevelPlan",
-    "balanced_groups",
-    "block_layout",
-    "contiguous_groups",
-    "plan_rows",
-    "plan_system_rows",
-    "rows_view",
-    "scatter",
-    "working_set_groups",
+    "BlockJob", "LevelPlan", "balanced_groups", "block_layout", "contiguous_groups", "plan_rows",
+    "plan_system_rows", "rows_view", "scatter", "working_set_groups"
 ]
 
 

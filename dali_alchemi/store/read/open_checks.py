@@ -29,16 +29,8 @@ if TYPE_CHECKING:
     from dali_alchemi.types import Level
 
 __all__ = [
-    "FALLBACK_MEMORY_BUDGET",
-    "NOT_A_STORE_NEXT_STEP",
-    "ROW_SOURCES",
-    "MetaInfo",
-    "check_chunk_size",
-    "check_data_array",
-    "check_every_array_known",
-    "check_meta",
-    "memory_budget",
-    "open_root",
+    "FALLBACK_MEMORY_BUDGET", "NOT_A_STORE_NEXT_STEP", "ROW_SOURCES", "MetaInfo", "check_chunk_size",
+    "check_data_array", "check_every_array_known", "check_meta", "memory_budget", "open_root"
 ]
 
 

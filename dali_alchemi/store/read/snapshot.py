@@ -37,14 +37,8 @@ if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray, Level, PtrArray
 
 __all__ = [
-    "LOAD_ATTEMPTS",
-    "ArrayHandle",
-    "Snapshot",
-    "SnapshotIdentity",
-    "identify",
-    "incompatibility",
-    "open_snapshot",
-    "served_as",
+    "LOAD_ATTEMPTS", "ArrayHandle", "Snapshot", "SnapshotIdentity", "identify", "incompatibility",
+    "open_snapshot", "served_as"
 ]
 
 

@@ -23,13 +23,8 @@ if TYPE_CHECKING:
     from dali_alchemi.config import ArrayConfig
 
 __all__ = [
-    "WRITE_EVERY_CHUNK",
-    "complete",
-    "create_array",
-    "extend_array",
-    "promise",
-    "truncate_array",
-    "write_array",
+    "WRITE_EVERY_CHUNK", "complete", "create_array", "extend_array", "promise", "truncate_array",
+    "write_array"
 ]
 
 

@@ -21,16 +21,8 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 __all__ = [
-    "Samples",
-    "check_disk",
-    "check_field_name",
-    "check_neighbor_list",
-    "check_stored",
-    "disk_arrays",
-    "field_names",
-    "global_index",
-    "squeeze_system",
-    "to_packed",
+    "Samples", "check_disk", "check_field_name", "check_neighbor_list", "check_stored", "disk_arrays",
+    "field_names", "global_index", "squeeze_system", "to_packed"
 ]
 
 

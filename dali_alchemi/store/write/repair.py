@@ -51,15 +51,8 @@ from dali_alchemi.store.write.lock import WriterLock
 from dali_alchemi.store.write.recovery import finish_repair_swap, recover, remove_staging
 
 __all__ = [
-    "COPY_CONCURRENCY",
-    "REWRITE_WINDOW_ROWS",
-    "RepairReport",
-    "check_in_place",
-    "repair_copy",
-    "repair_in_place",
-    "repair_store",
-    "rewrite",
-    "run_repair",
+    "COPY_CONCURRENCY", "REWRITE_WINDOW_ROWS", "RepairReport", "check_in_place", "repair_copy",
+    "repair_in_place", "repair_store", "rewrite", "run_repair"
 ]
 
 

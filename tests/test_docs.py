@@ -11,7 +11,6 @@ too), ``<!-- needs: cuda -->``, or both. A block that cannot run in a test at al
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import shutil
 from pathlib import Path
@@ -149,7 +148,6 @@ def test_every_python_block_runs(page: Path, stores: Path, tmp_path: Path, monke
         shutil.copytree(stores / name, tmp_path / name)
     shutil.copytree(GROWN, tmp_path / "grown.zarr")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", ""))
     namespace = _given(tmp_path)
     ran = 0
     for line, code, reason in _blocks(page):

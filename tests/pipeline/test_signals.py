@@ -41,10 +41,20 @@ LOOPS = """
 import contextlib, faulthandler, os, signal, sys, threading
 from dali_alchemi import DALIDataLoader
 
+# a training script started from a terminal has the default Ctrl-C, terminate and hang-up actions, also
+# where this suite runs with some ignored (nohup ignores SIGHUP; a non-interactive shell's background job,
+# SIGINT): the loader installs its handlers only over the defaults
+signal.signal(signal.SIGINT, signal.default_int_handler)
+for _signum in (signal.SIGTERM, signal.SIGHUP):
+    signal.signal(_signum, signal.SIG_DFL)
+
 # what a hung run was doing, for the failure message: every thread's stack (written by C code, so also
 # while the main thread is stuck outside Python), and what Ctrl-C would do in each process
 faulthandler.register(signal.SIGUSR1, all_threads=True)
-signal.signal(signal.SIGUSR2, lambda *_: print(os.getpid(), "SIGINT:", signal.getsignal(signal.SIGINT), file=sys.stderr))
+signal.signal(signal.SIGUSR2, lambda *_: print(
+    os.getpid(), *(f"{s.name}: {signal.getsignal(s)}" for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)),
+    file=sys.stderr,
+))
 
 
 def train(store, start_method="fork", where="main"):
@@ -98,10 +108,7 @@ def serve():
         case, stderr_path, *args = line.split()
         pid = os.fork()
         if pid == 0:
-            os.setsid()
-            # Ctrl-C raises KeyboardInterrupt as in a script started from a terminal, even where this
-            # suite was started with SIGINT ignored (a background job of a non-interactive shell is)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            os.setsid()  # its signal actions are the defaults LOOPS set on import
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             os.dup2(os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
             print("started", os.getpid(), flush=True)

@@ -284,34 +284,34 @@ def test_dali_loader_yields_nvalchemi_batches(stores: tuple[str, str]) -> None:
     _assert_same(ours, list(nv.DataLoader(dataset, batch_size=5)), key_order=False)
 
 
-def test_a_training_step_through_nvalchemis_neighbor_list_hook(
-    stores: tuple[str, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_training_step_through_nvalchemis_neighbor_list_hook(stores: tuple[str, str]) -> None:
     from nvalchemi.hooks import NeighborListHook
     from nvalchemi.hooks._context import HookContext
     from nvalchemi.models.base import NeighborConfig
 
-    monkeypatch.setattr(torch._dynamo.config, "disable", True)  # the hook's torch.compile takes minutes on a CPU
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.SiLU(), torch.nn.Linear(8, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
-    hook = NeighborListHook(NeighborConfig(cutoff=0.6))
-    losses = []
-    for batch in da.DataLoader(da.Dataset(stores[1], device="cpu", num_workers=WORKERS), batch_size=8, shuffle=True):
-        hook(HookContext(batch=batch), None)  # replaces the edges group with its own neighbor list
-        sender, receiver = batch.neighbor_list[:, 0].long(), batch.neighbor_list[:, 1].long()
-        cell = batch.cell[batch.batch_idx.long()[sender]]
-        shifts = torch.einsum("ek,ekl->el", batch.neighbor_list_shifts.to(cell.dtype), cell)
-        distance = (batch.positions[receiver] - batch.positions[sender] + shifts).norm(dim=1, keepdim=True)
-        per_edge = model(distance).squeeze(1)
-        energy = torch.zeros(batch.num_graphs).index_add_(0, batch.batch_idx.long()[sender], per_edge)
-        loss = torch.nn.functional.mse_loss(energy, batch.energy.squeeze(1))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        assert batch.edge_ptr.shape == (batch.num_nodes + 1,) and int(batch.edge_ptr[-1]) == batch.num_edges
-        losses.append(float(loss))
-    assert len(losses) == 3 and all(np.isfinite(losses))
+    # the hook's torch.compile takes minutes on a CPU. config.patch restores the setting on the way out;
+    # a monkeypatch of this config module deletes the entry instead, which breaks torch.compile afterwards
+    with torch._dynamo.config.patch(disable=True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.SiLU(), torch.nn.Linear(8, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+        hook = NeighborListHook(NeighborConfig(cutoff=0.6))
+        losses = []
+        for batch in da.DataLoader(da.Dataset(stores[1], device="cpu", num_workers=WORKERS), batch_size=8, shuffle=True):
+            hook(HookContext(batch=batch), None)  # replaces the edges group with its own neighbor list
+            sender, receiver = batch.neighbor_list[:, 0].long(), batch.neighbor_list[:, 1].long()
+            cell = batch.cell[batch.batch_idx.long()[sender]]
+            shifts = torch.einsum("ek,ekl->el", batch.neighbor_list_shifts.to(cell.dtype), cell)
+            distance = (batch.positions[receiver] - batch.positions[sender] + shifts).norm(dim=1, keepdim=True)
+            per_edge = model(distance).squeeze(1)
+            energy = torch.zeros(batch.num_graphs).index_add_(0, batch.batch_idx.long()[sender], per_edge)
+            loss = torch.nn.functional.mse_loss(energy, batch.energy.squeeze(1))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            assert batch.edge_ptr.shape == (batch.num_nodes + 1,) and int(batch.edge_ptr[-1]) == batch.num_edges
+            losses.append(float(loss))
+        assert len(losses) == 3 and all(np.isfinite(losses))
 
 
 @pytest.mark.gpu

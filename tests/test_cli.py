@@ -71,8 +71,8 @@ def test_bench_piped_keeps_whole_loader_names(
     assert main(["bench", "--n", "120", "--rounds", "1", "--epochs", "1", "--batch-size", "16",
                  "--loaders", ",".join(loaders), "--step-ms", "0.1"]) == 0  # fmt: skip
     out = capsys.readouterr().out
-    _no_line_cut(out, *loaders, "warm samples/s", "first batch s", "peak PSS MB", "epoch / steps")
-    header = next(line for line in out.splitlines() if "loader" in line and "samples/s" in line)
+    _no_line_cut(out, *loaders, "warm structures/s", "first batch s", "peak PSS MB", "epoch / steps")
+    header = next(line for line in out.splitlines() if "loader" in line and "structures/s" in line)
     assert "epoch / steps" in header, "the header spans one line"
     rows = [line for line in out.splitlines() if "torch-batched-w0" in line]
     assert len(rows) == 1 and "shuffle" in rows[0] and "1.00" in rows[0]
@@ -256,7 +256,7 @@ def _bench_like_table() -> Any:
     from dali_alchemi.cli.console import make_table
 
     table = make_table(
-        "loader", "order", "samples/s", "warm samples/s", "atoms/s", "x plain", "first batch s", "total s",
+        "loader", "order", "structures/s", "warm structures/s", "atoms/s", "x plain", "first batch s", "total s",
         "peak PSS MB", "quality", "batch KS", title="batch 64, cpu, 1 epoch, 1 round",
     )  # fmt: skip
     table.add_row("torch-batched-w2", "shuffle", "113,814", "120,000", "6,281,234", "8.40", "0.66", "12.34", "1,114", "0.896", "0.012")  # fmt: skip

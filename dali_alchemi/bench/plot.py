@@ -1,4 +1,4 @@
-"""The benchmark's bar chart: samples/s per loader and order, with the decode limit as a line."""
+"""The benchmark's bar chart: structures/s per loader and order, with the decode limit as a line."""
 
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     shape = ["batches", "atoms/batch", *(["fill"] if args.max_atoms else [])] if budget else []
     sizing = f"max_atoms {args.max_atoms}, max_edges {args.max_edges}" if budget else f"batch {args.batch_size}"
     table = make_table(
-        "loader", "order", "samples/s", "warm samples/s", "atoms/s", "x plain", "first batch s", "total s", "peak PSS MB", "quality", "batch KS",
+        "loader", "order", "structures/s", "warm structures/s", "atoms/s", "x plain", "first batch s", "total s", "peak PSS MB", "quality", "batch KS",
         *steps, *shape, title=f"{sizing}, {device}, {_count(args.epochs, 'epoch')}, {_rounds(args.rounds)}",
     )  # fmt: skip
     for r in run.records:

@@ -87,7 +87,7 @@ def test_cli_bench_writes_json_and_plot(
     assert by_name["nvalchemi"]["note"] == "not installed" or by_name["nvalchemi"]["samples_per_s"] > 0
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
     text = capsys.readouterr().out
-    assert "samples/s" in text and "epoch / steps" in text
+    assert "structures/s" in text and "epoch / steps" in text
     assert "1 epoch, 1 round" in text and "median of" not in text  # one measurement is not a median
 
 

@@ -16,7 +16,6 @@ job: it owns the store argument, and hands the engine the snapshot it reopened.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +29,6 @@ from zarr.storage import LocalStore
 
 from dali_alchemi.csr import concat_aranges
 from dali_alchemi.errors import ChunkDecodeError, ConfigError
-from dali_alchemi.store.format import layout
 from dali_alchemi.store.read.cache import BlockCache, CacheStats
 from dali_alchemi.store.read.codecs import block_requests, read_blocks
 from dali_alchemi.store.read.fetch import ByteFetcher, LocalFetcher, StoreFetcher
@@ -38,8 +36,10 @@ from dali_alchemi.store.read.gather import (
     BlockJob,
     LevelPlan,
     balanced_groups,
+    block_jobs,
     block_layout,
     contiguous_groups,
+    every_block,
     plan_rows,
     plan_system_rows,
     rows_view,
@@ -48,13 +48,14 @@ from dali_alchemi.store.read.gather import (
 )
 from dali_alchemi.store.read.io_batches import read_and_finish
 from dali_alchemi.store.read.rows import RowReader, reads_rows
+from dali_alchemi.store.read.shared import snapshot_token
+from dali_alchemi.store.read.snapshot import read_through_zarr
 from dali_alchemi.store.read.whole import read_whole, reads_whole
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-    from dali_alchemi.store.format.location import StoreLocation
     from dali_alchemi.store.read.codecs import ArrayCodec
     from dali_alchemi.store.read.shared import SharedBlocks
     from dali_alchemi.store.read.snapshot import ArrayHandle, Snapshot
@@ -182,7 +183,7 @@ class BlockEngine:
         self._snapshot = snapshot
         self.cache.clear()
         if self._shared_root is not None:
-            self._shared = self._shared_root.scoped(_snapshot_token(snapshot))
+            self._shared = self._shared_root.scoped(snapshot_token(snapshot))
         self._shard_indexes.clear()
         self._block_touches.clear()
         self._whole_failed.clear()
@@ -319,7 +320,7 @@ class BlockEngine:
             if plan.total == 0:
                 continue
             if handle.codec is None:
-                outputs[name][plan.dest] = _read_through_zarr(handle, plan.rows)
+                outputs[name][plan.dest] = read_through_zarr(handle, plan.rows)
                 continue
             if in_place is not None and reads_rows(handle.codec):
                 in_place.prepare(handle.codec, plan.rows)
@@ -341,9 +342,9 @@ class BlockEngine:
                     whole_reads.append((handle, plan, blocks, bounds))  # one read per stored object, then resident
                     continue
             elif small and blocks.size * WHOLE_ARRAY_SHARE >= handle.codec.n_blocks:
-                blocks, bounds = _every_block(blocks, bounds, handle.codec.n_blocks)
+                blocks, bounds = every_block(blocks, bounds, handle.codec.n_blocks)
                 to_stitch.append(name)  # read whole once, then one resident array: no per-block work again
-            jobs += _block_jobs(handle, plan, blocks, bounds)
+            jobs += block_jobs(handle, plan, blocks, bounds)
 
         def take(item: tuple[str, NDArray[Any]]) -> None:
             name, whole = item
@@ -355,7 +356,7 @@ class BlockEngine:
             self._read_in_place(in_place, raw, outputs)
         for (handle, plan, blocks, bounds), whole in zip(whole_reads, self._read_whole(whole_reads), strict=True):
             if whole is None:  # a chunk of it is bad: read the blocks asked for, which may be fine
-                jobs += _block_jobs(handle, plan, blocks, bounds)
+                jobs += block_jobs(handle, plan, blocks, bounds)
             else:
                 resident.append((handle.name, whole))
         groups = working_set_groups(jobs, self.working_set_bytes)
@@ -592,80 +593,3 @@ class _ReadOnThisThread:
 
     def __init__(self, local: LocalFetcher) -> None:
         self.fetch = local.read
-
-
-def _block_jobs(
-    handle: ArrayHandle, plan: LevelPlan, blocks: NDArray[np.int64], bounds: NDArray[np.int64]
-) -> list[BlockJob]:
-    """One job per row block ``blocks[k]``, for plan rows ``bounds[k]:bounds[k + 1]``."""
-    return [BlockJob(handle, block, plan, int(bounds[k]), int(bounds[k + 1]), None) for k, block in enumerate(blocks.tolist())]
-
-
-def _every_block(
-    blocks: NDArray[np.int64], bounds: NDArray[np.int64], n_blocks: int
-) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """All ``n_blocks`` blocks of an array, with empty row slices for those the read does not need.
-
-    ``blocks``/``bounds`` are a plan's touched blocks and their slices (:meth:`LevelPlan.blocks`);
-    a job with an empty slice decodes its block (into the cache) and scatters nothing.
-    """
-    if blocks.size == n_blocks:
-        return blocks, bounds
-    every = np.arange(n_blocks, dtype=np.int64)
-    starts = np.full(n_blocks + 1, 0, dtype=np.int64)
-    starts[blocks] = bounds[:-1]
-    starts[n_blocks] = bounds[-1]
-    touched = np.zeros(n_blocks + 1, dtype=np.bool_)
-    touched[blocks] = True
-    touched[n_blocks] = True
-    # a block the read skips gets the slice start of the next touched block (an empty slice)
-    nxt = np.flatnonzero(touched)
-    starts = starts[nxt[np.searchsorted(nxt, np.arange(n_blocks + 1))]]
-    return every, starts
-
-
-def _snapshot_token(snapshot: Snapshot) -> str:
-    """A name for one state of a store, under which processes share its decoded blocks.
-
-    It covers the location, sample counts and arrays (shapes and dtypes), and also the state's
-    token (the bytes of the root and atom-pointer ``zarr.json``, which every delete, defragment,
-    ``add_custom`` and ``repair`` changes) and which custom fields were replaced: a block decoded from
-    one state is then never mapped by a reader of another, even when counts and shapes are the same.
-    For a local store it also covers the identity of those two files on disk (device, inode, change
-    time, size): a store written again at the same path, with the same shapes and byte-identical
-    metadata but new values, gets new files and so a new name, and a ``shared_cache`` folder kept
-    across runs never serves the old store's blocks.
-    """
-    arrays = ";".join(f"{n}:{h.shape}:{h.dtype}" for n, h in sorted(snapshot.handles.items()))
-    rewritten = ";".join(f"{n}:{g}" for n, g in sorted(snapshot.rewritten.items()))
-    text = f"{snapshot.location!r}|{snapshot.n_physical}|{int(snapshot.atoms_ptr[-1])}|{int(snapshot.edges_ptr[-1])}"
-    text += f"|{_file_identity(snapshot.location)}"
-    digest = hashlib.blake2b(f"{text}|{arrays}|{rewritten}|".encode() + snapshot.token, digest_size=8)
-    return digest.hexdigest()
-
-
-def _file_identity(loc: StoreLocation) -> str:
-    """Device, inode, change time and size of a local store's root and ``meta/atoms_ptr`` ``zarr.json``."""
-    root = loc.local_root
-    if root is None:
-        return "-"
-    parts = []
-    for path in (root / "zarr.json", root / layout.META_GROUP / layout.ATOMS_PTR / "zarr.json"):
-        try:
-            st = path.stat()
-        except OSError:
-            parts.append("missing")
-            continue
-        parts.append(f"{st.st_dev}:{st.st_ino}:{st.st_ctime_ns}:{st.st_size}")
-    return ",".join(parts)
-
-
-def _read_through_zarr(handle: ArrayHandle, rows: NDArray[np.int64]) -> NDArray[Any]:
-    """Rows of an array the fast decoder does not take, read by zarr (which checks crc32c too)."""
-    try:
-        return handle.array.get_orthogonal_selection((rows,))  # type: ignore[no-any-return]
-    except Exception as err:  # codecs raise many types; all mean the stored bytes are unusable
-        name = handle.array.path or handle.name
-        raise ChunkDecodeError(
-            f"Array {name!r} could not be read through zarr: {type(err).__name__}: {err}", array=name
-        ) from err

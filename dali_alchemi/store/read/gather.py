@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from dali_alchemi.types import CountArray, IndexArray, PtrArray
 
 __all__ = [
-    "BlockJob", "LevelPlan", "balanced_groups", "block_layout", "contiguous_groups", "plan_rows",
-    "plan_system_rows", "rows_view", "scatter", "working_set_groups"
+    "BlockJob", "LevelPlan", "balanced_groups", "block_jobs", "block_layout", "contiguous_groups",
+    "every_block", "plan_rows", "plan_system_rows", "rows_view", "scatter", "working_set_groups"
 ]
 
 
@@ -170,3 +170,33 @@ def scatter(out: NDArray[Any], plan: LevelPlan, lo: int, hi: int, block: NDArray
     """Copy plan rows ``[lo, hi)`` (all inside one block starting at ``first_row``) to their destinations."""
     rows = plan.rows[lo:hi] - first_row
     rows_view(out)[plan.dest[lo:hi]] = rows_view(block)[rows]
+
+
+def block_jobs(
+    handle: ArrayHandle, plan: LevelPlan, blocks: NDArray[np.int64], bounds: NDArray[np.int64]
+) -> list[BlockJob]:
+    """One job per row block ``blocks[k]``, for plan rows ``bounds[k]:bounds[k + 1]``."""
+    return [BlockJob(handle, block, plan, int(bounds[k]), int(bounds[k + 1]), None) for k, block in enumerate(blocks.tolist())]
+
+
+def every_block(
+    blocks: NDArray[np.int64], bounds: NDArray[np.int64], n_blocks: int
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """All ``n_blocks`` blocks of an array, with empty row slices for those the read does not need.
+
+    ``blocks``/``bounds`` are a plan's touched blocks and their slices (:meth:`LevelPlan.blocks`);
+    a job with an empty slice decodes its block (into the cache) and scatters nothing.
+    """
+    if blocks.size == n_blocks:
+        return blocks, bounds
+    every = np.arange(n_blocks, dtype=np.int64)
+    starts = np.full(n_blocks + 1, 0, dtype=np.int64)
+    starts[blocks] = bounds[:-1]
+    starts[n_blocks] = bounds[-1]
+    touched = np.zeros(n_blocks + 1, dtype=np.bool_)
+    touched[blocks] = True
+    touched[n_blocks] = True
+    # a block the read skips gets the slice start of the next touched block (an empty slice)
+    nxt = np.flatnonzero(touched)
+    starts = starts[nxt[np.searchsorted(nxt, np.arange(n_blocks + 1))]]
+    return every, starts

@@ -21,12 +21,13 @@ Protocol, per block (``array name``, ``block``):
 Only the folder's path crosses a fork or a pickle; the folder belongs to whoever created it (the loader
 removes it on close). Stores change under a reader only through a refresh, which gives a new snapshot:
 its blocks live in a sub-folder of their own (:meth:`SharedBlocks.scoped`), named by the store's
-content (see ``engine._snapshot_token``), so a folder kept across runs never serves the blocks of a
+content (see :func:`snapshot_token`), so a folder kept across runs never serves the blocks of a
 store that was rewritten at the same path.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -40,10 +41,18 @@ from urllib.parse import quote
 
 import numpy as np
 
+from dali_alchemi.store.format import layout
+
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-__all__ = ["POLL_S", "WAIT_S", "SharedBlocks", "make_shared_folder", "remove_shared_folder", "shared_memory_root"]
+    from dali_alchemi.store.format.location import StoreLocation
+    from dali_alchemi.store.read.snapshot import Snapshot
+
+__all__ = [
+    "POLL_S", "WAIT_S", "SharedBlocks", "make_shared_folder", "remove_shared_folder", "shared_memory_root",
+    "snapshot_token"
+]
 
 
 logger = logging.getLogger(__name__)
@@ -200,3 +209,39 @@ def make_shared_folder() -> str:
 def remove_shared_folder(path: str | os.PathLike[str]) -> None:
     """Remove a folder made by :func:`make_shared_folder`, and every block still in it."""
     shutil.rmtree(path, ignore_errors=True)
+
+
+def snapshot_token(snapshot: Snapshot) -> str:
+    """A name for one state of a store, under which processes share its decoded blocks.
+
+    It covers the location, sample counts and arrays (shapes and dtypes), and also the state's
+    token (the bytes of the root and atom-pointer ``zarr.json``, which every delete, defragment,
+    ``add_custom`` and ``repair`` changes) and which custom fields were replaced: a block decoded from
+    one state is then never mapped by a reader of another, even when counts and shapes are the same.
+    For a local store it also covers the identity of those two files on disk (device, inode, change
+    time, size): a store written again at the same path, with the same shapes and byte-identical
+    metadata but new values, gets new files and so a new name, and a ``shared_cache`` folder kept
+    across runs never serves the old store's blocks.
+    """
+    arrays = ";".join(f"{n}:{h.shape}:{h.dtype}" for n, h in sorted(snapshot.handles.items()))
+    rewritten = ";".join(f"{n}:{g}" for n, g in sorted(snapshot.rewritten.items()))
+    text = f"{snapshot.location!r}|{snapshot.n_physical}|{int(snapshot.atoms_ptr[-1])}|{int(snapshot.edges_ptr[-1])}"
+    text += f"|{_file_identity(snapshot.location)}"
+    digest = hashlib.blake2b(f"{text}|{arrays}|{rewritten}|".encode() + snapshot.token, digest_size=8)
+    return digest.hexdigest()
+
+
+def _file_identity(loc: StoreLocation) -> str:
+    """Device, inode, change time and size of a local store's root and ``meta/atoms_ptr`` ``zarr.json``."""
+    root = loc.local_root
+    if root is None:
+        return "-"
+    parts = []
+    for path in (root / "zarr.json", root / layout.META_GROUP / layout.ATOMS_PTR / "zarr.json"):
+        try:
+            st = path.stat()
+        except OSError:
+            parts.append("missing")
+            continue
+        parts.append(f"{st.st_dev}:{st.st_ino}:{st.st_ctime_ns}:{st.st_size}")
+    return ",".join(parts)

@@ -17,9 +17,7 @@ every other array is streamed block by block.
 
 from __future__ import annotations
 
-import os
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -27,10 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import zarr
 from zarr.codecs import Crc32cCodec, ShardingCodec
-from zarr.core.sync import sync
-from zarr.errors import BaseZarrError, ZarrUserWarning
 from zarr.storage import LocalStore
 
 from dali_alchemi.errors import ChunkDecodeError, ConfigError, StoreFormatError, UnsupportedCodecError
@@ -43,9 +38,10 @@ from dali_alchemi.store.check.consistency import (
     owners,
     pointer_ok,
 )
+from dali_alchemi.store.check.inventory import fits_on_disk, group_arrays, store_groups
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.journal import read_journal
-from dali_alchemi.store.format.location import StoreLike, StoreLocation, resolve_store
+from dali_alchemi.store.format.location import StoreLike, resolve_store
 from dali_alchemi.store.read.codecs import ArrayCodec, fetch_blocks
 from dali_alchemi.store.read.engine import default_threads
 from dali_alchemi.store.read.fetch import ByteFetcher, LocalFetcher, StoreFetcher
@@ -55,7 +51,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 __all__ = [
-    "BLOCKS_PER_THREAD", "DEFAULT_MAX_PROBLEMS", "MAX_IMPLICIT_OBJECTS", "Progress", "VerifyReport",
+    "BLOCKS_PER_THREAD", "DEFAULT_MAX_PROBLEMS", "Progress", "VerifyReport",
     "verify_store"
 ]
 
@@ -267,13 +263,13 @@ def verify_store(
         found.add("format", str(err))
         return _report(loc.display, found, started, samples=-1, live=0, arrays=0, walker=None,
                        integrity=layout.Integrity(), unchecksummed=())  # fmt: skip
-    groups = _groups(root, loc.display, found)
+    groups = store_groups(root, loc.display, found)
     arrays: dict[str, Any] = {}
     for group_name in (layout.META_GROUP, layout.CORE_GROUP, layout.CUSTOM_GROUP):
         if group_name in groups:
             group = groups[group_name]
             if group is not None:  # else its zarr.json is unreadable, and reported
-                arrays.update(_arrays(loc, group, group_name, found))
+                arrays.update(group_arrays(loc, group, group_name, found))
         elif group_name != layout.CUSTOM_GROUP:
             found.add("format", f"Store {loc.display} is missing the {group_name!r} group", array=group_name)
     # Arrays of a level only a newer writer knows: forward compatible, not damaged; left out of every check.
@@ -301,7 +297,7 @@ def verify_store(
             found.add("format", str(err), array=path)
             del arrays[path]
             continue
-        if not _fits_on_disk(loc, path, arr, integrity.complete_chunks, found):
+        if not fits_on_disk(loc, path, arr, integrity.complete_chunks, found):
             del arrays[path]
     walker = _Walker(loc.store, integrity.complete_chunks, found, num_threads or default_threads(), progress)
     walker.total = sum(walker.chunks_of(arr) for arr in arrays.values())
@@ -311,92 +307,6 @@ def verify_store(
         walker.pool.shutdown(wait=True)
     return _report(loc.display, found, started, samples=samples, live=live, arrays=len(arrays), walker=walker,
                    integrity=integrity, unchecksummed=unchecksummed, skipped=skipped)  # fmt: skip
-
-
-MAX_IMPLICIT_OBJECTS = 1 << 16
-"""Claimed-but-unstored chunk objects one array may have in a store that does not promise every chunk
-(they read as the fill value); an array claiming more is reported, not walked, so that the time
-:func:`verify_store` takes is bounded by what is stored rather than by what ``zarr.json`` claims."""
-
-
-def _groups(root: Any, store: str, found: Findings) -> dict[str, Any]:
-    """The root's groups; a group whose ``zarr.json`` does not parse is a problem naming that file (and
-    ``None`` here)."""
-    out: dict[str, Any] = {}
-    for name in (layout.META_GROUP, layout.CORE_GROUP, layout.CUSTOM_GROUP):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ZarrUserWarning)
-                node = root.get(name)
-        except (ValueError, TypeError, KeyError, BaseZarrError) as err:  # JSONDecodeError is a ValueError
-            found.add("format", f"Store {store}: {name}/zarr.json is unreadable metadata: {type(err).__name__}: "
-                      f"{err}", array=name)  # fmt: skip
-            out[name] = None
-            continue
-        if isinstance(node, zarr.Group):
-            out[name] = node
-    return out
-
-
-def _arrays(loc: StoreLocation, group: Any, group_name: str, found: Findings) -> dict[str, Any]:
-    """The arrays of one group, opened one by one: one whose ``zarr.json`` does not parse is a problem
-    naming that file (the others are still checked), never an exception."""
-    prefix = loc.key(group_name)
-    names = sorted(sync(_list_dir(loc.store, prefix)))
-    out: dict[str, Any] = {}
-    for name in names:
-        if name == "zarr.json" or name.startswith("."):
-            continue
-        path = f"{group_name}/{name}"
-        try:
-            with warnings.catch_warnings():  # a directory without zarr.json: reported later as missing
-                warnings.simplefilter("ignore", ZarrUserWarning)
-                node = group.get(name)
-        except (ValueError, TypeError, KeyError, BaseZarrError) as err:
-            found.add("format", f"Store {loc.display}: {path}/zarr.json is unreadable metadata: "
-                      f"{type(err).__name__}: {err}", array=path)  # fmt: skip
-            continue
-        if isinstance(node, zarr.Array):
-            out[path] = node
-    return out
-
-
-async def _list_dir(store: Any, prefix: str) -> list[str]:
-    return [item async for item in store.list_dir(prefix)]
-
-
-def _stored_objects(loc: StoreLocation, path: str) -> int:
-    """Chunk objects (chunk or shard files) stored for array ``path``: one listing, O(what is stored)."""
-    if loc.local_root is not None:
-        chunks = loc.local_root / path / "c"
-        return sum(len(files) for _, _, files in os.walk(chunks)) if chunks.is_dir() else 0
-
-    async def count() -> int:
-        return sum([1 async for _ in loc.store.list_prefix(loc.key(path, "c") + "/")])
-
-    return sync(count())
-
-
-def _fits_on_disk(loc: StoreLocation, path: str, arr: Any, complete: bool, found: Findings) -> bool:
-    """Whether the chunk objects ``arr``'s ``zarr.json`` claims are stored, up to :data:`MAX_IMPLICIT_OBJECTS`
-    unstored ones; if not, that is a problem and the array is not walked, so a claim of 10^12 rows
-    costs one listing, not 10^12 / chunk rows reads."""
-    shape = tuple(int(s) for s in arr.shape)
-    if not shape:
-        return True
-    grid = tuple(int(s) for s in (arr.shards or arr.chunks))
-    claimed = 1
-    for extent, step in zip(shape, grid, strict=True):
-        claimed *= -(-extent // step)
-    if claimed <= MAX_IMPLICIT_OBJECTS:
-        return True
-    stored = _stored_objects(loc, path)
-    if claimed - stored <= MAX_IMPLICIT_OBJECTS:
-        return True  # each missing one is reported by the walk (or read as the fill value)
-    why = "missing chunks, though the store promises every one" if complete else "fill values at most"
-    found.add("shape", f"array {path} claims shape {shape}, {claimed:,} chunk objects, but only {stored:,} are "
-              f"stored: more than {MAX_IMPLICIT_OBJECTS:,} would be {why}; its chunks are not decoded", array=path)  # fmt: skip
-    return False
 
 
 def _check(

@@ -105,7 +105,7 @@ def _table_width(columns: list[Column]) -> int:
 
 def parse_device(spec: str) -> torch.device:
     """The device of ``--device``; a CUDA device on a machine without a GPU is a :class:`CommandError`."""
-    from dali_alchemi.pipeline.loader import resolve_device as resolve
+    from dali_alchemi.pipeline.device import resolve_device as resolve
 
     try:
         return resolve(spec)

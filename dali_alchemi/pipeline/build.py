@@ -13,19 +13,24 @@ with the training process. No data logic lives here.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from nvidia.dali import fn, types
 from nvidia.dali.pipeline import Pipeline
 
 from dali_alchemi.pipeline.dali_private import close_pipeline
 from dali_alchemi.pipeline.lifetime import GuardedSource, WorkerGuard, starting_workers
+from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
     from dali_alchemi.pipeline.source import OutputSpec
+    from dali_alchemi.plan import EpochPlan
+    from dali_alchemi.types import CountArray
 
-__all__ = ["PipelineOutputs", "build_pipeline"]
+__all__ = ["SHM_HEADROOM", "SHM_SLACK_BYTES", "PipelineOutputs", "build_pipeline", "window_bytes_hint"]
 
 
 logger = logging.getLogger(__name__)
@@ -100,3 +105,27 @@ def build_pipeline(
         raise
     logger.debug("built pipeline: %d outputs, %d workers", len(outputs.names), num_workers)
     return pipe, outputs
+
+
+SHM_HEADROOM, SHM_SLACK_BYTES = 1.5, 1 << 16
+"""Shared-memory hint: average window bytes times this headroom, plus slack for small windows."""
+
+
+def window_bytes_hint(
+    specs: Sequence[OutputSpec], sizes: tuple[CountArray, CountArray], epoch_plan: EpochPlan, batches_per_window: int
+) -> int:
+    """A generous estimate of one window's bytes, so DALI's shared memory rarely has to grow.
+
+    ``sizes`` are the atom and edge counts of every structure of the reader.
+    """
+    n_atoms, n_edges = sizes
+    if n_atoms.size == 0:
+        return SHM_SLACK_BYTES
+    rows = PerLevel(atom=float(n_atoms.mean()), edge=float(n_edges.mean()), system=1.0)
+    per_structure = sum(
+        rows[spec.level] * int(np.prod(spec.trailing, dtype=np.int64)) * spec.dtype.itemsize
+        for spec in specs
+        if spec.level is not None
+    )
+    per_batch = int(epoch_plan.batch_ptr[-1]) / max(1, epoch_plan.num_batches)
+    return int(per_structure * per_batch * batches_per_window * SHM_HEADROOM) + SHM_SLACK_BYTES

@@ -9,7 +9,6 @@ device, cut where the plan says. It reads through any :class:`~dali_alchemi.stor
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -19,37 +18,31 @@ import torch
 
 from dali_alchemi.augment import apply_augmentations, check_augmentations
 from dali_alchemi.config import LoaderConfig
-from dali_alchemi.errors import ConfigError, DeviceError, LoaderClosedError, LoaderError
+from dali_alchemi.errors import ConfigError, LoaderClosedError, LoaderError
 from dali_alchemi.loader_inputs import check_shareable, nvalchemi_batches, resolve_inputs
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.pipeline import lifetime
-from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline
+from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline, window_bytes_hint
 from dali_alchemi.pipeline.dali_private import CLOSE_TIMEOUT_S, close_pipeline, disarm_pool, kill_workers
+from dali_alchemi.pipeline.device import resolve_device
 from dali_alchemi.pipeline.iterator import WindowIterator
 from dali_alchemi.pipeline.source import BLOB_OUTPUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
 from dali_alchemi.plan import PlanArguments, restore
 from dali_alchemi.store.format.protocol import as_field_names
 from dali_alchemi.store.read.shared import make_shared_folder, remove_shared_folder
-from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
     from dali_alchemi.augment import Augmentation
     from dali_alchemi.loader_inputs import LoaderSource
     from dali_alchemi.plan import BlockShuffle, EpochPlan, Plan
 
-__all__ = [
-    "BATCH_TYPES", "DEFAULT_BATCHES_PER_WINDOW", "DEFAULT_NUM_WORKERS", "KEEP_ALIVE_MARGIN", "DALIDataLoader",
-    "resolve_device"
-]
+__all__ = ["BATCH_TYPES", "DEFAULT_BATCHES_PER_WINDOW", "DEFAULT_NUM_WORKERS", "KEEP_ALIVE_MARGIN", "DALIDataLoader"]
 
 
 logger = logging.getLogger(__name__)
 
 KEEP_ALIVE_MARGIN = 3
 """Windows the read-ahead source keeps referenced beyond DALI's queue, whose buffers it shares."""
-
-SHM_HEADROOM, SHM_SLACK_BYTES = 1.5, 1 << 16
-"""Shared-memory hint: average window bytes times this headroom, plus slack for small windows."""
 
 DEFAULT_NUM_WORKERS = 2
 """DALI worker processes by default: on the 2-core reference machine two workers delivered the reader's
@@ -61,34 +54,6 @@ DEFAULT_BATCHES_PER_WINDOW = 16
 
 BATCH_TYPES = ("native", "nvalchemi")
 """What a DALIDataLoader can yield: this project's Batch, or nvalchemi's (``batch_type=``)."""
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``"auto"`` -> CUDA when a GPU is visible, else CPU; a CUDA device without a GPU is an error.
-
-    Under ``torchrun`` (``LOCAL_RANK`` set) ``"auto"`` picks this process's own GPU, ``cuda:LOCAL_RANK``.
-
-    Raises
-    ------
-    DeviceError
-        If a CUDA device is asked for and none is visible.
-    ValueError
-        If ``device`` is neither ``"auto"``, a CPU nor a CUDA device.
-    """
-    if isinstance(device, str) and device == "auto":
-        if not torch.cuda.is_available():
-            return torch.device("cpu")
-        local_rank = os.environ.get("LOCAL_RANK")
-        index = int(local_rank) % torch.cuda.device_count() if local_rank is not None else torch.cuda.current_device()
-        return torch.device("cuda", index)
-    resolved = torch.device(device)
-    if resolved.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceError(f"device={device!r} needs a CUDA GPU, and none is visible (use device='cpu' or 'auto')")
-        return torch.device("cuda", resolved.index if resolved.index is not None else torch.cuda.current_device())
-    if resolved.type != "cpu":
-        raise ConfigError(f"device must be 'auto', 'cpu' or a CUDA device, got {device!r}")
-    return resolved
 
 
 class DALIDataLoader:
@@ -387,26 +352,11 @@ class DALIDataLoader:
             num_workers=workers,
             start_method=start_method,
             queue_depth=self.config.queue_depth,
-            bytes_per_window=self._bytes_per_window(epoch),
+            bytes_per_window=window_bytes_hint(
+                self.specs, self._all_sizes(), self.epoch_plan(epoch), self.config.batches_per_window
+            ),
         )
         self._pipe_next = (epoch, batch)
-
-    def _bytes_per_window(self, epoch: int) -> int:
-        """A generous estimate of one window's bytes, so DALI's shared memory rarely has to grow."""
-        n = len(self.reader)
-        if n == 0:
-            return SHM_SLACK_BYTES
-        n_atoms, n_edges = self._all_sizes()
-        rows = PerLevel(atom=float(n_atoms.mean()), edge=float(n_edges.mean()), system=1.0)
-        per_structure = sum(
-            rows[spec.level] * int(np.prod(spec.trailing, dtype=np.int64)) * spec.dtype.itemsize
-            for spec in self.specs
-            if spec.level is not None
-        )
-        epoch_plan = self.epoch_plan(epoch)
-        per_batch = int(epoch_plan.batch_ptr[-1]) / max(1, epoch_plan.num_batches)
-        structures = per_batch * self.config.batches_per_window
-        return int(per_structure * structures * SHM_HEADROOM) + SHM_SLACK_BYTES
 
     def _abandon_pipeline(self) -> None:
         """Drop a pipeline left blocked inside DALI (by a dead worker, or a runner thread that did not

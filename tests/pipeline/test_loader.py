@@ -19,7 +19,6 @@ from dali_alchemi import (
     AtomicDataZarrReader,
     ConfigError,
     DALIDataLoader,
-    DeviceError,
     LoaderClosedError,
     LoaderError,
     PlanError,
@@ -264,18 +263,6 @@ def test_close_releases_workers_and_shared_memory(small_store: Path) -> None:
     assert not shm_names(shm_mappings([os.getpid()])) & ours  # and this process maps none of them any more
     with pytest.raises(LoaderClosedError, match="closed"):
         iter(loader)
-
-
-def test_device_resolution() -> None:
-    from dali_alchemi.pipeline.loader import resolve_device
-
-    assert resolve_device("cpu") == torch.device("cpu")
-    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
-    if not torch.cuda.is_available():
-        with pytest.raises(DeviceError, match="needs a CUDA GPU"):
-            resolve_device("cuda")
-    with pytest.raises(ValueError, match="device must be"):
-        resolve_device("meta")
 
 
 @pytest.mark.gpu

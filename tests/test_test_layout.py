@@ -29,6 +29,7 @@ TESTED_BY: dict[str, tuple[str, ...]] = {
     "nvalchemi/_dataloader.py": ("tests/parity/test_nvalchemi_dataloader.py", "tests/dropin/test_import.py"),
     "nvalchemi/_dataset.py": ("tests/parity/test_nvalchemi_dataloader.py",),
     "pipeline/lifetime.py": ("tests/pipeline/test_signals.py",),
+    "plan/spans.py": ("tests/plan/test_block.py", "tests/plan/test_quality.py"),
     "plan/arguments.py": ("tests/plan/test_fixed.py", "tests/plan/test_budget.py", "tests/plan/test_mixture.py"),
     "store/check/consistency.py": ("tests/store/check/test_verify.py",),
     "store/check/inventory.py": ("tests/store/check/test_verify.py", "tests/store/test_fuzz.py"),

@@ -20,13 +20,14 @@ from dali_alchemi.plan.arguments import (
     reader_plan,
 )
 from dali_alchemi.plan.base import ElasticPlan, EpochPlan, Plan, Window, restore
-from dali_alchemi.plan.block import BlockShuffle, BlockShufflePlan, StoreChunking, store_chunking
+from dali_alchemi.plan.block import BlockShuffle, BlockShufflePlan
 from dali_alchemi.plan.budget import BudgetPlan, pack_greedy
 from dali_alchemi.plan.fixed import FixedBatchPlan
 from dali_alchemi.plan.mixture import MixturePlan
 from dali_alchemi.plan.order import epoch_order, resolve_shard, shard
 from dali_alchemi.plan.quality import batch_ks, gap_quality, shuffle_quality
 from dali_alchemi.plan.recorded import RecordedPlan
+from dali_alchemi.plan.spans import StoreChunking, store_chunking
 
 __all__ = [
     "DEFAULT_BATCH_SIZE", "BlockShuffle", "BlockShufflePlan", "BudgetPlan", "ElasticPlan", "EpochPlan",

@@ -15,18 +15,12 @@ import numpy as np
 
 from dali_alchemi.errors import ConfigTypeError, PlanError
 from dali_alchemi.plan.base import Plan
-from dali_alchemi.plan.block import (
-    BlockShuffle,
-    BlockShufflePlan,
-    StoreChunking,
-    block_plan,
-    block_sizes,
-    store_chunking,
-)
+from dali_alchemi.plan.block import BlockShuffle, BlockShufflePlan, block_plan, block_sizes
 from dali_alchemi.plan.budget import BudgetPlan
 from dali_alchemi.plan.fixed import FixedBatchPlan
 from dali_alchemi.plan.mixture import MixturePlan
 from dali_alchemi.plan.order import resolve_shard
+from dali_alchemi.plan.spans import StoreChunking, store_chunking
 
 if TYPE_CHECKING:
     from dali_alchemi.store.format.protocol import PackedReader

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dali_alchemi.errors import PlanError
-from dali_alchemi.plan.block import block_order, check_span_bounds, local_spans
 from dali_alchemi.plan.budget import BudgetPlan, deal_batches, pack_greedy
+from dali_alchemi.plan.spans import block_order, check_span_bounds, local_spans
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -96,7 +96,7 @@ def pass_orders(
     """``count`` local indices of one dataset: successive passes over it, each a fresh permutation.
 
     This is the one place a dataset's order is made. With ``spans`` (the dataset's span offsets) each
-    pass is a block order instead (:func:`~dali_alchemi.plan.block.block_order`: spans shuffled, then
+    pass is a block order instead (:func:`~dali_alchemi.plan.spans.block_order`: spans shuffled, then
     ``buffer_spans`` spans at a time shuffled together), so consecutive draws stay in a few chunks.
     """
     if count == 0:

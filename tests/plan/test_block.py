@@ -26,7 +26,8 @@ from dali_alchemi.plan import (
     restore,
     store_chunking,
 )
-from dali_alchemi.plan.block import DEFAULT_SPAN_SIZE, fixed_spans
+from dali_alchemi.plan.block import DEFAULT_SPAN_SIZE
+from dali_alchemi.plan.spans import fixed_spans
 from dali_alchemi.store.read.cache import DEFAULT_CACHE_BYTES
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from dali_alchemi.errors import MetricInputError
 from dali_alchemi.plan import BlockShufflePlan, batch_ks, shuffle_quality
-from dali_alchemi.plan.block import fixed_spans
 from dali_alchemi.plan.quality import gap_entropy, gap_quality
+from dali_alchemi.plan.spans import fixed_spans
 
 
 def _ks_reference(values: np.ndarray, order: np.ndarray, ptr: np.ndarray) -> float:

@@ -27,7 +27,7 @@ from dali_alchemi.store.read.reader import AtomicDataZarrReader
 
 __all__ = [
     "DECODE_CACHE_BYTES", "LIMITS", "NO_BLOCK_ORDER", "ORDERS", "LoaderSettings", "Runnable", "Shuffle",
-    "bench_plan", "is_plain", "median", "nvalchemi_available", "open_loader", "validate_names"
+    "bench_plan", "is_plain", "nvalchemi_available", "open_loader", "validate_names"
 ]
 
 
@@ -445,7 +445,3 @@ def validate_names(names: list[str]) -> None:
             _PATTERN.match(name) or _READ_MANY_PATTERN.match(name)
         ):
             raise ConfigError(f"Unknown loader {name!r}; choose from: {LOADER_HELP}")
-
-
-def median(values: list[float]) -> float:
-    return float(np.median(values)) if values else float("nan")

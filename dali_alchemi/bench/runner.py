@@ -22,6 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from dali_alchemi.bench.loaders import (
@@ -30,7 +31,6 @@ from dali_alchemi.bench.loaders import (
     ORDERS,
     LoaderSettings,
     is_plain,
-    median,
     nvalchemi_available,
     open_loader,
 )
@@ -41,7 +41,7 @@ from dali_alchemi.store.read.reader import AtomicDataZarrReader
 
 __all__ = [
     "BenchConfig", "BenchMeta", "BenchRun", "Measurement", "ProgressCallback", "Record", "machine_info",
-    "measure", "open_time", "package_versions", "run_bench", "summarize"
+    "measure", "median", "open_time", "package_versions", "run_bench", "summarize"
 ]
 
 
@@ -171,6 +171,11 @@ class BenchRun:
 
     def to_dict(self) -> dict[str, Any]:
         return {"meta": self.meta.to_dict(), "records": [r.to_dict() for r in self.records]}
+
+
+def median(values: list[float]) -> float:
+    """The median of ``values``; NaN for none (a loader that did not run)."""
+    return float(np.median(values)) if values else float("nan")
 
 
 def measure(name: str, order: str, store: str, config: BenchConfig, device: torch.device) -> Measurement:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import numpy as np
 
@@ -22,13 +22,14 @@ from dali_alchemi.plan import PadShape, Plan, PlanArguments, pad_shape, reader_p
 from dali_alchemi.store.format.location import StoreLike
 from dali_alchemi.store.format.protocol import PackedReader, select_fields
 from dali_alchemi.store.read.advice import warn_if_slow_layout
-from dali_alchemi.store.read.multi import open_source
+from dali_alchemi.store.read.multi import MultiReader
+from dali_alchemi.store.read.reader import open_reader
 
 if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
     from dali_alchemi.types import CountArray
 
-__all__ = ["LoaderInputs", "LoaderSource", "check_shareable", "nvalchemi_batches", "resolve_inputs"]
+__all__ = ["LoaderInputs", "LoaderSource", "check_shareable", "nvalchemi_batches", "open_source", "resolve_inputs"]
 
 LoaderSource: TypeAlias = (
     StoreLike | PackedReader | ReadManyReader | Sequence[StoreLike | PackedReader | ReadManyReader]
@@ -99,6 +100,25 @@ def resolve_inputs(
         raise
     return LoaderInputs(reader, owns, tuple(selected), built, shape, sizes)
 
+
+
+def open_source(
+    source: StoreLike | PackedReader | Sequence[StoreLike | PackedReader],
+    *,
+    fields: tuple[str, ...] | None,
+    cache_bytes: int | None,
+    shared_cache: str | None = None,
+) -> tuple[PackedReader, bool]:
+    """The reader a loader reads through and whether it must close it: a list or tuple is a MultiReader.
+
+    Anything else goes to :func:`~dali_alchemi.store.read.reader.open_reader` (a reader as it is, a store
+    opened, sharing decoded chunks through ``shared_cache`` when given; a MultiReader shares none).
+    """
+    if isinstance(source, (list, tuple)):
+        return MultiReader(source, fields=fields, cache_bytes=cache_bytes), True
+    return open_reader(
+        cast("StoreLike | PackedReader", source), fields=fields, cache_bytes=cache_bytes, shared_cache=shared_cache
+    )
 
 def _once(compute: Callable[[], Any]) -> Callable[[], Any]:
     done: list[Any] = []

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from dali_alchemi.store.format.location import StoreLike
     from dali_alchemi.types import CountArray, IndexArray, Level
 
-__all__ = ["ADDED_FIELDS", "MAX_RUN_COPIES", "MultiReader", "open_source"]
+__all__ = ["ADDED_FIELDS", "MAX_RUN_COPIES", "MultiReader"]
 
 
 DATASET_ID, DATASET_INDEX = "dataset_id", "dataset_index"
@@ -438,22 +438,3 @@ def _rebuild(members: list[PackedReader], options: dict[str, Any]) -> MultiReade
     reader = MultiReader(members, fields=options["fields"], names=options["names"])
     reader._owned = [True] * len(members)
     return reader
-
-
-def open_source(
-    source: StoreLike | PackedReader | Sequence[StoreLike | PackedReader],
-    *,
-    fields: tuple[str, ...] | None,
-    cache_bytes: int | None,
-    shared_cache: str | None = None,
-) -> tuple[PackedReader, bool]:
-    """The reader a loader reads through and whether it must close it: a list or tuple is a MultiReader.
-
-    Anything else goes to :func:`~dali_alchemi.store.read.reader.open_reader` (a reader as it is, a store
-    opened, sharing decoded chunks through ``shared_cache`` when given; a MultiReader shares none).
-    """
-    if isinstance(source, (list, tuple)):
-        return MultiReader(source, fields=fields, cache_bytes=cache_bytes), True
-    return open_reader(
-        cast("StoreLike | PackedReader", source), fields=fields, cache_bytes=cache_bytes, shared_cache=shared_cache
-    )

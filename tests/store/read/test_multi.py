@@ -21,7 +21,7 @@ from dali_alchemi import (
     UnknownFieldError,
 )
 from dali_alchemi.bench.synth import synthetic_samples, write_synthetic_store
-from dali_alchemi.store.read.multi import open_source
+from dali_alchemi.loader_inputs import open_source
 from dali_alchemi.testing.reader import PackedReaderTests
 
 

@@ -42,7 +42,8 @@ from dali_alchemi.store.check.inventory import fits_on_disk, group_arrays, store
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.journal import read_journal
 from dali_alchemi.store.format.location import StoreLike, resolve_store
-from dali_alchemi.store.read.codecs import ArrayCodec, fetch_blocks
+from dali_alchemi.store.read.block_reads import fetch_blocks
+from dali_alchemi.store.read.codecs import ArrayCodec
 from dali_alchemi.store.read.engine import default_threads
 from dali_alchemi.store.read.fetch import ByteFetcher, LocalFetcher, StoreFetcher
 from dali_alchemi.store.read.open_checks import check_chunk_size, memory_budget, open_root

@@ -29,8 +29,8 @@ from zarr.storage import LocalStore
 
 from dali_alchemi.csr import concat_aranges
 from dali_alchemi.errors import ChunkDecodeError, ConfigError
+from dali_alchemi.store.read.block_reads import block_requests, read_blocks
 from dali_alchemi.store.read.cache import BlockCache, CacheStats
-from dali_alchemi.store.read.codecs import block_requests, read_blocks
 from dali_alchemi.store.read.fetch import ByteFetcher, LocalFetcher, StoreFetcher
 from dali_alchemi.store.read.gather import (
     BlockJob,

@@ -18,7 +18,8 @@ from dali_alchemi.errors import StoreFormatError, UnsupportedCodecError
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.journal import AS_IS, ReadView
 from dali_alchemi.store.format.location import open_group, root_groups
-from dali_alchemi.store.read.codecs import ArrayCodec, fetch_blocks
+from dali_alchemi.store.read.block_reads import fetch_blocks
+from dali_alchemi.store.read.codecs import ArrayCodec
 from dali_alchemi.store.read.fetch import StoreFetcher
 from dali_alchemi.types import PerLevel
 

@@ -31,7 +31,8 @@ import google_crc32c
 import numpy as np
 
 from dali_alchemi.errors import ChunkDecodeError
-from dali_alchemi.store.read.codecs import MISSING_CHUNK, load_shard_indexes
+from dali_alchemi.store.read.block_reads import load_shard_indexes
+from dali_alchemi.store.read.codecs import MISSING_CHUNK
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dali_alchemi.store.read.codecs import MISSING_CHUNK, load_shard_indexes
+from dali_alchemi.store.read.block_reads import load_shard_indexes
+from dali_alchemi.store.read.codecs import MISSING_CHUNK
 from dali_alchemi.store.read.fetch import ByteRequest
 
 if TYPE_CHECKING:

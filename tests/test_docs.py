@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from dali_alchemi.bench.synth import synthetic_samples, write_synthetic_store
 
@@ -103,25 +104,19 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-class MyModel:
+class MyModel(torch.nn.Module):
     """A stand-in for the user's model in the padding example: energies from atomic numbers."""
 
-    def __new__(cls) -> Any:
-        import torch
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(100, 1)
 
-        class Model(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.embed = torch.nn.Embedding(100, 1)
-
-            def forward(self, z: Any, pos: Any, edges: Any, batch_idx: Any, n_graphs: int) -> Any:
-                per_atom = self.embed(z).squeeze(-1) + 0.0 * pos.sum(-1)
-                return torch.zeros(n_graphs, dtype=per_atom.dtype).index_add(0, batch_idx.long(), per_atom)
-
-        return Model()
+    def forward(self, z: Any, pos: Any, edges: Any, batch_idx: Any, n_graphs: int) -> Any:
+        per_atom = self.embed(z).squeeze(-1) + 0.0 * pos.sum(-1)
+        return torch.zeros(n_graphs, dtype=per_atom.dtype).index_add(0, batch_idx.long(), per_atom)
 
 
-def _given(folder: Path) -> dict[str, Any]:
+def _given() -> dict[str, Any]:
     """The names the blocks take as given: the user's structures, model, rank and energies."""
     samples, more_samples = synthetic_samples(8, 3, 4, 12).split(), synthetic_samples(4, 4, 4, 12).split()
     return {
@@ -148,7 +143,7 @@ def test_every_python_block_runs(page: Path, stores: Path, tmp_path: Path, monke
         shutil.copytree(stores / name, tmp_path / name)
     shutil.copytree(GROWN, tmp_path / "grown.zarr")
     monkeypatch.chdir(tmp_path)
-    namespace = _given(tmp_path)
+    namespace = _given()
     ran = 0
     for line, code, reason in _blocks(page):
         if reason is not None:

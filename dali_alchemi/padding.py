@@ -30,6 +30,7 @@ nothing of DALI or of planning.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -62,22 +63,23 @@ class Padding:
     edge_mask
         ``[max_edges]`` bool: True for a real edge.
     structure_mask
-        ``[max_structures]`` bool: True for a real structure (graph).
-    num_real_graphs, num_real_nodes, num_real_edges
+        ``[max_structures]`` bool: True for a real structure.
+    num_real_structures, num_real_atoms, num_real_edges
         0-d int64 tensors: the number of real structures, atoms and edges. Use them (or the masks) in a
         model, never a Python int: those vary per batch and would make ``torch.compile`` re-specialise.
     host_counts
         The same three counts as Python ints on the host (atom, edge, system), for bookkeeping outside
         the model (:func:`unpad_batch`, logging).
 
-    The real rows are always a prefix: the first ``num_real_nodes`` atoms, and so on.
+    The real rows are always a prefix: the first ``num_real_atoms`` atoms, and so on. The names follow
+    the glossary (structure, atom); ``num_real_graphs`` and ``num_real_nodes`` are deprecated aliases.
     """
 
     atom_mask: torch.Tensor
     edge_mask: torch.Tensor
     structure_mask: torch.Tensor
-    num_real_graphs: torch.Tensor
-    num_real_nodes: torch.Tensor
+    num_real_structures: torch.Tensor
+    num_real_atoms: torch.Tensor
     num_real_edges: torch.Tensor
     host_counts: PerLevel[int]
 
@@ -87,6 +89,18 @@ class Padding:
             f"Padding(atoms={real.atom}/{self.atom_mask.shape[0]}, edges={real.edge}/{self.edge_mask.shape[0]}, "
             f"structures={real.system}/{self.structure_mask.shape[0]})"
         )
+
+    @property
+    def num_real_graphs(self) -> torch.Tensor:
+        """Deprecated alias of :attr:`num_real_structures`."""
+        _deprecated("num_real_graphs", "num_real_structures")
+        return self.num_real_structures
+
+    @property
+    def num_real_nodes(self) -> torch.Tensor:
+        """Deprecated alias of :attr:`num_real_atoms`."""
+        _deprecated("num_real_nodes", "num_real_atoms")
+        return self.num_real_atoms
 
     def mask(self, level: Level) -> torch.Tensor:
         """The mask of a level's rows: ``"atom"``, ``"edge"`` or ``"system"``."""
@@ -98,11 +112,17 @@ class Padding:
             atom_mask=fn(self.atom_mask),
             edge_mask=fn(self.edge_mask),
             structure_mask=fn(self.structure_mask),
-            num_real_graphs=fn(self.num_real_graphs),
-            num_real_nodes=fn(self.num_real_nodes),
+            num_real_structures=fn(self.num_real_structures),
+            num_real_atoms=fn(self.num_real_atoms),
             num_real_edges=fn(self.num_real_edges),
             host_counts=self.host_counts,
         )
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(
+        f"Padding.{old} is deprecated and will be removed; use Padding.{new}", DeprecationWarning, stacklevel=3
+    )
 
 
 def _check_budget(name: str, value: int) -> int:
@@ -133,6 +153,66 @@ def _filler(
     return tensor.new_zeros((rows, *trailing))
 
 
+def _padding_rows(batch: Batch, max_atoms: int, max_edges: int, max_structures: int) -> PerLevel[int]:
+    """How many padding rows each level needs to reach the budgets; a ``ConfigError`` if it cannot."""
+    max_atoms = _check_budget("max_atoms", max_atoms)
+    max_edges = _check_budget("max_edges", max_edges)
+    max_structures = _check_budget("max_structures", max_structures)
+    if batch.padding is not None:
+        raise ConfigError("batch is already padded; pad the unpadded batch (see unpad_batch)")
+    n_structures, n_atoms, n_edges = batch.num_graphs, batch.num_nodes, batch.num_edges
+    for budget, value, real, what in (
+        ("max_atoms", max_atoms, n_atoms, "atoms"),
+        ("max_edges", max_edges, n_edges, "edges"),
+        ("max_structures", max_structures, n_structures, "structures"),
+    ):
+        if real > value:
+            raise ConfigError(f"batch has {real} {what}, over the budget {budget}={value}")
+    pad_atoms, pad_edges, pad_structures = max_atoms - n_atoms, max_edges - n_edges, max_structures - n_structures
+    if (pad_atoms or pad_edges) and not pad_structures:
+        raise ConfigError(
+            f"max_structures={max_structures} leaves no room for a padding structure: the batch has "
+            f"{n_structures} structures and needs {pad_atoms} padding atoms and {pad_edges} padding edges, "
+            f"so max_structures must be at least {n_structures + 1}"
+        )
+    if pad_edges and not pad_atoms:
+        raise ConfigError(
+            f"max_atoms={max_atoms} leaves no padding atom for the {pad_edges} padding edges' self-loops: "
+            f"the batch has {n_atoms} atoms, so max_atoms must be at least {n_atoms + 1}"
+        )
+    return PerLevel(atom=pad_atoms, edge=pad_edges, system=pad_structures)
+
+
+def _padded_fields(batch: Batch, pad: PerLevel[int]) -> dict[str, torch.Tensor]:
+    """Every field with its level's filler rows appended (a field whose level needs none is kept as is)."""
+    fields = {}
+    for name, tensor in batch.fields.items():
+        level = batch.levels[name]
+        rows = pad[level]
+        filler = _filler(name, level, tensor, rows, batch.num_nodes, pad.atom) if rows else None
+        fields[name] = tensor if filler is None else torch.cat([tensor, filler])
+    return fields
+
+
+def _padding_masks(batch: Batch, pad: PerLevel[int]) -> Padding:
+    """The masks and real counts of ``batch`` padded by ``pad`` rows, on the batch's device."""
+    device = batch.device
+    n_structures, n_atoms, n_edges = batch.num_graphs, batch.num_nodes, batch.num_edges
+
+    def count(n: int) -> torch.Tensor:
+        return torch.full((), n, dtype=torch.int64, device=device)
+
+    return Padding(
+        atom_mask=_prefix_mask(n_atoms, n_atoms + pad.atom, device),
+        edge_mask=_prefix_mask(n_edges, n_edges + pad.edge, device),
+        structure_mask=_prefix_mask(n_structures, n_structures + pad.system, device),
+        num_real_structures=count(n_structures),
+        num_real_atoms=count(n_atoms),
+        num_real_edges=count(n_edges),
+        host_counts=PerLevel(atom=n_atoms, edge=n_edges, system=n_structures),
+    )
+
+
 def pad_batch(batch: Batch, *, max_atoms: int, max_edges: int, max_structures: int) -> Batch:
     """``batch`` padded to exactly ``max_atoms`` atoms, ``max_edges`` edges and ``max_structures`` structures.
 
@@ -145,84 +225,40 @@ def pad_batch(batch: Batch, *, max_atoms: int, max_edges: int, max_structures: i
 
     Raises
     ------
-    ValueError
-        If a budget is not a non-negative integer; if the batch already exceeds one (naming it and
-        the sizes); if atoms or edges need padding but ``max_structures`` leaves no room for a padding
-        structure (real structures + 1 <= ``max_structures`` is needed), or edges need padding but
-        ``max_atoms`` leaves no room for a padding atom to carry their self-loops; or if the batch is
-        already padded.
+    ConfigError
+        (a ``ValueError``) If a budget is not a non-negative integer; if the batch already exceeds one
+        (naming it and the sizes); if atoms or edges need padding but ``max_structures`` leaves no room
+        for a padding structure (real structures + 1 <= ``max_structures`` is needed), or edges need
+        padding but ``max_atoms`` leaves no room for a padding atom to carry their self-loops; or if the
+        batch is already padded.
     """
-    max_atoms = _check_budget("max_atoms", max_atoms)
-    max_edges = _check_budget("max_edges", max_edges)
-    max_structures = _check_budget("max_structures", max_structures)
-    if batch.padding is not None:
-        raise ConfigError("batch is already padded; pad the unpadded batch (see unpad_batch)")
-    n_graphs, n_atoms, n_edges = batch.num_graphs, batch.num_nodes, batch.num_edges
-    for budget, value, real, what in (
-        ("max_atoms", max_atoms, n_atoms, "atoms"),
-        ("max_edges", max_edges, n_edges, "edges"),
-        ("max_structures", max_structures, n_graphs, "structures"),
-    ):
-        if real > value:
-            raise ConfigError(f"batch has {real} {what}, over the budget {budget}={value}")
-    pad_atoms, pad_edges, pad_graphs = max_atoms - n_atoms, max_edges - n_edges, max_structures - n_graphs
-    if (pad_atoms or pad_edges) and not pad_graphs:
-        raise ConfigError(
-            f"max_structures={max_structures} leaves no room for a padding structure: the batch has "
-            f"{n_graphs} structures and needs {pad_atoms} padding atoms and {pad_edges} padding edges, "
-            f"so max_structures must be at least {n_graphs + 1}"
-        )
-    if pad_edges and not pad_atoms:
-        raise ConfigError(
-            f"max_atoms={max_atoms} leaves no padding atom for the {pad_edges} padding edges' self-loops: "
-            f"the batch has {n_atoms} atoms, so max_atoms must be at least {n_atoms + 1}"
-        )
-
-    device = batch.device
-    pad_rows = PerLevel(atom=pad_atoms, edge=pad_edges, system=pad_graphs)
-    fields = {}
-    for name, tensor in batch.fields.items():
-        level = batch.levels[name]
-        rows = pad_rows[level]
-        fields[name] = torch.cat([tensor, _filler(name, level, tensor, rows, n_atoms, pad_atoms)]) if rows else tensor
+    pad = _padding_rows(batch, max_atoms, max_edges, max_structures)
+    device, n_structures = batch.device, batch.num_graphs
 
     def ptr(real: torch.Tensor, total: int) -> torch.Tensor:
         # The first padding structure ends at the budget; the others are empty there.
-        return torch.cat([real, torch.full((pad_graphs,), total, dtype=real.dtype, device=real.device)])
+        return torch.cat([real, torch.full((pad.system,), total, dtype=real.dtype, device=real.device)])
 
     batch_idx = torch.cat(
-        [batch.batch_idx, torch.full((pad_atoms,), n_graphs, dtype=batch.batch_idx.dtype, device=device)]
+        [batch.batch_idx, torch.full((pad.atom,), n_structures, dtype=batch.batch_idx.dtype, device=device)]
     )
-    host_pad = np.zeros(pad_graphs, dtype=np.int64)
+    host_pad = np.zeros(pad.system, dtype=np.int64)
     host_pad_atoms, host_pad_edges = host_pad.copy(), host_pad.copy()
-    if pad_graphs:
-        host_pad_atoms[0], host_pad_edges[0] = pad_atoms, pad_edges
+    if pad.system:
+        host_pad_atoms[0], host_pad_edges[0] = pad.atom, pad.edge
     sample_indices = None
     if batch.sample_indices is not None:
         sample_indices = np.concatenate([np.asarray(batch.sample_indices, dtype=np.int64), host_pad - 1])
-
-    def count(n: int) -> torch.Tensor:
-        return torch.full((), n, dtype=torch.int64, device=device)
-
-    padding = Padding(
-        atom_mask=_prefix_mask(n_atoms, max_atoms, device),
-        edge_mask=_prefix_mask(n_edges, max_edges, device),
-        structure_mask=_prefix_mask(n_graphs, max_structures, device),
-        num_real_graphs=count(n_graphs),
-        num_real_nodes=count(n_atoms),
-        num_real_edges=count(n_edges),
-        host_counts=PerLevel(atom=n_atoms, edge=n_edges, system=n_graphs),
-    )
     return Batch(
-        fields=fields,
+        fields=_padded_fields(batch, pad),
         levels=batch.levels,
-        batch_ptr=ptr(batch.batch_ptr, max_atoms),
-        edge_batch_ptr=ptr(batch.edge_batch_ptr, max_edges),
+        batch_ptr=ptr(batch.batch_ptr, batch.num_nodes + pad.atom),
+        edge_batch_ptr=ptr(batch.edge_batch_ptr, batch.num_edges + pad.edge),
         batch_idx=batch_idx,
         host_n_atoms=np.concatenate([batch._n_atoms, host_pad_atoms]),
         host_n_edges=np.concatenate([batch._n_edges, host_pad_edges]),
         sample_indices=sample_indices,
-        padding=padding,
+        padding=_padding_masks(batch, pad),
     )
 
 

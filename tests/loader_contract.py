@@ -193,7 +193,7 @@ class LoaderContract:
             for padded, part in zip(batches, real, strict=True):
                 assert padded.padding is not None
                 assert int(padded.padding.structure_mask.sum()) == part.num_graphs
-                assert int(padded.padding.num_real_graphs) == part.num_graphs
+                assert int(padded.padding.num_real_structures) == part.num_graphs
                 assert (padded.sample_indices[part.num_graphs :] == -1).all()
             seen = np.concatenate([b.sample_indices for b in real])
             assert np.array_equal(np.sort(seen), np.arange(N))

@@ -150,7 +150,7 @@ def test_masks_and_real_counts_are_device_tensors(device: str) -> None:
     assert padding.mask("atom") is padding.atom_mask and padding.mask("system") is padding.structure_mask
     for mask in (padding.atom_mask, padding.edge_mask, padding.structure_mask):
         assert mask.dtype == torch.bool and mask.device == batch.device
-    counts = (padding.num_real_graphs, padding.num_real_nodes, padding.num_real_edges)
+    counts = (padding.num_real_structures, padding.num_real_atoms, padding.num_real_edges)
     assert all(c.shape == () and c.dtype == torch.int64 and c.device == batch.device for c in counts)
     assert [int(c) for c in counts] == [2, 7, 5]
     assert (padding.host_counts.system, padding.host_counts.atom, padding.host_counts.edge) == (2, 7, 5)
@@ -158,6 +158,17 @@ def test_masks_and_real_counts_are_device_tensors(device: str) -> None:
     assert padded.sample_indices is not None
     assert padding.structure_mask.tolist() == [bool(i >= 0) for i in padded.sample_indices]
     assert torch.equal(padding.atom_mask, padding.structure_mask[padded.batch_idx.long()])
+
+
+def test_the_graph_and_node_names_are_deprecated_aliases_of_the_glossary_names() -> None:
+    padding = pad_batch(_two("cpu"), max_atoms=10, max_edges=9, max_structures=4).padding
+    assert padding is not None
+    with pytest.warns(DeprecationWarning, match=r"Padding\.num_real_graphs is deprecated.*num_real_structures"):
+        assert padding.num_real_graphs is padding.num_real_structures
+    with pytest.warns(DeprecationWarning, match=r"Padding\.num_real_nodes is deprecated.*num_real_atoms"):
+        assert padding.num_real_nodes is padding.num_real_atoms
+    moved = padding.map(lambda t: t.clone())
+    assert int(moved.num_real_structures) == 2 and int(moved.num_real_atoms) == 7
 
 
 def test_padding_follows_the_batch_and_unknown_sample_indices_stay_unknown() -> None:
@@ -255,29 +266,29 @@ def _loss_terms(
     batch_idx: torch.Tensor,
     target: torch.Tensor,
     structure_mask: torch.Tensor,
-    num_real_graphs: torch.Tensor,
+    num_real_structures: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-structure energies and the MSE over real structures, from tensors alone."""
     energy = model(z, pos, edges, batch_idx, target.shape[0])
     error = torch.where(structure_mask, (energy - target.squeeze(-1)).pow(2), 0.0)
-    return energy, error.sum() / num_real_graphs
+    return energy, error.sum() / num_real_structures
 
 
 def _model_inputs(batch: Batch) -> tuple[torch.Tensor, ...]:
     """What the model reads; an unpadded batch is all real."""
     if batch.padding is None:
         mask = torch.ones(batch.num_graphs, dtype=torch.bool, device=batch.device)
-        num_real_graphs = torch.tensor(batch.num_graphs, device=batch.device)
+        num_real_structures = torch.tensor(batch.num_graphs, device=batch.device)
     else:
-        mask, num_real_graphs = batch.padding.structure_mask, batch.padding.num_real_graphs
+        mask, num_real_structures = batch.padding.structure_mask, batch.padding.num_real_structures
     fields = (batch.atomic_numbers, batch.positions, batch.neighbor_list, batch.batch_idx, batch.energy)
-    return (*fields, mask, num_real_graphs)
+    return (*fields, mask, num_real_structures)
 
 
 def _loss_and_forces(model: EnergyModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    z, pos, edges, batch_idx, target, mask, num_real_graphs = _model_inputs(batch)
+    z, pos, edges, batch_idx, target, mask, num_real_structures = _model_inputs(batch)
     pos = pos.clone().requires_grad_(True)
-    energy, loss = _loss_terms(model, z, pos, edges, batch_idx, target, mask, num_real_graphs)
+    energy, loss = _loss_terms(model, z, pos, edges, batch_idx, target, mask, num_real_structures)
     (forces,) = torch.autograd.grad(-energy.sum(), pos)
     return energy, loss, forces
 
@@ -346,7 +357,7 @@ def test_padding_moves_to_the_gpu() -> None:
     pinned = pad_batch(_two(), max_atoms=10, max_edges=9, max_structures=4).pin_memory()
     assert pinned.padding is not None and pinned.padding.atom_mask.is_pinned()
     moved = pinned.to("cuda", non_blocking=True)
-    assert moved.padding is not None and moved.padding.atom_mask.is_cuda and moved.padding.num_real_graphs.is_cuda
+    assert moved.padding is not None and moved.padding.atom_mask.is_cuda and moved.padding.num_real_structures.is_cuda
     assert moved.padding.structure_mask.tolist() == [True, True, False, False]
 
 

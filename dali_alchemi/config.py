@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 __all__ = [
-    "CHUNKS_PER_SHARD", "COMPRESSED_ARRAYS", "COMPRESSED_CODEC", "DEFAULT_CHUNK_BYTES", "DEFAULT_COMPRESSORS",
+    "CHUNKS_PER_SHARD", "COMPRESSED_ARRAYS", "COMPRESSED_CODEC", "DEFAULT_BATCHES_PER_WINDOW", "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_COMPRESSORS", "DEFAULT_NUM_WORKERS",
     "DENSE_GAIN", "DENSE_MIN_SAVING", "DENSE_SMALL_CHUNK_CODEC", "DISK_BUDGET", "FAST_SMALL_CHUNK_CODEC",
     "LAYOUTS", "RAW_ARRAYS", "SAMPLE_BYTES", "SHARD_INDEX_ENTRY_BYTES", "SMALL_CHUNK_BYTES", "START_METHODS",
     "ArrayConfig", "FetchConfig", "LoaderConfig", "WriteConfig", "compressed_ratio", "default_array_configs",
@@ -348,6 +349,14 @@ def layout_config(name: str) -> WriteConfig:
     raise ConfigError(f"Unknown store layout {name!r}: expected one of {', '.join(STORE_LAYOUTS)}")
 
 
+DEFAULT_NUM_WORKERS = 2
+"""DALI worker processes by default (nvalchemi's default too): on the 2-core reference machine two workers
+delivered the reader's full packed-read rate, while reading on a background thread of the training
+process reached about 60% of it (GIL contention); see docs/benchmarks.md."""
+
+DEFAULT_BATCHES_PER_WINDOW = 16
+"""Batches read with one call to the reader by default (nvalchemi's ``prefetch_factor``)."""
+
 START_METHODS = ("auto", "fork", "spawn")
 LAYOUTS = ("window", "blob")
 """How a window goes through DALI: one sample per output (``"window"``), or every output in one byte
@@ -363,8 +372,8 @@ class LoaderConfig:
     ``prefetch_factor``; the name is not reused because torch's ``prefetch_factor`` means something else).
     """
 
-    batches_per_window: int = 16
-    num_workers: int = 2
+    batches_per_window: int = DEFAULT_BATCHES_PER_WINDOW
+    num_workers: int = DEFAULT_NUM_WORKERS
     device: str = "auto"
     fields: tuple[str, ...] | None = None
     read_ahead: int = 2

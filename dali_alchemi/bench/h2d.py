@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dali_alchemi.config import DEFAULT_BATCHES_PER_WINDOW
+
 if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
 
@@ -67,7 +69,7 @@ def measure_h2d(
     store: str,
     *,
     batch_size: int = 64,
-    batches_per_window: int = 16,
+    batches_per_window: int = DEFAULT_BATCHES_PER_WINDOW,
     epochs: int = 2,
     device: str = "cuda",
     layout: str = "window",

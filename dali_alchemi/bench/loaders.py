@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from dali_alchemi.bench.names import LOADER_HELP
+from dali_alchemi.config import DEFAULT_BATCHES_PER_WINDOW, DEFAULT_NUM_WORKERS
 from dali_alchemi.errors import ConfigError
 from dali_alchemi.interop.read_many import as_packed_reader
 from dali_alchemi.plan import PlanArguments, build_plan, store_chunking
@@ -51,7 +52,7 @@ class LoaderSettings:
     """
 
     batch_size: int = 64
-    batches_per_window: int = 16
+    batches_per_window: int = DEFAULT_BATCHES_PER_WINDOW
     max_atoms: int | None = None
     max_edges: int | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -404,8 +405,6 @@ def open_loader(name: str, store: str, shuffle: Shuffle, settings: LoaderSetting
         return _nvalchemi(store, _no_block(name, shuffle), settings, dropin=True)
     read_many = _READ_MANY_PATTERN.match(name)
     if read_many is not None:
-        from dali_alchemi.pipeline.loader import DEFAULT_NUM_WORKERS
-
         workers = read_many.group("workers")
         count = DEFAULT_NUM_WORKERS if workers is None else int(workers)
         return _dali_read_many(store, shuffle, settings, count, read_many.group("kind") == "nvalchemi-dali")
@@ -420,8 +419,6 @@ def open_loader(name: str, store: str, shuffle: Shuffle, settings: LoaderSetting
         raise ConfigError(f"Unknown loader {name!r}; choose from: {LOADER_HELP}")
     kind, workers = match.group("kind"), match.group("workers")
     if kind == "dali":
-        from dali_alchemi.pipeline.loader import DEFAULT_NUM_WORKERS
-
         return _dali(
             store,
             shuffle,

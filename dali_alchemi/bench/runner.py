@@ -36,6 +36,7 @@ from dali_alchemi.bench.loaders import (
 )
 from dali_alchemi.bench.memory import MB, TreeMemorySampler, tree_pss
 from dali_alchemi.bench.quality import order_quality
+from dali_alchemi.config import DEFAULT_BATCHES_PER_WINDOW
 from dali_alchemi.errors import ConfigError
 from dali_alchemi.store.read.reader import AtomicDataZarrReader
 
@@ -59,7 +60,7 @@ class BenchConfig:
     rounds: int = 3
     step_ms: float = 0.0
     device: str = "cpu"
-    batches_per_window: int = 16
+    batches_per_window: int = DEFAULT_BATCHES_PER_WINDOW
     torch_workers: int = 2
     seed: int = 0
     cache_bytes: int | None = None

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from dali_alchemi.config import DEFAULT_NUM_WORKERS
 from dali_alchemi.errors import ConfigError, ConfigTypeError
 from dali_alchemi.interop.nvalchemi_batch import build_batch
 from dali_alchemi.interop.read_many import as_packed_reader
@@ -48,11 +49,7 @@ from dali_alchemi.nvalchemi._epochs import EpochFolderPlan
 from dali_alchemi.plan.recorded import RecordedPlan
 from dali_alchemi.store.read.shared import make_shared_folder, remove_shared_folder
 
-__all__ = ["DEFAULT_NUM_WORKERS", "DataLoader", "packed_route_applies"]
-
-
-DEFAULT_NUM_WORKERS = 2
-"""DALI worker processes for a dataset without ``num_workers`` (nvalchemi's default, and DALIDataLoader's)."""
+__all__ = ["DataLoader", "packed_route_applies"]
 
 if TYPE_CHECKING:
     from dali_alchemi.batch import Batch

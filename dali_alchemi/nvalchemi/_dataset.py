@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvalchemi.data.datapipes import Dataset as _NvDataset
 
+from dali_alchemi.config import DEFAULT_NUM_WORKERS
 from dali_alchemi.interop.nvalchemi_reader import NvalchemiDropInReader
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class Dataset(_NvDataset):  # type: ignore[misc]  # nvalchemi is untyped here
         reader: Any,
         *,
         device: str | torch.device | None = None,
-        num_workers: int = 2,
+        num_workers: int = DEFAULT_NUM_WORKERS,
         skip_validation: bool = False,
         transforms: Sequence[Any] | None = None,
     ) -> None:

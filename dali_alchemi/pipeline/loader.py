@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from dali_alchemi.augment import apply_augmentations, check_augmentations
-from dali_alchemi.config import LoaderConfig
+from dali_alchemi.config import DEFAULT_BATCHES_PER_WINDOW, DEFAULT_NUM_WORKERS, LoaderConfig
 from dali_alchemi.errors import ConfigError, LoaderClosedError, LoaderError
 from dali_alchemi.loader_inputs import check_shareable, nvalchemi_batches, resolve_inputs
 from dali_alchemi.padding import pad_batch
@@ -36,21 +36,13 @@ if TYPE_CHECKING:
     from dali_alchemi.loader_inputs import LoaderSource
     from dali_alchemi.plan import BlockShuffle, EpochPlan, Plan
 
-__all__ = ["BATCH_TYPES", "DEFAULT_BATCHES_PER_WINDOW", "DEFAULT_NUM_WORKERS", "KEEP_ALIVE_MARGIN", "DALIDataLoader"]
+__all__ = ["BATCH_TYPES", "KEEP_ALIVE_MARGIN", "DALIDataLoader"]
 
 
 logger = logging.getLogger(__name__)
 
 KEEP_ALIVE_MARGIN = 3
 """Windows the read-ahead source keeps referenced beyond DALI's queue, whose buffers it shares."""
-
-DEFAULT_NUM_WORKERS = 2
-"""DALI worker processes by default: on the 2-core reference machine two workers delivered the reader's
-full packed-read rate, while reading on a background thread of the training process reached about
-60% of it (GIL contention); see docs/benchmarks.md."""
-
-DEFAULT_BATCHES_PER_WINDOW = 16
-"""Batches read with one call to the reader by default (nvalchemi's ``prefetch_factor``)."""
 
 BATCH_TYPES = ("native", "nvalchemi")
 """What a DALIDataLoader can yield: this project's Batch, or nvalchemi's (``batch_type=``)."""

@@ -5,72 +5,101 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dali_alchemi.bench.names import CODECS, DEFAULT_LOADERS, LOADER_HELP, STORE_LAYOUTS
 from dali_alchemi.cli.console import CountColumn, cuda_device, fmt, make_table, parse_device, print_table
 
 if TYPE_CHECKING:
+    import torch
     from rich.console import Console
+    from rich.table import Table
+
+    from dali_alchemi.bench.runner import BenchConfig, BenchRun
 
 __all__ = ["cmd_augment_cost", "cmd_bench", "cmd_h2d", "cmd_plan_cost", "register"]
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
-    import json
     import tempfile
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from dali_alchemi.bench.loaders import validate_names
-    from dali_alchemi.bench.runner import BenchConfig, run_bench
-    from dali_alchemi.bench.synth import synthetic_config, write_synthetic_store
 
     loaders = [name.strip() for name in args.loaders.split(",") if name.strip()]
     validate_names(loaders)
     device = parse_device(args.device)
-    config = BenchConfig(
+    config = _bench_config(args, loaders, device)
+    with tempfile.TemporaryDirectory(prefix="dali-alchemi-bench-") as scratch:
+        store, store_info = _bench_store(args, Path(scratch), console)
+        run = _run_with_progress(args, store, store_info, config, console)
+    table = _results_table(args, run, device)
+    print_table(console, table, keys=2)  # each part names the loader and the order
+    console.print(f"opening the store (with its open-time checks) took {run.meta.store['open_s'] * 1000:.1f} ms")
+    console.print(
+        f"peak PSS: the whole process tree (workers included, shared pages once); "
+        f"{run.meta.machine['pss_after_import_mb']:.0f} MB after imports"
+    )
+    _write_outputs(args, run, str(table.title or ""), console)
+    return 0
+
+
+def _bench_config(args: argparse.Namespace, loaders: list[str], device: torch.device) -> BenchConfig:
+    """The run's settings, from the command line."""
+    from dali_alchemi.bench.runner import BenchConfig
+
+    return BenchConfig(
         loaders=tuple(loaders), orders=tuple(o.strip() for o in args.order.split(",")), batch_size=args.batch_size,
         epochs=args.epochs, rounds=args.rounds, step_ms=args.step_ms, device=str(device),
         batches_per_window=args.batches_per_window, torch_workers=args.torch_workers,
         cache_bytes=None if args.cache_mb is None else int(args.cache_mb * 2**20),
         max_atoms=args.max_atoms, max_edges=args.max_edges, max_batches=args.max_batches,
     )  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="dali-alchemi-bench-") as scratch:
-        if args.store:
-            store, store_info = args.store, {"path": args.store}
-        else:
-            store = str(Path(scratch) / "synthetic.zarr")
-            console.print(f"writing a synthetic store of {args.n} structures (seed {args.seed}) ...")
-            write_config = synthetic_config(
-                args.codec, args.chunk_size, args.shard_size, checksum=not args.no_checksum, layout=args.layout
-            )
-            write_synthetic_store(store, args.n, seed=args.seed, config=write_config)
-            store_info = {
-                "synthetic": True,
-                "structures": args.n,
-                "seed": args.seed,
-                "write_config": write_config.to_dict(),
-            }
-        with Progress(TextColumn("{task.description}"), BarColumn(), CountColumn(),
-                      TimeElapsedColumn(), console=console, disable=not console.is_terminal) as bar:  # fmt: skip
-            task = bar.add_task("starting", total=None)
 
-            def progress(what: str, done: int, total: int) -> None:
-                bar.update(task, description=what, completed=done, total=total)
 
-            if args.http_latency_ms is None:
-                run = run_bench(store, config, store_info=store_info, progress=progress)
-            else:
-                from dali_alchemi.bench.http_server import StoreServer
+def _bench_store(args: argparse.Namespace, scratch: Path, console: Console) -> tuple[str, dict[str, Any]]:
+    """The store to measure and what the record says of it: the one given, else a synthetic one in ``scratch``."""
+    if args.store:
+        return args.store, {"path": args.store}
+    from dali_alchemi.bench.synth import synthetic_config, write_synthetic_store
 
-                local = Path(store)
-                latency = args.http_latency_ms / 1000
-                with StoreServer(local.parent, latency_s=latency) as server:
-                    url = server.url + local.name
-                    store_info = {**store_info, "served_over": "http on loopback", "latency_ms": args.http_latency_ms}
-                    console.print(f"serving {local} at {url} with {args.http_latency_ms} ms per request")
-                    run = run_bench(url, config, store_info=store_info, progress=progress)
+    store = str(scratch / "synthetic.zarr")
+    console.print(f"writing a synthetic store of {args.n} structures (seed {args.seed}) ...")
+    write_config = synthetic_config(
+        args.codec, args.chunk_size, args.shard_size, checksum=not args.no_checksum, layout=args.layout
+    )
+    write_synthetic_store(store, args.n, seed=args.seed, config=write_config)
+    return store, {"synthetic": True, "structures": args.n, "seed": args.seed, "write_config": write_config.to_dict()}
+
+
+def _run_with_progress(
+    args: argparse.Namespace, store: str, store_info: dict[str, Any], config: BenchConfig, console: Console
+) -> BenchRun:
+    """Run the benchmark under a progress bar, reading the store directly or served over loopback HTTP."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dali_alchemi.bench.runner import run_bench
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), CountColumn(),
+                  TimeElapsedColumn(), console=console, disable=not console.is_terminal) as bar:  # fmt: skip
+        task = bar.add_task("starting", total=None)
+
+        def progress(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=total)
+
+        if args.http_latency_ms is None:
+            return run_bench(store, config, store_info=store_info, progress=progress)
+        from dali_alchemi.bench.http_server import StoreServer
+
+        local = Path(store)
+        with StoreServer(local.parent, latency_s=args.http_latency_ms / 1000) as server:
+            url = server.url + local.name
+            store_info = {**store_info, "served_over": "http on loopback", "latency_ms": args.http_latency_ms}
+            console.print(f"serving {local} at {url} with {args.http_latency_ms} ms per request")
+            return run_bench(url, config, store_info=store_info, progress=progress)
+
+
+def _results_table(args: argparse.Namespace, run: BenchRun, device: torch.device) -> Table:
+    """One row per loader and order; step, batch-shape and fill columns only where the run has them."""
     steps = ["wait s", "epoch / steps"] if args.step_ms else []
     budget = args.max_atoms is not None or args.max_edges is not None
     shape = ["batches", "atoms/batch", *(["fill"] if args.max_atoms else [])] if budget else []
@@ -92,13 +121,14 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
             fmt(r.batch_energy_ks, ".3f"), *([fmt(r.wait_s, ".2f"), fmt(r.epoch_vs_steps, ".3f")] if steps else []),
             *(shape_cells if shape else []),
         )  # fmt: skip
-    print_table(console, table, keys=2)  # each part names the loader and the order
-    console.print(f"opening the store (with its open-time checks) took {run.meta.store['open_s'] * 1000:.1f} ms")
-    console.print(
-        f"peak PSS: the whole process tree (workers included, shared pages once); "
-        f"{run.meta.machine['pss_after_import_mb']:.0f} MB after imports"
-    )
+    return table
+
+
+def _write_outputs(args: argparse.Namespace, run: BenchRun, title: str, console: Console) -> None:
+    """The run as JSON (``--json``) and as a bar chart (``--plot``), where asked for."""
     if args.json:
+        import json
+
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(run.to_dict(), indent=2))
@@ -106,8 +136,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     if args.plot:
         from dali_alchemi.bench.plot import plot_records
 
-        console.print(f"wrote {plot_records(run.records, args.plot, title=str(table.title or ''))}")
-    return 0
+        console.print(f"wrote {plot_records(run.records, args.plot, title=title)}")
 
 
 def cmd_h2d(args: argparse.Namespace, console: Console) -> int:

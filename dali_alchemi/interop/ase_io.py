@@ -35,6 +35,7 @@ from dali_alchemi.interop.assemble import (
     MISSING_POLICIES,
     PRESENT_SUFFIX,
     REQUIRED,
+    Decision,
     MissingPolicy,
     PrecisionLoss,
     Spool,
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
     from dali_alchemi.config import WriteConfig
     from dali_alchemi.store.format.location import StoreLike, StoreLocation
+    from dali_alchemi.store.format.packed import PackedSamples
 
 __all__ = [
     "DATABASE_FORMATS", "DEFAULT_CHUNK", "MIN_ATOM_LINE_BYTES", "XYZ_FORMATS", "ConversionReport",
@@ -213,44 +215,19 @@ def _convert(
     )
     report = ConversionReport()
     try:
-        spool = Spool(spool_dir)
-        stream = _extracted(structures, cutoff, refuse_early=missing == "error")
-        while extracted := list(itertools.islice(stream, chunk)):
-            for one in extracted:
-                for key, why in one.dropped.items():
-                    report.dropped[key] += 1
-                    report.dropped_reasons.setdefault(key, why)
-            spool.add(extracted)
-            if progress is not None:
-                progress("read", spool.structures)
-        if spool.structures == 0:
-            raise SampleDataError("No structures to convert")
+        spool = _spool_input(structures, Spool(spool_dir), cutoff, missing, chunk, report, progress)
         decision = decide(spool.census, spool.structures, missing)
         for name, why in decision.dropped.items():
             report.dropped[name] += spool.census[name].present
             report.dropped_reasons[name] = why
         report.filled = dict(decision.filled)
-        custom = {**decision.custom, **{f"{name}{PRESENT_SUFFIX}": "system" for name in decision.filled}}
+        chunks = spool.chunks(
+            decision, float_dtype=float_dtype, system_float_dtype=system_float_dtype, tolerance=tolerance,
+            loss=report.precision,
+        )  # fmt: skip
         build = sibling(location, f"{CREATE_PREFIX}convert-{tag}") if local is not None else None
         try:
-            # a filled field holds NaN where its structure had no value (its *_present mask says where)
-            writer = AtomicDataZarrWriter(store if build is None else build, config, allow_nonfinite=set(decision.filled))
-            chunks = spool.chunks(
-                decision, float_dtype=float_dtype, system_float_dtype=system_float_dtype, tolerance=tolerance,
-                loss=report.precision,
-            )  # fmt: skip
-            for packed in chunks:
-                if report.structures == 0:
-                    writer.write(packed, levels=custom, custom=sorted(custom))
-                    report.fields = dict(packed.levels)
-                    report.custom = sorted(custom)
-                else:
-                    writer.append(packed, levels=custom)
-                report.structures += len(packed)
-                report.atoms += int(packed.n_atoms.sum())
-                report.edges += int(packed.n_edges.sum())
-                if progress is not None:
-                    progress("written", report.structures)
+            _write_chunks(chunks, store if build is None else build, decision, config, report, progress)
             if build is not None:
                 assert local is not None
                 if local.exists():
@@ -266,6 +243,47 @@ def _convert(
     if report.dropped:
         logger.info("conversion dropped keys it could not store: %s", report.dropped_reasons)
     return report
+
+
+def _spool_input(
+    structures: Iterable[Atoms], spool: Spool, cutoff: float | None, missing: MissingPolicy, chunk: int,
+    report: ConversionReport, progress: Callable[[str, int], None] | None,
+) -> Spool:  # fmt: skip
+    """Read the input once, ``chunk`` structures at a time, into ``spool``, counting the keys it dropped."""
+    stream = _extracted(structures, cutoff, refuse_early=missing == "error")
+    while extracted := list(itertools.islice(stream, chunk)):
+        for one in extracted:
+            for key, why in one.dropped.items():
+                report.dropped[key] += 1
+                report.dropped_reasons.setdefault(key, why)
+        spool.add(extracted)
+        if progress is not None:
+            progress("read", spool.structures)
+    if spool.structures == 0:
+        raise SampleDataError("No structures to convert")
+    return spool
+
+
+def _write_chunks(
+    chunks: Iterable[PackedSamples], target: StoreLike, decision: Decision, config: WriteConfig | None,
+    report: ConversionReport, progress: Callable[[str, int], None] | None,
+) -> None:  # fmt: skip
+    """Write the spooled chunks to ``target``: the first creates the store, the others append."""
+    custom = {**decision.custom, **{f"{name}{PRESENT_SUFFIX}": "system" for name in decision.filled}}
+    # a filled field holds NaN where its structure had no value (its *_present mask says where)
+    writer = AtomicDataZarrWriter(target, config, allow_nonfinite=set(decision.filled))
+    for packed in chunks:
+        if report.structures == 0:
+            writer.write(packed, levels=custom, custom=sorted(custom))
+            report.fields = dict(packed.levels)
+            report.custom = sorted(custom)
+        else:
+            writer.append(packed, levels=custom)
+        report.structures += len(packed)
+        report.atoms += int(packed.n_atoms.sum())
+        report.edges += int(packed.n_edges.sum())
+        if progress is not None:
+            progress("written", report.structures)
 
 
 def read_structures(path: str | Path, *, index: str = ":", format: str | None = None) -> Iterator[Atoms]:

@@ -72,11 +72,11 @@ def _rows_owner(batch: Batch, level: str) -> torch.Tensor:
     """For each row of a level, the index of its structure (on the batch's device, no sync)."""
     if level == "atom":
         return batch.batch_idx.long()
-    graphs = torch.arange(batch.num_graphs, device=batch.device)
+    structures = torch.arange(batch.num_graphs, device=batch.device)
     if level == "system":
-        return graphs
+        return structures
     counts = torch.diff(batch.edge_batch_ptr)
-    return torch.repeat_interleave(graphs, counts, output_size=batch.num_edges)
+    return torch.repeat_interleave(structures, counts, output_size=batch.num_edges)
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,12 +60,12 @@ def _exclusive_cumsum_t(counts: torch.Tensor) -> torch.Tensor:
 
 
 def _within_batch(n_atoms: NDArray[np.int64], cuts: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """Each structure's graph index and first-atom offset *within its own batch*."""
+    """Each structure's index and first-atom offset *within its own batch*."""
     per_batch = np.diff(cuts)
     atoms_ptr = exclusive_cumsum(n_atoms)
-    graph = np.arange(n_atoms.size, dtype=np.int64) - np.repeat(cuts[:-1], per_batch)
-    node_offset = atoms_ptr[:-1] - np.repeat(atoms_ptr[cuts[:-1]], per_batch)
-    return graph, node_offset
+    structure = np.arange(n_atoms.size, dtype=np.int64) - np.repeat(cuts[:-1], per_batch)
+    atom_offset = atoms_ptr[:-1] - np.repeat(atoms_ptr[cuts[:-1]], per_batch)
+    return structure, atom_offset
 
 
 def collate_on_host(
@@ -80,10 +80,10 @@ def collate_on_host(
     within its batch, and returns the per-atom batch index (int32 ``[V]``). Pass the result to
     :func:`~dali_alchemi.batch.collate` as ``batch_idx``.
     """
-    graph, node_offset = _within_batch(n_atoms, cuts)
+    structure, atom_offset = _within_batch(n_atoms, cuts)
     for values in index_fields.values():
-        csr.rebase(values, node_offset, n_edges)
-    return np.repeat(graph.astype(np.int32), n_atoms)
+        csr.rebase(values, atom_offset, n_edges)
+    return np.repeat(structure.astype(np.int32), n_atoms)
 
 
 def check_window(
@@ -155,11 +155,11 @@ def _offsets_on_device(
     """The batch index on the device, and the index fields of ``out`` offset there (sizes from the host)."""
     device = counts_atoms.device
     total_atoms, total_edges = int(atoms_ptr[-1]), int(edges_ptr[-1])
-    graph, node_offset = _within_batch(host_n_atoms, cuts)
-    graph_t = torch.from_numpy(graph.astype(np.int32)).to(device, non_blocking=True)
-    batch_idx = torch.repeat_interleave(graph_t, counts_atoms, output_size=total_atoms)
+    structure, atom_offset = _within_batch(host_n_atoms, cuts)
+    structure_t = torch.from_numpy(structure.astype(np.int32)).to(device, non_blocking=True)
+    batch_idx = torch.repeat_interleave(structure_t, counts_atoms, output_size=total_atoms)
     if index_fields:
-        offset_t = torch.from_numpy(node_offset).to(device, non_blocking=True)
+        offset_t = torch.from_numpy(atom_offset).to(device, non_blocking=True)
         shift_t = torch.repeat_interleave(offset_t, counts_edges, output_size=total_edges)
         for name, index in index_fields.items():
             out[name] = index + shift_t.to(index.dtype).view((-1,) + (1,) * (index.dim() - 1))

@@ -40,7 +40,7 @@ def to_pyg(batch: Batch) -> Any:
     from torch_geometric.data import Batch as PygBatch
 
     n = batch.num_graphs
-    graph_ptr = torch.arange(n + 1, device=batch.device)
+    structure_ptr = torch.arange(n + 1, device=batch.device)
     attributes: dict[str, torch.Tensor] = {}
     slices: dict[str, torch.Tensor] = {}
     increments: dict[str, torch.Tensor] = {}
@@ -51,7 +51,7 @@ def to_pyg(batch: Batch) -> Any:
         if name in layout.ATOM_INDEX_FIELDS:
             tensor = tensor.t().long().contiguous()  # PyG stores edges as [2, E]
         attributes[key] = tensor
-        slices[key] = {"atom": batch.batch_ptr, "edge": batch.edge_batch_ptr, "system": graph_ptr}[level]
+        slices[key] = {"atom": batch.batch_ptr, "edge": batch.edge_batch_ptr, "system": structure_ptr}[level]
         increments[key] = batch.batch_ptr[:-1] if name in layout.ATOM_INDEX_FIELDS else zeros
     pyg = PygBatch(**attributes, batch=batch.batch_idx.long(), ptr=batch.batch_ptr)
     pyg._num_graphs = n

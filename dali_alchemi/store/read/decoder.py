@@ -8,7 +8,8 @@ another process published it, and is fetched (:mod:`dali_alchemi.store.read.fetc
 stitched from all their blocks, are kept in the cache as one resident array under :data:`RESIDENT`.
 
 The decoder owns the cache, the pool, the parsed shard indexes and the blocks it published; which
-blocks a read needs, and which arrays are worth keeping whole, is the engine's to decide.
+blocks a read needs, and which arrays are worth keeping whole, the engine decides
+(:mod:`dali_alchemi.store.read.routes`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The chunk-block engine: read the rows of a window from a snapshot's arrays, block by block.
 
 For each level the window's rows are planned (:mod:`dali_alchemi.store.read.gather`), and each array
-is routed to the way its rows are read: through zarr (arrays the engine cannot decode), in place
-(:mod:`dali_alchemi.store.read.rows`: uncompressed arrays of a local store too big for the cache),
-with one take from an array held whole ("resident"), or block by block. Every row block the plan
+is routed (:mod:`dali_alchemi.store.read.routes`) to the way its rows are read: through zarr (arrays
+the engine cannot decode), in place (:mod:`dali_alchemi.store.read.rows`: uncompressed arrays of a
+local store too big for the cache), with one take from an array held whole ("resident"), or block by
+block. Every row block the plan
 touches is then fetched and decoded at most once per call by the decoder
 (:mod:`dali_alchemi.store.read.decoder`, which owns the cache and the thread pool), in groups that
 bound the decoded bytes one read holds. An array that fits in a quarter of the cache is read whole
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,18 +32,16 @@ from dali_alchemi.errors import ConfigError
 from dali_alchemi.store.read.cache import CacheStats
 from dali_alchemi.store.read.decoder import INLINE_ROWS, BlockDecoder
 from dali_alchemi.store.read.gather import (
-    BlockJob,
     LevelPlan,
     block_jobs,
-    every_block,
     plan_rows,
     plan_system_rows,
     rows_view,
     working_set_groups,
 )
+from dali_alchemi.store.read.routes import Router
 from dali_alchemi.store.read.rows import RowReader, reads_rows
 from dali_alchemi.store.read.snapshot import read_through_zarr
-from dali_alchemi.store.read.whole import reads_whole
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
@@ -50,11 +49,12 @@ if TYPE_CHECKING:
 
     from dali_alchemi.store.read.cache import BlockCache
     from dali_alchemi.store.read.codecs import ArrayCodec
+    from dali_alchemi.store.read.routes import Routes
     from dali_alchemi.store.read.shared import SharedBlocks
     from dali_alchemi.store.read.snapshot import ArrayHandle, Snapshot
     from dali_alchemi.types import CountArray, IndexArray, Level
 
-__all__ = ["DEFAULT_WORKING_SET_BYTES", "WHOLE_ARRAY_SHARE", "BlockEngine", "ReadStats", "RowsRead", "default_threads"]
+__all__ = ["DEFAULT_WORKING_SET_BYTES", "BlockEngine", "ReadStats", "RowsRead", "default_threads"]
 
 
 MIN_THREADS, MAX_THREADS = 2, 8
@@ -64,12 +64,6 @@ more than 8 threads only contend for memory bandwidth."""
 DEFAULT_WORKING_SET_BYTES = 64 << 20
 """Decoded bytes one read holds beyond the cache, by default (at least one row block): reads that touch
 more blocks than this decode them in groups, so a window never decodes the whole store at once."""
-
-WHOLE_ARRAY_SHARE = 4
-"""Once reads since the store was opened have touched 1/this of the blocks of an array that fits a
-quarter of the cache, the next read decodes all of them and the array is kept whole: with small
-chunks a shuffled window touches most blocks but never all, a sequential epoch touches a few per
-window, and per-block lookups would otherwise cost every later read (0: never)."""
 
 
 def default_threads() -> int:
@@ -99,22 +93,6 @@ class RowsRead:
     fields: dict[str, NDArray[Any]]
     n_atoms: CountArray
     n_edges: CountArray
-
-
-@dataclass(slots=True)
-class _Routes:
-    """How one read takes the rows of each of its arrays (those read through zarr are read while routing)."""
-
-    in_place: list[tuple[str, ArrayCodec, LevelPlan]] = field(default_factory=list)
-    """Uncompressed arrays whose rows are read in place."""
-    resident: list[tuple[str, NDArray[Any]]] = field(default_factory=list)
-    """Arrays held whole: one take each."""
-    whole: list[tuple[ArrayHandle, LevelPlan, NDArray[np.int64], NDArray[np.int64]]] = field(default_factory=list)
-    """Arrays to read whole now (then resident), with their block plan in case a chunk is bad."""
-    to_stitch: list[str] = field(default_factory=list)
-    """Arrays whose every block this read decodes, to be stitched into one resident array."""
-    jobs: list[BlockJob] = field(default_factory=list)
-    """Block jobs: one per row block touched, per array read block by block."""
 
 
 class BlockEngine:
@@ -160,8 +138,7 @@ class BlockEngine:
         self._files_mapped = 0
         self._packed_reads = 0
         self._samples_read = 0
-        self._block_touches: dict[str, int] = {}  # per array, blocks its reads touched since attach()
-        self._whole_failed: set[str] = set()  # arrays with a bad chunk: read block by block
+        self._router = Router(self.decoder)
 
     @property
     def cache(self) -> BlockCache:
@@ -173,8 +150,7 @@ class BlockEngine:
         """Read from ``snapshot`` from now on: drop the blocks, shard indexes and fetcher of the last one."""
         self._snapshot = snapshot
         self.decoder.attach(snapshot)
-        self._block_touches.clear()
-        self._whole_failed.clear()
+        self._router.reset()
         self._verified = {}
         raw = [h.codec for h in snapshot.handles.values() if h.codec is not None and reads_rows(h.codec)]
         raw_bytes = sum(codec.row_nbytes * codec.shape[0] for codec in raw)
@@ -255,11 +231,13 @@ class BlockEngine:
         fetched, then decoded and scattered on the thread pool (each block's rows go to disjoint output rows),
         and the group is released before the next begins. So one read holds at most the cache plus one
         group of decoded blocks, however many blocks of the store it touches. An array that fits in a
-        quarter of the cache, once reads have touched a quarter of its blocks, is read whole and
-        stitched into one resident array for later calls (:data:`WHOLE_ARRAY_SHARE`).
+        quarter of the cache, once reads have touched a quarter of its blocks, is read whole and kept
+        as one resident array for later calls (:mod:`~dali_alchemi.store.read.routes` decides).
         """
         in_place = self._row_reader()
-        routes = self._route(handles, names, plans, outputs, in_place)
+        routes = self._router.route(handles, names, plans, in_place is not None)
+        for handle, plan in routes.through_zarr:
+            outputs[handle.name][plan.dest] = read_through_zarr(handle, plan.rows)
 
         def take(item: tuple[str, NDArray[Any]]) -> None:
             name, whole = item
@@ -275,71 +253,12 @@ class BlockEngine:
             self._files_read += in_place.files_read
             self._files_mapped += in_place.files_mapped
 
-    def _route(
-        self,
-        handles: Mapping[str, ArrayHandle],
-        names: Sequence[str],
-        plans: PerLevel[LevelPlan],
-        outputs: dict[str, NDArray[Any]],
-        in_place: RowReader | None,
-    ) -> _Routes:
-        """Sort the arrays of a read by how their rows are read; those without a codec are read through zarr here."""
-        routes = _Routes()
-        block_plans: dict[tuple[Level, int], tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
-        for name in names:
-            handle = handles[name]
-            plan = plans[handle.level]
-            if plan.total == 0:
-                continue
-            if handle.codec is None:
-                outputs[name][plan.dest] = read_through_zarr(handle, plan.rows)
-                continue
-            if in_place is not None and reads_rows(handle.codec):
-                in_place.prepare(handle.codec, plan.rows)
-                routes.in_place.append((name, handle.codec, plan))
-                continue
-            whole = self.decoder.resident(name)
-            if whole is not None:
-                routes.resident.append((name, whole))
-                continue
-            key = (handle.level, handle.codec.block_rows)
-            if key not in block_plans:
-                block_plans[key] = plan.blocks(handle.codec.block_rows)
-            self._route_blocks(handle, plan, *block_plans[key], routes)
-        return routes
-
-    def _route_blocks(
-        self,
-        handle: ArrayHandle,
-        plan: LevelPlan,
-        blocks: NDArray[np.int64],
-        bounds: NDArray[np.int64],
-        routes: _Routes,
-    ) -> None:
-        """Route an array read by its ``blocks``: whole, every block then stitched, or the blocks touched.
-
-        An array that fits a quarter of the cache (and no shared folder) is kept whole once reads have
-        touched 1/:data:`WHOLE_ARRAY_SHARE` of its blocks: read whole with one read per stored object
-        where it can be (and has no bad chunk), else by decoding every block in this read.
-        """
-        name, codec = handle.name, handle.codec
-        assert codec is not None
-        nbytes = codec.row_nbytes * handle.shape[0]
-        touches = self._block_touches[name] = self._block_touches.get(name, 0) + int(blocks.size)
-        small = WHOLE_ARRAY_SHARE > 0 and nbytes <= self.cache.capacity_bytes // 4 and not self.decoder.shares_blocks
-        if small and reads_whole(codec) and name not in self._whole_failed:
-            if touches * WHOLE_ARRAY_SHARE >= codec.n_blocks:
-                routes.whole.append((handle, plan, blocks, bounds))  # one read per stored object, then resident
-                return
-        elif small and blocks.size * WHOLE_ARRAY_SHARE >= codec.n_blocks:
-            blocks, bounds = every_block(blocks, bounds, codec.n_blocks)
-            routes.to_stitch.append(name)  # read whole once, then one resident array: no per-block work again
-        routes.jobs += block_jobs(handle, plan, blocks, bounds)
-
     def _read_in_place(
         self, reader: RowReader, arrays: list[tuple[str, ArrayCodec, LevelPlan]], outputs: dict[str, NDArray[Any]]
     ) -> None:
         """Read the rows of uncompressed arrays in place, one array per task on the pool when they are many."""
+        for _, codec, plan in arrays:  # every array's rows known before the first read
+            reader.prepare(codec, plan.rows)
 
         def read(item: tuple[str, ArrayCodec, LevelPlan]) -> None:
             name, codec, plan = item
@@ -353,18 +272,18 @@ class BlockEngine:
         for task in [pool.submit(read, item) for item in arrays]:
             task.result()
 
-    def _read_whole(self, routes: _Routes) -> None:
+    def _read_whole(self, routes: Routes) -> None:
         """Read the arrays routed whole, now resident; one with a bad chunk is read by its blocks from now on."""
         wholes = self.decoder.read_whole([handle for handle, *_ in routes.whole])
         for (handle, plan, blocks, bounds), whole in zip(routes.whole, wholes, strict=True):
             if whole is None:  # a chunk of it is bad: read the blocks asked for, which may be fine
-                self._whole_failed.add(handle.name)
+                self._router.not_whole(handle.name)
                 routes.jobs += block_jobs(handle, plan, blocks, bounds)
             else:
                 routes.resident.append((handle.name, whole))
 
     def _read_blocks(
-        self, routes: _Routes, outputs: dict[str, NDArray[Any]], take: Callable[[tuple[str, NDArray[Any]]], None]
+        self, routes: Routes, outputs: dict[str, NDArray[Any]], take: Callable[[tuple[str, NDArray[Any]]], None]
     ) -> None:
         """Decode the block jobs group by group (the resident takes with the last), then stitch what was read whole."""
         groups = working_set_groups(routes.jobs, self.working_set_bytes)

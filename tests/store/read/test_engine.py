@@ -16,10 +16,11 @@ import zarr
 from dali_alchemi.csr import concat_aranges
 from dali_alchemi.errors import ChunkDecodeError
 from dali_alchemi.store.format.location import resolve_store
-from dali_alchemi.store.read import engine as engine_module
 from dali_alchemi.store.read import io_batches as batches
+from dali_alchemi.store.read import routes as routes_module
 from dali_alchemi.store.read.codecs import ArrayCodec
-from dali_alchemi.store.read.engine import RESIDENT, BlockEngine
+from dali_alchemi.store.read.decoder import RESIDENT
+from dali_alchemi.store.read.engine import BlockEngine
 from dali_alchemi.store.read.gather import BlockJob, LevelPlan, balanced_groups
 from dali_alchemi.store.read.snapshot import Snapshot, open_snapshot
 
@@ -110,8 +111,8 @@ def test_cached_blocks_are_not_fetched_and_attach_drops_them(small_store: Path) 
 
 def _read_in_child(engine: BlockEngine, snap: Snapshot, physical: np.ndarray, queue: Any) -> None:
     got = engine.read(snap, physical, ["positions", "forces"])
-    pool = engine._pool()
-    queue.put((os.getpid(), engine._executor_pid, got.fields["positions"].sum(), got.fields["forces"].sum()))
+    pool = engine.decoder.pool.executor()
+    queue.put((os.getpid(), engine.decoder.pool.pid, got.fields["positions"].sum(), got.fields["forces"].sum()))
     pool.shutdown(wait=True)
 
 
@@ -121,7 +122,7 @@ def test_a_forked_child_rebuilds_the_pool_and_reads(small_store: Path) -> None:
     engine = _engine(cache_bytes=0)
     physical = np.arange(snap.n_physical)
     parent = engine.read(snap, physical, ["positions", "forces"])  # starts the pool's threads here
-    assert engine._executor_pid == os.getpid()
+    assert engine.decoder.pool.pid == os.getpid()
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     child = ctx.Process(target=_read_in_child, args=(engine, snap, physical, queue))
@@ -136,7 +137,7 @@ def test_a_forked_child_rebuilds_the_pool_and_reads(small_store: Path) -> None:
     pid, executor_pid, positions, forces = queue.get(timeout=5)
     assert pid != os.getpid() and executor_pid == pid
     assert positions == parent.fields["positions"].sum() and forces == parent.fields["forces"].sum()
-    assert engine._executor_pid == os.getpid()  # the parent's pool is untouched
+    assert engine.decoder.pool.pid == os.getpid()  # the parent's pool is untouched
     engine.close()
 
 
@@ -216,7 +217,7 @@ def test_local_reads_in_tiny_batches_mixed_with_cached_blocks_match_zarr(
     sharded_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(batches, "READ_BATCH_BYTES", 1)  # every block read apart, just before its decode
-    monkeypatch.setattr(engine_module, "WHOLE_ARRAY_SHARE", 0)  # the per-block path, never a whole array
+    monkeypatch.setattr(routes_module, "WHOLE_ARRAY_SHARE", 0)  # the per-block path, never a whole array
     snap = _snapshot(sharded_store)
     names = ["positions", "atomic_numbers", "neighbor_list", "energy"]
     engine = _engine(cache_bytes=1 << 26, threads=2)
@@ -273,7 +274,7 @@ def test_a_read_touching_most_blocks_of_a_small_array_keeps_it_whole(sharded_sto
     blocks = snap.handles["positions"].codec.n_blocks  # type: ignore[union-attr]
     physical = np.random.default_rng(1).permutation(snap.n_physical)[: snap.n_physical // 2]
     touched = len(_blocks_of(snap, physical, "positions"))
-    assert touched < blocks <= touched * engine_module.WHOLE_ARRAY_SHARE  # most blocks, not all
+    assert touched < blocks <= touched * routes_module.WHOLE_ARRAY_SHARE  # most blocks, not all
     got = engine.read(snap, physical, ["positions"])
     assert np.array_equal(got.fields["positions"], _expected(sharded_store, snap, physical, "positions"))
     assert engine.stats().chunks_fetched == blocks  # every block, the untouched ones too, decoded once

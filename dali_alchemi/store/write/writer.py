@@ -64,11 +64,9 @@ from dali_alchemi.store.write.defragment import DEFAULT_DEFRAGMENT_WINDOW
 from dali_alchemi.store.write.defragment import defragment as run_defragment
 from dali_alchemi.store.write.encode import (
     Samples,
-    check_disk,
     check_field_name,
-    check_neighbor_list,
     check_stored,
-    disk_arrays,
+    checked_disk,
     field_names,
     to_packed,
 )
@@ -211,7 +209,7 @@ class AtomicDataZarrWriter:
                 raise SampleDataError("No data provided to write.")
             if "atom" not in packed.levels.values():
                 raise SampleDataError("Samples need at least one atom-level field (e.g. atomic_numbers, positions)")
-            disk = self._checked_disk(packed, 0)
+            disk = checked_disk(packed, 0, allow_nonfinite=self.allow_nonfinite)
             unknown = sorted(set(custom) - set(packed.fields))
             if unknown:
                 raise SampleDataError(f"custom= names fields the samples do not have: {unknown}")
@@ -236,15 +234,6 @@ class AtomicDataZarrWriter:
     @staticmethod
     def _root_for_new(loc: StoreLocation) -> Any:
         return open_group(loc, mode="a")  # "w" would clear the store, the writer lock with it
-
-    def _checked_disk(self, packed: PackedSamples, atom_base: int) -> dict[str, NDArray[Any]]:
-        """The arrays ``packed`` puts on disk, checked by the reader's rules before any is written."""
-        for name in packed.fields:
-            check_field_name(name)
-        check_neighbor_list(packed)
-        disk = disk_arrays(packed, atom_base)
-        check_disk(packed, disk, allow_nonfinite=self.allow_nonfinite)
-        return disk
 
     def _write_new(
         self, root: Any, packed: PackedSamples, disk: Mapping[str, NDArray[Any]], custom: frozenset[str] = frozenset()
@@ -317,7 +306,7 @@ class AtomicDataZarrWriter:
                         f"Field {name!r} is {store_levels[name]!r} in the store but {level!r} in the new samples"
                     )
             atom_base, edge_base, n_old = int(meta.atoms_ptr[-1]), int(meta.edges_ptr[-1]), meta.n_physical
-            disk = self._checked_disk(packed, atom_base)
+            disk = checked_disk(packed, atom_base, allow_nonfinite=self.allow_nonfinite)
             arrays = {name: root[f"{meta.schema.group_of(name)}/{name}"] for name in disk}
             for name, values in disk.items():
                 arr = arrays[name]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,7 +43,6 @@ from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.generation import bumped
 from dali_alchemi.store.format.indices import checked_indices
 from dali_alchemi.store.format.journal import (
-    CREATE_PREFIX,
     AddCustomOp,
     AppendOp,
     DeleteOp,
@@ -59,7 +57,8 @@ from dali_alchemi.store.format.journal import (
 from dali_alchemi.store.format.location import StoreLike, StoreLocation, open_group, resolve_store, root_members
 from dali_alchemi.store.format.packed import PackedSamples, SupportsPacked
 from dali_alchemi.store.read.open_checks import MetaInfo, check_every_array_known, check_meta, open_root
-from dali_alchemi.store.write.arrays import extend_array, promise, write_array
+from dali_alchemi.store.write.arrays import extend_array, write_array
+from dali_alchemi.store.write.create import checked_new_samples, create_store
 from dali_alchemi.store.write.defragment import DEFAULT_DEFRAGMENT_WINDOW
 from dali_alchemi.store.write.defragment import defragment as run_defragment
 from dali_alchemi.store.write.encode import (
@@ -204,68 +203,9 @@ class AtomicDataZarrWriter:
         with self._locked("write"):
             if self._exists():
                 raise StoreExistsError(f"Zarr store already exists at {self._location.display}")
-            packed = to_packed(samples, levels)
-            if len(packed) == 0:
-                raise SampleDataError("No data provided to write.")
-            if "atom" not in packed.levels.values():
-                raise SampleDataError("Samples need at least one atom-level field (e.g. atomic_numbers, positions)")
-            disk = checked_disk(packed, 0, allow_nonfinite=self.allow_nonfinite)
-            unknown = sorted(set(custom) - set(packed.fields))
-            if unknown:
-                raise SampleDataError(f"custom= names fields the samples do not have: {unknown}")
-            clash = sorted(set(custom) & (layout.ATOM_INDEX_FIELDS | {"atomic_numbers", "positions"}))
-            if clash:
-                raise SampleDataError(f"{clash} must stay core fields")
-            local = self._local
-            if local is None:
-                self._write_new(self._root_for_new(self._location), packed, disk, frozenset(custom))
-                self._phase("done")
-                return
-            staging = sibling(self._location, f"{CREATE_PREFIX}{uuid.uuid4().hex[:8]}")
-            try:
-                self._write_new(zarr.open_group(str(staging), mode="w"), packed, disk, frozenset(custom))
-                self._phase("staged")
-                os.rename(staging, local)
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
+            packed, disk = checked_new_samples(samples, levels, custom, allow_nonfinite=self.allow_nonfinite)
+            create_store(self._location, packed, disk, self.config, frozenset(custom), self._phase)
             self._phase("done")
-
-    @staticmethod
-    def _root_for_new(loc: StoreLocation) -> Any:
-        return open_group(loc, mode="a")  # "w" would clear the store, the writer lock with it
-
-    def _write_new(
-        self, root: Any, packed: PackedSamples, disk: Mapping[str, NDArray[Any]], custom: frozenset[str] = frozenset()
-    ) -> None:
-        meta = root.create_group(layout.META_GROUP)
-        groups = {
-            layout.CORE_GROUP: root.create_group(layout.CORE_GROUP),
-            layout.CUSTOM_GROUP: root.create_group(layout.CUSTOM_GROUP),
-        }
-        atoms_ptr, edges_ptr = packed.atoms_ptr, packed.edges_ptr
-        meta_arrays = {
-            layout.ATOMS_PTR: atoms_ptr,
-            layout.EDGES_PTR: edges_ptr,
-            layout.SAMPLES_MASK: np.ones(len(packed), dtype=np.bool_),
-            layout.ATOMS_MASK: np.ones(int(atoms_ptr[-1]), dtype=np.bool_),
-            layout.EDGES_MASK: np.ones(int(edges_ptr[-1]), dtype=np.bool_),
-        }
-        configs = []
-        for name, values in meta_arrays.items():
-            configs.append(self.config.for_array(layout.META_GROUP, name, values))
-            write_array(meta, name, values, configs[-1])
-        for group, target in groups.items():
-            arrays = {name: values for name, values in disk.items() if (name in custom) == (group == layout.CUSTOM_GROUP)}
-            for name, cfg in self.config.for_arrays(group, arrays).items():
-                configs.append(cfg)
-                write_array(target, name, arrays[name], cfg)
-        schema = layout.StoreSchema(
-            num_samples=len(packed),
-            core={k: v for k, v in packed.levels.items() if k not in custom},
-            custom={k: v for k, v in packed.levels.items() if k in custom},
-        )
-        root.attrs.update({**schema.to_attributes(), **promise(configs).to_attributes()})
 
     # -- append -------------------------------------------------------------------------------------
     def append(self, samples: Samples, *, levels: Mapping[str, str] | None = None) -> None:

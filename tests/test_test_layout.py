@@ -38,6 +38,7 @@ TESTED_BY: dict[str, tuple[str, ...]] = {
     "store/format/protocol.py": ("tests/store/test_reader_contract.py",),
     "store/read/block_reads.py": ("tests/store/read/test_engine.py", "tests/store/read/test_whole.py", "tests/store/read/test_rows.py"),
     "store/read/summary.py": ("tests/test_cli.py", "tests/store/test_forward_compat.py"),
+    "store/write/append.py": ("tests/store/write/test_writer.py", "tests/store/test_crash_safety.py"),
     "store/write/arrays.py": ("tests/store/write/test_writer.py", "tests/store/test_checksums.py"),
     "store/write/create.py": ("tests/store/write/test_writer.py", "tests/store/test_crash_safety.py"),
     "store/write/defragment.py": ("tests/store/write/test_writer.py", "tests/store/test_crash_safety.py"),

@@ -44,7 +44,6 @@ from dali_alchemi.store.format.generation import bumped
 from dali_alchemi.store.format.indices import checked_indices
 from dali_alchemi.store.format.journal import (
     AddCustomOp,
-    AppendOp,
     DeleteOp,
     OpState,
     clear_journal,
@@ -57,7 +56,8 @@ from dali_alchemi.store.format.journal import (
 from dali_alchemi.store.format.location import StoreLike, StoreLocation, open_group, resolve_store, root_members
 from dali_alchemi.store.format.packed import PackedSamples, SupportsPacked
 from dali_alchemi.store.read.open_checks import MetaInfo, check_every_array_known, check_meta, open_root
-from dali_alchemi.store.write.arrays import extend_array, write_array
+from dali_alchemi.store.write.append import append_rows, checked_new_rows
+from dali_alchemi.store.write.arrays import write_array
 from dali_alchemi.store.write.create import checked_new_samples, create_store
 from dali_alchemi.store.write.defragment import DEFAULT_DEFRAGMENT_WINDOW
 from dali_alchemi.store.write.defragment import defragment as run_defragment
@@ -65,9 +65,6 @@ from dali_alchemi.store.write.encode import (
     Samples,
     check_field_name,
     check_stored,
-    checked_disk,
-    field_names,
-    to_packed,
 )
 from dali_alchemi.store.write.lock import WriterLock
 from dali_alchemi.store.write.recovery import apply_delete, recover
@@ -229,53 +226,10 @@ class AtomicDataZarrWriter:
             return
         with self._locked("append"):
             root, meta = self._open()
-            store_levels = meta.schema.field_levels
-            given = set(field_names(samples))
-            missing, extra = sorted(set(store_levels) - given), sorted(given - set(store_levels))
-            if missing or extra:
-                raise SampleDataError(
-                    f"Appended samples must have exactly the store's fields: missing {missing}, unexpected {extra} "
-                    f"(add new fields to existing samples with add_custom first)"
-                )
-            packed = to_packed(samples, {**store_levels, **(levels or {})})
-            if len(packed) == 0:
+            rows = checked_new_rows(root, meta, samples, levels, allow_nonfinite=self.allow_nonfinite)
+            if rows is None:
                 return
-            for name, level in packed.levels.items():
-                if level != store_levels[name]:
-                    raise SampleDataError(
-                        f"Field {name!r} is {store_levels[name]!r} in the store but {level!r} in the new samples"
-                    )
-            atom_base, edge_base, n_old = int(meta.atoms_ptr[-1]), int(meta.edges_ptr[-1]), meta.n_physical
-            disk = checked_disk(packed, atom_base, allow_nonfinite=self.allow_nonfinite)
-            arrays = {name: root[f"{meta.schema.group_of(name)}/{name}"] for name in disk}
-            for name, values in disk.items():
-                arr = arrays[name]
-                if tuple(arr.shape[1:]) != values.shape[1:]:
-                    raise SampleDataError(
-                        f"Field {name!r}: new rows have trailing shape {values.shape[1:]}, the store holds {tuple(arr.shape[1:])}"
-                    )
-                if not np.can_cast(values.dtype, arr.dtype, casting="same_kind"):
-                    raise SampleDataError(
-                        f"Field {name!r}: new rows have dtype {values.dtype}, the store holds {arr.dtype}"
-                    )
-            write_journal(self._location, AppendOp(samples=n_old, atoms=atom_base, edges=edge_base))
-            self._phase("journal")
-            for name, values in disk.items():
-                extend_array(arrays[name], values.astype(arrays[name].dtype, copy=False), meta.rows[packed.levels[name]])
-            self._phase("data")
-            meta_group = root[layout.META_GROUP]
-            extend_array(meta_group[layout.ATOMS_MASK], np.ones(int(packed.n_atoms.sum()), np.bool_), atom_base)
-            extend_array(meta_group[layout.EDGES_MASK], np.ones(int(packed.n_edges.sum()), np.bool_), edge_base)
-            self._phase("masks")
-            extend_array(meta_group[layout.ATOMS_PTR], packed.atoms_ptr[1:] + atom_base, n_old + 1)
-            extend_array(meta_group[layout.EDGES_PTR], packed.edges_ptr[1:] + edge_base, n_old + 1)
-            self._phase("pointers")
-            extend_array(meta_group[layout.SAMPLES_MASK], np.ones(len(packed), np.bool_), n_old)
-            self._phase("samples_mask")
-            schema = layout.StoreSchema(num_samples=n_old + len(packed), core=meta.schema.core, custom=meta.schema.custom)
-            root.attrs.update(schema.to_attributes())
-            self._phase("attributes")
-            clear_journal(self._location)
+            append_rows(self._location, root, meta, rows, self._phase)
             self._phase("done")
 
     # -- custom arrays ------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ TESTED_BY: dict[str, tuple[str, ...]] = {
     "store/write/append.py": ("tests/store/write/test_writer.py", "tests/store/test_crash_safety.py"),
     "store/write/arrays.py": ("tests/store/write/test_writer.py", "tests/store/test_checksums.py"),
     "store/write/create.py": ("tests/store/write/test_writer.py", "tests/store/test_crash_safety.py"),
+    "store/write/custom.py": ("tests/store/write/test_writer.py", "tests/store/test_crash_safety.py"),
     "store/write/defragment.py": ("tests/store/write/test_writer.py", "tests/store/test_crash_safety.py"),
     "store/write/encode.py": ("tests/store/write/test_writer.py",),
     "testing/reader.py": ("tests/store/test_reader_contract.py", "tests/store/read/test_multi.py"),

@@ -5,6 +5,10 @@ The writer owns the pointer arrays and masks, and keeps every data array consist
 whenever rows move (defragment), which fixes the reference implementation's defects listed in the
 store-format notes. Arrays are always created with explicit chunk shapes that keep trailing dims whole.
 
+Each operation here takes the lock, opens and checks the store, and hands the work to its module:
+``write`` to :mod:`~dali_alchemi.store.write.create`, ``append`` to :mod:`~dali_alchemi.store.write.append`,
+``add_custom`` to :mod:`~dali_alchemi.store.write.custom`, ``defragment`` and ``repair`` to theirs.
+
 Interrupted writes (a killed process) leave a local store readable at its old or its new state:
 ``write`` builds the store beside its path and renames it into place; ``append``, ``delete`` and
 ``add_custom`` record a journal first (:mod:`dali_alchemi.store.format.journal`) and order their changes so
@@ -20,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,7 +37,6 @@ from dali_alchemi.config import WriteConfig
 from dali_alchemi.errors import (
     ConfigError,
     ConfigTypeError,
-    SampleDataError,
     StoreExistsError,
     StoreNotFoundError,
     UnsupportedStoreError,
@@ -42,30 +44,16 @@ from dali_alchemi.errors import (
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.generation import bumped
 from dali_alchemi.store.format.indices import checked_indices
-from dali_alchemi.store.format.journal import (
-    AddCustomOp,
-    DeleteOp,
-    OpState,
-    clear_journal,
-    previous_suffix,
-    read_journal,
-    sibling,
-    staging_suffix,
-    write_journal,
-)
+from dali_alchemi.store.format.journal import DeleteOp, clear_journal, read_journal, write_journal
 from dali_alchemi.store.format.location import StoreLike, StoreLocation, open_group, resolve_store, root_members
 from dali_alchemi.store.format.packed import PackedSamples, SupportsPacked
 from dali_alchemi.store.read.open_checks import MetaInfo, check_every_array_known, check_meta, open_root
 from dali_alchemi.store.write.append import append_rows, checked_new_rows
-from dali_alchemi.store.write.arrays import write_array
 from dali_alchemi.store.write.create import checked_new_samples, create_store
+from dali_alchemi.store.write.custom import checked_custom, write_custom
 from dali_alchemi.store.write.defragment import DEFAULT_DEFRAGMENT_WINDOW
 from dali_alchemi.store.write.defragment import defragment as run_defragment
-from dali_alchemi.store.write.encode import (
-    Samples,
-    check_field_name,
-    check_stored,
-)
+from dali_alchemi.store.write.encode import Samples, check_field_name
 from dali_alchemi.store.write.lock import WriterLock
 from dali_alchemi.store.write.recovery import apply_delete, recover
 from dali_alchemi.store.write.repair import RepairReport, check_in_place, repair_copy, run_repair
@@ -255,64 +243,9 @@ class AtomicDataZarrWriter:
         check_field_name(key)
         with self._locked("add_custom"):
             root, meta = self._open()
-            values = data.detach().cpu().numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
-            expected = meta.rows[checked]
-            if values.ndim == 0 or values.shape[0] != expected:
-                got = values.shape[0] if values.ndim else "a scalar"
-                raise SampleDataError(f"Data shape[0]={got} does not match expected size={expected} for level={checked}")
-            if key in meta.schema.core:
-                raise SampleDataError(
-                    f"{key!r} is already a core field of this store; choose another name for the custom array"
-                )
-            ptr = {"atom": meta.atoms_ptr, "edge": meta.edges_ptr, "system": None}[checked]
-            allowed = self.allow_nonfinite if isinstance(self.allow_nonfinite, bool) else key in self.allow_nonfinite
-            check_stored(key, values, allow_nonfinite=allowed, rows_ptr=ptr)
-            previous = meta.schema.custom.get(key)
-            journal = AddCustomOp(key=key, level=checked, previous=previous, state=OpState.STAGING)
-            write_journal(self._location, journal)
-            self._phase("journal")
-            root.attrs.update(bumped(root.attrs.asdict(), rewritten=key if previous is not None else None))
-            values = np.ascontiguousarray(values)
-            cfg = self.config.for_array(layout.CUSTOM_GROUP, key, values)
-            local = self._local
-            if local is None:
-                custom = root.require_group(layout.CUSTOM_GROUP)
-                if key in custom:
-                    del custom[key]
-                write_array(custom, key, values, cfg)
-                self._phase("moved-new")
-            else:
-                staging = sibling(self._location, staging_suffix(key))
-                shutil.rmtree(staging, ignore_errors=True)
-                write_array(zarr.open_group(str(staging), mode="w"), key, values, cfg)
-                self._phase("staged")
-                write_journal(self._location, journal.with_state(OpState.SWAPPING))
-                target = local / layout.CUSTOM_GROUP / key
-                target.parent.mkdir(exist_ok=True)
-                if previous is not None and target.exists():
-                    os.rename(target, sibling(self._location, previous_suffix(key)))
-                    self._phase("moved-previous")
-                os.rename(staging / key, target)
-                shutil.rmtree(staging, ignore_errors=True)
-                self._phase("moved-new")
-            schema = layout.StoreSchema(
-                num_samples=meta.n_physical, core=meta.schema.core, custom={**meta.schema.custom, key: checked}
-            )
-            attributes = schema.to_attributes()
-            if meta.integrity.checksums is not None and not cfg.checksum:  # the new array breaks that promise
-                promise_now = layout.Integrity(complete_chunks=meta.integrity.complete_chunks)
-                attributes.update(promise_now.to_attributes(root.attrs.asdict()))
-            root.attrs.update(attributes)
-            self._phase("fields")
-            write_journal(self._location, journal.with_state(OpState.COMMITTED))
-            self._finish_add_custom(key)
+            values = checked_custom(key, data, checked, meta, allow_nonfinite=self.allow_nonfinite)
+            write_custom(self._location, root, meta, key, values, checked, self.config, self._phase)
             self._phase("done")
-
-    def _finish_add_custom(self, key: str) -> None:
-        if self._local is not None:
-            shutil.rmtree(sibling(self._location, previous_suffix(key)), ignore_errors=True)
-            shutil.rmtree(sibling(self._location, staging_suffix(key)), ignore_errors=True)
-        clear_journal(self._location)
 
     # -- delete -------------------------------------------------------------------------------------
     def delete(self, indices: Sequence[int] | NDArray[Any] | torch.Tensor) -> None:

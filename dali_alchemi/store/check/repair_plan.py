@@ -183,34 +183,119 @@ def infer(
     if prefer is not None and prefer not in PREFERENCES:
         raise ConfigError(f"prefer must be one of {', '.join(PREFERENCES)} or None, got {prefer!r}")
     n = meta.n_physical
-    a_ptr, e_ptr = meta.atoms_ptr, meta.edges_ptr
     kinds = np.full(n, NO_EDGES, np.int8)
     kinds[~meta.samples_mask] = DELETED
     offsets = np.zeros(n, np.int64)
     group = meta.schema.group_of(NEIGHBOR_LIST)
     if NEIGHBOR_LIST not in meta.schema.field_levels or group not in meta.groups or NEIGHBOR_LIST not in root[group]:
-        return RepairPlan(store=store, kinds=kinds, offsets=offsets, edges_ptr=e_ptr)
+        return RepairPlan(store=store, kinds=kinds, offsets=offsets, edges_ptr=meta.edges_ptr)
     smin, smax = stored_extents(root[f"{group}/{NEIGHBOR_LIST}"], meta, window)
+    bounds = _offset_bounds(meta, smin, smax)
+    near = _exact_neighbours(bounds)
+    candidates = _append_candidates(meta.atoms_ptr, bounds, near)
+    in_model = bounds.exact & (candidates.n_valid >= 1)
+    offsets[bounds.exact] = bounds.c_exact[bounds.exact]
+    if (bounds.exact & ~in_model).any():
+        model_ok = _settle_moved_store(bounds, near, in_model, kinds, offsets)
+    else:
+        model_ok = _settle_by_append_model(bounds, candidates, near, prefer, kinds, offsets)
+    kinds[bounds.broken] = UNDETERMINED
+    _label(kinds, offsets, bounds.a, model_ok)
+    return RepairPlan(store=store, kinds=kinds, offsets=offsets, edges_ptr=meta.edges_ptr)
+
+
+@dataclass(frozen=True, slots=True)
+class _Bounds:
+    """What each physical sample's stored extents say about its offset ``c_i``: ``c_lo <= c_i <= c_hi``."""
+
+    a: NDArray[np.int64]
+    """Each sample's first atom (``atoms_ptr[i]``)."""
+    has: NDArray[np.bool_]
+    """Live, with edges: the samples whose offset is inferred."""
+    c_lo: NDArray[np.int64]
+    c_hi: NDArray[np.int64]
+    broken: NDArray[np.bool_]
+    """The values span more rows than the sample has atoms: no offset fits."""
+    exact: NDArray[np.bool_]
+    """The interval is one value: the offset is read off the data."""
+    c_exact: NDArray[np.int64]
+    """That offset where ``exact``, else 0."""
+
+    @property
+    def loose(self) -> NDArray[np.bool_]:
+        """The samples the data alone does not pin (neither exact nor broken)."""
+        return self.has & ~self.exact & ~self.broken
+
+
+def _offset_bounds(meta: MetaInfo, smin: NDArray[np.int64], smax: NDArray[np.int64]) -> _Bounds:
+    """Each sample's interval of possible offsets, from its smallest and largest stored index."""
+    a_ptr = meta.atoms_ptr
     a, atoms = a_ptr[:-1], np.diff(a_ptr)
-    has = meta.samples_mask & (np.diff(e_ptr) > 0)
+    has = meta.samples_mask & (np.diff(meta.edges_ptr) > 0)
     c_lo = np.where(has, a - smin, -_FAR)
     c_hi = np.where(has, a - smax + atoms - 1, _FAR)
-    broken = has & (c_lo > c_hi)  # the values span more rows than the sample has atoms
     exact = has & (c_lo == c_hi)
-    c_exact = np.where(exact, c_lo, 0)
+    return _Bounds(
+        a=a, has=has, c_lo=c_lo, c_hi=c_hi, broken=has & (c_lo > c_hi), exact=exact, c_exact=np.where(exact, c_lo, 0)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _ExactNeighbours:
+    """Per sample, the exact samples on either side of it, and whether the later one pins it."""
+
+    prev_exact: NDArray[np.int64]
+    """The latest exact sample before ``i`` (-1: none)."""
+    next_exact: NDArray[np.int64]
+    """The first exact sample after ``i`` (``n``: none)."""
+    c_next: NDArray[np.int64]
+    """That sample's offset (0: none)."""
+    pinned: NDArray[np.bool_]
+    """The later exact sample's call started at or before ``i``, so ``i`` has its offset."""
+
+
+def _exact_neighbours(bounds: _Bounds) -> _ExactNeighbours:
+    """The nearest exact samples before and after each sample, by running maxima and minima (no loop)."""
+    exact, a = bounds.exact, bounds.a
+    n = exact.size
     idx = np.arange(n, dtype=np.int64)
     last_exact = np.maximum.accumulate(np.where(exact, idx, -1))
     prev_exact = np.concatenate([[-1], last_exact[:-1]])  # latest exact sample before i
     next_exact = np.minimum.accumulate(np.where(exact, idx, n)[::-1])[::-1]
     next_exact = np.concatenate([next_exact[1:], [n]])  # first exact sample after i
-    c_next = np.where(next_exact < n, c_exact[np.minimum(next_exact, n - 1)], 0)
+    c_next = np.where(next_exact < n, bounds.c_exact[np.minimum(next_exact, n - 1)], 0)
     # A later exact sample whose call started at or before i (offset atoms_ptr[g], 1 <= c <= a_i) pins i.
     pinned = (next_exact < n) & (c_next >= 1) & (c_next <= a)
+    return _ExactNeighbours(prev_exact=prev_exact, next_exact=next_exact, c_next=c_next, pinned=pinned)
 
+
+@dataclass(frozen=True, slots=True)
+class _Candidates:
+    """The offsets the append model allows: one (sample, value) pair per candidate, and per-sample tallies."""
+
+    owner: NDArray[np.int64]
+    """The sample of each pair."""
+    value: NDArray[np.int64]
+    """The candidate offset of each pair (``atoms_ptr[g]``, ``1 <= g <= i``)."""
+    ok: NDArray[np.bool_]
+    """The pair agrees with the exact samples around its sample."""
+    n_valid: NDArray[np.int64]
+    """Per sample: how many offsets fit, store-global (0) included."""
+    chosen: NDArray[np.int64]
+    """Per sample: the offset that fits, meaningful where exactly one does."""
+    global_ok: NDArray[np.bool_]
+    """Per sample: store-global (offset 0) fits."""
+
+
+def _append_candidates(a_ptr: NDArray[np.int64], bounds: _Bounds, near: _ExactNeighbours) -> _Candidates:
+    """Every offset the append model allows each sample, checked against the exact samples around it."""
+    n, a = bounds.a.size, bounds.a
+    c_lo, c_hi, c_exact = bounds.c_lo, bounds.c_hi, bounds.c_exact
+    prev_exact, c_next, pinned = near.prev_exact, near.c_next, near.pinned
     # Candidate offsets atoms_ptr[g], 1 <= g <= i, inside [c_lo, c_hi], one pair per (sample, value).
     values = np.unique(a_ptr[1:n])
     g_last = np.searchsorted(a_ptr[:n], values, side="right") - 1  # latest sample starting at that value
-    cand = np.flatnonzero(has & ~broken)
+    cand = np.flatnonzero(bounds.has & ~bounds.broken)
     p0 = np.searchsorted(values, np.maximum(c_lo[cand], 1), side="left")
     p1 = np.searchsorted(values, np.minimum(c_hi[cand], a[cand]), side="right")
     count = np.maximum(p1 - p0, 0)
@@ -223,42 +308,73 @@ def infer(
     n_valid = np.bincount(owner[ok], minlength=n)
     chosen = np.zeros(n, np.int64)
     chosen[owner[ok]] = value[ok]  # meaningful where exactly one is valid
-    global_ok = has & ~broken & (c_lo <= 0) & (c_hi >= 0) & ~pinned
+    global_ok = bounds.has & ~bounds.broken & (c_lo <= 0) & (c_hi >= 0) & ~pinned
     n_valid += global_ok
     chosen[global_ok] = 0
+    return _Candidates(owner=owner, value=value, ok=ok, n_valid=n_valid, chosen=chosen, global_ok=global_ok)
 
-    in_model = exact & (n_valid >= 1)
-    offsets[exact] = c_exact[exact]
-    moved_store = bool((exact & ~in_model).any())
-    loose = has & ~exact & ~broken
-    if moved_store:
-        # Rows moved: only exact samples on both sides agreeing on the offset pin a loose one.
-        agree = (prev_exact >= 0) & (next_exact < n) & (c_exact[np.maximum(prev_exact, 0)] == c_next)
-        fits = agree & (c_lo <= c_next) & (c_next <= c_hi)
-        settled = loose & fits
-        offsets[settled] = c_next[settled]
-        kinds[loose & ~fits] = UNDETERMINED
-        kinds[exact & ~in_model] = MOVED
-        model_ok = (exact & in_model) | settled
+
+def _settle_moved_store(
+    bounds: _Bounds,
+    near: _ExactNeighbours,
+    in_model: NDArray[np.bool_],
+    kinds: NDArray[np.int8],
+    offsets: NDArray[np.int64],
+) -> NDArray[np.bool_]:
+    """Rows moved (some exact sample fits no append): only exact samples on both sides agreeing on the
+    offset pin a loose one. Fills ``kinds`` and ``offsets``; returns the samples repaired."""
+    exact, loose = bounds.exact, bounds.loose
+    prev_exact, next_exact, c_next = near.prev_exact, near.next_exact, near.c_next
+    n = exact.size
+    agree = (prev_exact >= 0) & (next_exact < n) & (bounds.c_exact[np.maximum(prev_exact, 0)] == c_next)
+    fits = agree & (bounds.c_lo <= c_next) & (c_next <= bounds.c_hi)
+    settled = loose & fits
+    offsets[settled] = c_next[settled]
+    kinds[loose & ~fits] = UNDETERMINED
+    kinds[exact & ~in_model] = MOVED
+    return (exact & in_model) | settled
+
+
+def _settle_by_append_model(
+    bounds: _Bounds,
+    candidates: _Candidates,
+    near: _ExactNeighbours,
+    prefer: str | None,
+    kinds: NDArray[np.int8],
+    offsets: NDArray[np.int64],
+) -> NDArray[np.bool_]:
+    """The append model holds: a loose sample with one fitting offset takes it; ``prefer`` settles those
+    with several; the rest are ambiguous (several) or undetermined (none). Fills ``kinds`` and
+    ``offsets``; returns the samples repaired."""
+    loose, n_valid = bounds.loose, candidates.n_valid
+    settled = loose & (n_valid == 1)
+    offsets[settled] = candidates.chosen[settled]
+    if prefer is not None:
+        settled |= _settle_by_preference(bounds, candidates, near, prefer, loose & (n_valid > 1), offsets)
+    kinds[loose & ~settled & (n_valid > 1)] = AMBIGUOUS
+    kinds[loose & (n_valid == 0)] = UNDETERMINED
+    return bounds.exact | settled
+
+
+def _settle_by_preference(
+    bounds: _Bounds,
+    candidates: _Candidates,
+    near: _ExactNeighbours,
+    prefer: str,
+    ambiguous: NDArray[np.bool_],
+    offsets: NDArray[np.int64],
+) -> NDArray[np.bool_]:
+    """Give the ``ambiguous`` samples that the preferred way of storing fits its offset; returns them."""
+    n = bounds.a.size
+    if prefer == "global":
+        pick, preferred = ambiguous & candidates.global_ok, np.zeros(n, np.int64)
     else:
-        settled = loose & (n_valid == 1)
-        offsets[settled] = chosen[settled]
-        if prefer is not None:
-            ambiguous = loose & (n_valid > 1)
-            if prefer == "global":
-                pick, preferred = ambiguous & global_ok, np.zeros(n, np.int64)
-            else:
-                preferred = a.copy() if prefer == "sample-local" else c_exact[np.maximum(prev_exact, 0)]
-                match = ok & (value == preferred[owner])
-                pick = ambiguous & (np.bincount(owner[match], minlength=n) > 0)
-            offsets[pick] = preferred[pick]
-            settled |= pick
-        kinds[loose & ~settled & (n_valid > 1)] = AMBIGUOUS
-        kinds[loose & (n_valid == 0)] = UNDETERMINED
-        model_ok = exact | settled
-    kinds[broken] = UNDETERMINED
-    _label(kinds, offsets, a, model_ok)
-    return RepairPlan(store=store, kinds=kinds, offsets=offsets, edges_ptr=e_ptr)
+        preferred = bounds.a.copy() if prefer == "sample-local" else bounds.c_exact[np.maximum(near.prev_exact, 0)]
+        owner = candidates.owner
+        match = candidates.ok & (candidates.value == preferred[owner])
+        pick = ambiguous & (np.bincount(owner[match], minlength=n) > 0)
+    offsets[pick] = preferred[pick]
+    return pick
 
 
 def _label(kinds: NDArray[np.int8], offsets: NDArray[np.int64], a: NDArray[np.int64], ok: NDArray[np.bool_]) -> None:

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 __all__ = [
-    "Samples", "check_disk", "check_field_name", "check_neighbor_list", "check_stored", "disk_arrays",
-    "field_names", "global_index", "squeeze_system", "to_packed"
+    "Samples", "check_disk", "check_field_name", "check_neighbor_list", "check_stored", "checked_disk",
+    "disk_arrays", "field_names", "global_index", "squeeze_system", "to_packed"
 ]
 
 
@@ -143,3 +143,19 @@ def disk_arrays(packed: PackedSamples, atom_base: int) -> dict[str, NDArray[Any]
             values = squeeze_system(values)
         out[name] = np.ascontiguousarray(values)
     return out
+
+
+def checked_disk(
+    packed: PackedSamples, atom_base: int, *, allow_nonfinite: bool | frozenset[str]
+) -> dict[str, NDArray[Any]]:
+    """The arrays ``packed`` puts on disk, checked by the reader's rules before any is written.
+
+    Shared by a write (``atom_base`` 0) and an append (the store's atom count), so both refuse the same
+    samples. ``allow_nonfinite``: as for :func:`check_disk`.
+    """
+    for name in packed.fields:
+        check_field_name(name)
+    check_neighbor_list(packed)
+    disk = disk_arrays(packed, atom_base)
+    check_disk(packed, disk, allow_nonfinite=allow_nonfinite)
+    return disk

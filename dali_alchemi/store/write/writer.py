@@ -5,6 +5,10 @@ The writer owns the pointer arrays and masks, and keeps every data array consist
 whenever rows move (defragment), which fixes the reference implementation's defects listed in the
 store-format notes. Arrays are always created with explicit chunk shapes that keep trailing dims whole.
 
+Each operation here takes the lock, opens and checks the store, and hands the work to its module:
+``write`` to :mod:`~dali_alchemi.store.write.create`, ``append`` to :mod:`~dali_alchemi.store.write.append`,
+``add_custom`` to :mod:`~dali_alchemi.store.write.custom`, ``defragment`` and ``repair`` to theirs.
+
 Interrupted writes (a killed process) leave a local store readable at its old or its new state:
 ``write`` builds the store beside its path and renames it into place; ``append``, ``delete`` and
 ``add_custom`` record a journal first (:mod:`dali_alchemi.store.format.journal`) and order their changes so
@@ -20,8 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,7 +37,6 @@ from dali_alchemi.config import WriteConfig
 from dali_alchemi.errors import (
     ConfigError,
     ConfigTypeError,
-    SampleDataError,
     StoreExistsError,
     StoreNotFoundError,
     UnsupportedStoreError,
@@ -43,35 +44,16 @@ from dali_alchemi.errors import (
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.generation import bumped
 from dali_alchemi.store.format.indices import checked_indices
-from dali_alchemi.store.format.journal import (
-    CREATE_PREFIX,
-    AddCustomOp,
-    AppendOp,
-    DeleteOp,
-    OpState,
-    clear_journal,
-    previous_suffix,
-    read_journal,
-    sibling,
-    staging_suffix,
-    write_journal,
-)
+from dali_alchemi.store.format.journal import DeleteOp, clear_journal, read_journal, write_journal
 from dali_alchemi.store.format.location import StoreLike, StoreLocation, open_group, resolve_store, root_members
 from dali_alchemi.store.format.packed import PackedSamples, SupportsPacked
 from dali_alchemi.store.read.open_checks import MetaInfo, check_every_array_known, check_meta, open_root
-from dali_alchemi.store.write.arrays import extend_array, promise, write_array
+from dali_alchemi.store.write.append import append_rows, checked_new_rows
+from dali_alchemi.store.write.create import checked_new_samples, create_store
+from dali_alchemi.store.write.custom import checked_custom, write_custom
 from dali_alchemi.store.write.defragment import DEFAULT_DEFRAGMENT_WINDOW
 from dali_alchemi.store.write.defragment import defragment as run_defragment
-from dali_alchemi.store.write.encode import (
-    Samples,
-    check_disk,
-    check_field_name,
-    check_neighbor_list,
-    check_stored,
-    disk_arrays,
-    field_names,
-    to_packed,
-)
+from dali_alchemi.store.write.encode import Samples, check_field_name
 from dali_alchemi.store.write.lock import WriterLock
 from dali_alchemi.store.write.recovery import apply_delete, recover
 from dali_alchemi.store.write.repair import RepairReport, check_in_place, repair_copy, run_repair
@@ -206,77 +188,9 @@ class AtomicDataZarrWriter:
         with self._locked("write"):
             if self._exists():
                 raise StoreExistsError(f"Zarr store already exists at {self._location.display}")
-            packed = to_packed(samples, levels)
-            if len(packed) == 0:
-                raise SampleDataError("No data provided to write.")
-            if "atom" not in packed.levels.values():
-                raise SampleDataError("Samples need at least one atom-level field (e.g. atomic_numbers, positions)")
-            disk = self._checked_disk(packed, 0)
-            unknown = sorted(set(custom) - set(packed.fields))
-            if unknown:
-                raise SampleDataError(f"custom= names fields the samples do not have: {unknown}")
-            clash = sorted(set(custom) & (layout.ATOM_INDEX_FIELDS | {"atomic_numbers", "positions"}))
-            if clash:
-                raise SampleDataError(f"{clash} must stay core fields")
-            local = self._local
-            if local is None:
-                self._write_new(self._root_for_new(self._location), packed, disk, frozenset(custom))
-                self._phase("done")
-                return
-            staging = sibling(self._location, f"{CREATE_PREFIX}{uuid.uuid4().hex[:8]}")
-            try:
-                self._write_new(zarr.open_group(str(staging), mode="w"), packed, disk, frozenset(custom))
-                self._phase("staged")
-                os.rename(staging, local)
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
+            packed, disk = checked_new_samples(samples, levels, custom, allow_nonfinite=self.allow_nonfinite)
+            create_store(self._location, packed, disk, self.config, frozenset(custom), self._phase)
             self._phase("done")
-
-    @staticmethod
-    def _root_for_new(loc: StoreLocation) -> Any:
-        return open_group(loc, mode="a")  # "w" would clear the store, the writer lock with it
-
-    def _checked_disk(self, packed: PackedSamples, atom_base: int) -> dict[str, NDArray[Any]]:
-        """The arrays ``packed`` puts on disk, checked by the reader's rules before any is written."""
-        for name in packed.fields:
-            check_field_name(name)
-        check_neighbor_list(packed)
-        disk = disk_arrays(packed, atom_base)
-        check_disk(packed, disk, allow_nonfinite=self.allow_nonfinite)
-        return disk
-
-    def _write_new(
-        self, root: Any, packed: PackedSamples, disk: Mapping[str, NDArray[Any]], custom: frozenset[str] = frozenset()
-    ) -> None:
-        meta = root.create_group(layout.META_GROUP)
-        groups = {
-            layout.CORE_GROUP: root.create_group(layout.CORE_GROUP),
-            layout.CUSTOM_GROUP: root.create_group(layout.CUSTOM_GROUP),
-        }
-        atoms_ptr, edges_ptr = packed.atoms_ptr, packed.edges_ptr
-        meta_arrays = {
-            layout.ATOMS_PTR: atoms_ptr,
-            layout.EDGES_PTR: edges_ptr,
-            layout.SAMPLES_MASK: np.ones(len(packed), dtype=np.bool_),
-            layout.ATOMS_MASK: np.ones(int(atoms_ptr[-1]), dtype=np.bool_),
-            layout.EDGES_MASK: np.ones(int(edges_ptr[-1]), dtype=np.bool_),
-        }
-        configs = []
-        for name, values in meta_arrays.items():
-            configs.append(self.config.for_array(layout.META_GROUP, name, values))
-            write_array(meta, name, values, configs[-1])
-        for group, target in groups.items():
-            arrays = {name: values for name, values in disk.items() if (name in custom) == (group == layout.CUSTOM_GROUP)}
-            for name, cfg in self.config.for_arrays(group, arrays).items():
-                configs.append(cfg)
-                write_array(target, name, arrays[name], cfg)
-        schema = layout.StoreSchema(
-            num_samples=len(packed),
-            core={k: v for k, v in packed.levels.items() if k not in custom},
-            custom={k: v for k, v in packed.levels.items() if k in custom},
-        )
-        root.attrs.update({**schema.to_attributes(), **promise(configs).to_attributes()})
 
     # -- append -------------------------------------------------------------------------------------
     def append(self, samples: Samples, *, levels: Mapping[str, str] | None = None) -> None:
@@ -300,53 +214,10 @@ class AtomicDataZarrWriter:
             return
         with self._locked("append"):
             root, meta = self._open()
-            store_levels = meta.schema.field_levels
-            given = set(field_names(samples))
-            missing, extra = sorted(set(store_levels) - given), sorted(given - set(store_levels))
-            if missing or extra:
-                raise SampleDataError(
-                    f"Appended samples must have exactly the store's fields: missing {missing}, unexpected {extra} "
-                    f"(add new fields to existing samples with add_custom first)"
-                )
-            packed = to_packed(samples, {**store_levels, **(levels or {})})
-            if len(packed) == 0:
+            rows = checked_new_rows(root, meta, samples, levels, allow_nonfinite=self.allow_nonfinite)
+            if rows is None:
                 return
-            for name, level in packed.levels.items():
-                if level != store_levels[name]:
-                    raise SampleDataError(
-                        f"Field {name!r} is {store_levels[name]!r} in the store but {level!r} in the new samples"
-                    )
-            atom_base, edge_base, n_old = int(meta.atoms_ptr[-1]), int(meta.edges_ptr[-1]), meta.n_physical
-            disk = self._checked_disk(packed, atom_base)
-            arrays = {name: root[f"{meta.schema.group_of(name)}/{name}"] for name in disk}
-            for name, values in disk.items():
-                arr = arrays[name]
-                if tuple(arr.shape[1:]) != values.shape[1:]:
-                    raise SampleDataError(
-                        f"Field {name!r}: new rows have trailing shape {values.shape[1:]}, the store holds {tuple(arr.shape[1:])}"
-                    )
-                if not np.can_cast(values.dtype, arr.dtype, casting="same_kind"):
-                    raise SampleDataError(
-                        f"Field {name!r}: new rows have dtype {values.dtype}, the store holds {arr.dtype}"
-                    )
-            write_journal(self._location, AppendOp(samples=n_old, atoms=atom_base, edges=edge_base))
-            self._phase("journal")
-            for name, values in disk.items():
-                extend_array(arrays[name], values.astype(arrays[name].dtype, copy=False), meta.rows[packed.levels[name]])
-            self._phase("data")
-            meta_group = root[layout.META_GROUP]
-            extend_array(meta_group[layout.ATOMS_MASK], np.ones(int(packed.n_atoms.sum()), np.bool_), atom_base)
-            extend_array(meta_group[layout.EDGES_MASK], np.ones(int(packed.n_edges.sum()), np.bool_), edge_base)
-            self._phase("masks")
-            extend_array(meta_group[layout.ATOMS_PTR], packed.atoms_ptr[1:] + atom_base, n_old + 1)
-            extend_array(meta_group[layout.EDGES_PTR], packed.edges_ptr[1:] + edge_base, n_old + 1)
-            self._phase("pointers")
-            extend_array(meta_group[layout.SAMPLES_MASK], np.ones(len(packed), np.bool_), n_old)
-            self._phase("samples_mask")
-            schema = layout.StoreSchema(num_samples=n_old + len(packed), core=meta.schema.core, custom=meta.schema.custom)
-            root.attrs.update(schema.to_attributes())
-            self._phase("attributes")
-            clear_journal(self._location)
+            append_rows(self._location, root, meta, rows, self._phase)
             self._phase("done")
 
     # -- custom arrays ------------------------------------------------------------------------------
@@ -372,64 +243,9 @@ class AtomicDataZarrWriter:
         check_field_name(key)
         with self._locked("add_custom"):
             root, meta = self._open()
-            values = data.detach().cpu().numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
-            expected = meta.rows[checked]
-            if values.ndim == 0 or values.shape[0] != expected:
-                got = values.shape[0] if values.ndim else "a scalar"
-                raise SampleDataError(f"Data shape[0]={got} does not match expected size={expected} for level={checked}")
-            if key in meta.schema.core:
-                raise SampleDataError(
-                    f"{key!r} is already a core field of this store; choose another name for the custom array"
-                )
-            ptr = {"atom": meta.atoms_ptr, "edge": meta.edges_ptr, "system": None}[checked]
-            allowed = self.allow_nonfinite if isinstance(self.allow_nonfinite, bool) else key in self.allow_nonfinite
-            check_stored(key, values, allow_nonfinite=allowed, rows_ptr=ptr)
-            previous = meta.schema.custom.get(key)
-            journal = AddCustomOp(key=key, level=checked, previous=previous, state=OpState.STAGING)
-            write_journal(self._location, journal)
-            self._phase("journal")
-            root.attrs.update(bumped(root.attrs.asdict(), rewritten=key if previous is not None else None))
-            values = np.ascontiguousarray(values)
-            cfg = self.config.for_array(layout.CUSTOM_GROUP, key, values)
-            local = self._local
-            if local is None:
-                custom = root.require_group(layout.CUSTOM_GROUP)
-                if key in custom:
-                    del custom[key]
-                write_array(custom, key, values, cfg)
-                self._phase("moved-new")
-            else:
-                staging = sibling(self._location, staging_suffix(key))
-                shutil.rmtree(staging, ignore_errors=True)
-                write_array(zarr.open_group(str(staging), mode="w"), key, values, cfg)
-                self._phase("staged")
-                write_journal(self._location, journal.with_state(OpState.SWAPPING))
-                target = local / layout.CUSTOM_GROUP / key
-                target.parent.mkdir(exist_ok=True)
-                if previous is not None and target.exists():
-                    os.rename(target, sibling(self._location, previous_suffix(key)))
-                    self._phase("moved-previous")
-                os.rename(staging / key, target)
-                shutil.rmtree(staging, ignore_errors=True)
-                self._phase("moved-new")
-            schema = layout.StoreSchema(
-                num_samples=meta.n_physical, core=meta.schema.core, custom={**meta.schema.custom, key: checked}
-            )
-            attributes = schema.to_attributes()
-            if meta.integrity.checksums is not None and not cfg.checksum:  # the new array breaks that promise
-                promise_now = layout.Integrity(complete_chunks=meta.integrity.complete_chunks)
-                attributes.update(promise_now.to_attributes(root.attrs.asdict()))
-            root.attrs.update(attributes)
-            self._phase("fields")
-            write_journal(self._location, journal.with_state(OpState.COMMITTED))
-            self._finish_add_custom(key)
+            values = checked_custom(key, data, checked, meta, allow_nonfinite=self.allow_nonfinite)
+            write_custom(self._location, root, meta, key, values, checked, self.config, self._phase)
             self._phase("done")
-
-    def _finish_add_custom(self, key: str) -> None:
-        if self._local is not None:
-            shutil.rmtree(sibling(self._location, previous_suffix(key)), ignore_errors=True)
-            shutil.rmtree(sibling(self._location, staging_suffix(key)), ignore_errors=True)
-        clear_journal(self._location)
 
     # -- delete -------------------------------------------------------------------------------------
     def delete(self, indices: Sequence[int] | NDArray[Any] | torch.Tensor) -> None:

@@ -175,7 +175,7 @@ def infer(
     """Infer, for every live sample, how its neighbor list was stored and the offset that re-bases it.
 
     Reads ``core/neighbor_list`` once, ``window`` edge rows at a time; see the module docstring for the
-    rule. A store without a neighbor list gives a plan that changes nothing. ``prefer`` settles a
+    rule. A store without a neighbor list, or without samples, gives a plan that changes nothing. ``prefer`` settles a
     sample that several interpretations fit when one of them is that one: ``"sample-local"`` (the
     store grew one AtomicData at a time), ``"batch-local"`` (it continues the call of the structure
     before it) or ``"global"``; the user says so, the data cannot.
@@ -187,7 +187,7 @@ def infer(
     kinds[~meta.samples_mask] = DELETED
     offsets = np.zeros(n, np.int64)
     group = meta.schema.group_of(NEIGHBOR_LIST)
-    if NEIGHBOR_LIST not in meta.schema.field_levels or group not in meta.groups or NEIGHBOR_LIST not in root[group]:
+    if n == 0 or NEIGHBOR_LIST not in meta.schema.field_levels or group not in meta.groups or NEIGHBOR_LIST not in root[group]:
         return RepairPlan(store=store, kinds=kinds, offsets=offsets, edges_ptr=meta.edges_ptr)
     smin, smax = stored_extents(root[f"{group}/{NEIGHBOR_LIST}"], meta, window)
     bounds = _offset_bounds(meta, smin, smax)

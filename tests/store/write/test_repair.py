@@ -92,6 +92,23 @@ def test_the_error_names_the_cause_and_the_fix(nv_fixture: Path) -> None:
     assert f"dali-alchemi repair {path}" in message
 
 
+def test_a_store_with_no_samples_left_has_nothing_to_repair(tmp_path: Path) -> None:
+    samples = [
+        {"positions": np.zeros((n, 3), np.float32), "atomic_numbers": np.ones(n, np.int64),
+         "neighbor_list": np.array([[0, 1], [1, 0]], np.int64)}
+        for n in (2, 3, 4)
+    ]  # fmt: skip
+    path = tmp_path / "emptied.zarr"
+    writer = AtomicDataZarrWriter(path)
+    writer.write(samples)
+    writer.delete([0, 1, 2])
+    writer.defragment()
+    before = _files(path)
+    report = AtomicDataZarrWriter(path).repair(dry_run=True)
+    assert report.plan.counts == {} and report.plan.changed.tolist() == [] and report.plan.edges_changed == 0
+    assert not report.applied and _files(path) == before
+
+
 def test_dry_run_reports_and_writes_nothing(nv_fixture: Path, tmp_path: Path) -> None:
     path = _copy(nv_fixture, "batch", tmp_path)
     before = _files(path)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from types import TracebackType
@@ -24,14 +23,7 @@ import torch
 
 from dali_alchemi import csr
 from dali_alchemi.config import FetchConfig
-from dali_alchemi.errors import (
-    ConfigError,
-    DeviceError,
-    ReaderClosedError,
-    StoreFormatError,
-    StoreSchemaWarning,
-    UnknownFieldError,
-)
+from dali_alchemi.errors import ConfigError, DeviceError, ReaderClosedError, StoreFormatError
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.indices import checked_indices
 from dali_alchemi.store.format.location import StoreLike, StoreLocation, resolve_store
@@ -42,6 +34,7 @@ from dali_alchemi.store.read.cache import DEFAULT_CACHE_BYTES
 from dali_alchemi.store.read.engine import BlockEngine, ReadStats
 from dali_alchemi.store.read.open_checks import memory_budget
 from dali_alchemi.store.read.rows import IN_PLACE_SPAN_SIZE
+from dali_alchemi.store.read.selection import fields_to_read, narrow_fields
 from dali_alchemi.store.read.shared import SharedBlocks
 from dali_alchemi.store.read.snapshot import Snapshot, SnapshotIdentity, identify, open_snapshot
 
@@ -143,24 +136,7 @@ class AtomicDataZarrReader:
         """
         self._check_open()
         snapshot = open_snapshot(self._location)
-        requested = self._options["fields"]
-        uninterpretable = [name for name in (requested or ()) if name in snapshot.skipped]
-        if uninterpretable:
-            raise StoreFormatError(snapshot.skipped[uninterpretable[0]])
-        if requested is None and snapshot.skipped:
-            skipped = sorted(snapshot.skipped)
-            message = f"Store {snapshot.location.display}: not reading {skipped}: their level is a newer writer's"
-            warnings.warn(message, StoreSchemaWarning, stacklevel=3)
-        if requested is not None:
-            unknown = sorted(set(requested) - set(snapshot.handles))
-            if unknown:
-                raise UnknownFieldError(
-                    f"Unknown fields {unknown} for store {snapshot.location.display}; "
-                    f"available: {sorted(snapshot.handles)}"
-                )
-            self._fields: tuple[str, ...] = tuple(requested)
-        else:
-            self._fields = tuple(snapshot.handles)
+        self._fields: tuple[str, ...] = fields_to_read(snapshot, self._options["fields"])
         self._snapshot: Snapshot = snapshot
         self._engine.attach(snapshot)
         logger.info(
@@ -306,7 +282,7 @@ class AtomicDataZarrReader:
         """
         self._check_open()
         self._check_process()
-        names = self._fields if fields is None else self._select(fields)
+        names = self._fields if fields is None else narrow_fields(fields, self._fields, self._snapshot)
         logical = self.normalize_indices(indices)
         unique, inverse = np.unique(logical, return_inverse=True)
         if unique.size < logical.size:
@@ -358,18 +334,6 @@ class AtomicDataZarrReader:
         if grown is not None:
             self._snapshot = grown
         return grown is not None
-
-    def _select(self, fields: str | Iterable[str]) -> tuple[str, ...]:
-        names = as_field_names(fields)
-        unknown = sorted(set(names) - set(self._fields))
-        uninterpretable = [name for name in unknown if name in self._snapshot.skipped]
-        if uninterpretable:
-            raise StoreFormatError(self._snapshot.skipped[uninterpretable[0]])
-        if unknown:
-            raise UnknownFieldError(f"Unknown fields {unknown}; this reader returns {list(self._fields)}")
-        if not names:
-            raise ConfigError("fields must name at least one field")
-        return names
 
     def _check_process(self) -> None:
         """After a fork (DALI's default way to start workers), reconnect to a non-local store and serve the

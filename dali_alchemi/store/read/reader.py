@@ -29,11 +29,10 @@ from dali_alchemi.store.format.indices import checked_indices
 from dali_alchemi.store.format.location import StoreLike, StoreLocation, resolve_store
 from dali_alchemi.store.format.packed import PackedSamples
 from dali_alchemi.store.format.protocol import FieldSpec, PackedReader, as_field_names
-from dali_alchemi.store.read import guards
+from dali_alchemi.store.read import geometry, guards
 from dali_alchemi.store.read.cache import DEFAULT_CACHE_BYTES
 from dali_alchemi.store.read.engine import BlockEngine, ReadStats
 from dali_alchemi.store.read.open_checks import memory_budget
-from dali_alchemi.store.read.rows import IN_PLACE_SPAN_SIZE
 from dali_alchemi.store.read.selection import fields_to_read, narrow_fields
 from dali_alchemi.store.read.shared import SharedBlocks
 from dali_alchemi.store.read.snapshot import Snapshot, SnapshotIdentity, identify, open_snapshot
@@ -230,39 +229,16 @@ class AtomicDataZarrReader:
         return int(self._options["cache_bytes"])
 
     def decoded_block_bytes(self) -> dict[str, int]:
-        """Decoded bytes of one row block of each selected array that is read by decoding (not in place).
-
-        What one random structure costs per array on a store far larger than the cache: the block that
-        holds its rows is decoded whole. Metadata only, no I/O.
-        """
-        handles = [self._snapshot.handles[name] for name in self._fields]
-        return {
-            h.name: min(h.codec.block_rows, h.shape[0]) * h.codec.row_nbytes if h.codec is not None else int(h.array.nbytes)
-            for h in handles
-            if not self._engine.reads_in_place(h)
-        }
+        """Decoded bytes of one row block of each selected array that is read by decoding (not in place):
+        what one random structure costs per array on a store far larger than the cache (see
+        :func:`~dali_alchemi.store.read.geometry.decoded_block_bytes`). Metadata only, no I/O."""
+        return geometry.decoded_block_bytes(self._snapshot, self._fields, self._engine.reads_in_place)
 
     def sample_chunk_bounds(self) -> IndexArray:
-        """``[S + 1]`` logical sample offsets of spans aligned with the core per-atom arrays' chunks.
-
-        A span starts wherever a row block of any core atom-level array does (a sample straddling two
-        blocks goes with the first), so reading a span reads one block of each. Arrays read in place
-        (uncompressed, local) decode no chunk, so their chunks do not cut spans; when every core
-        atom-level array is read so, spans are :data:`~dali_alchemi.store.read.rows.IN_PLACE_SPAN_SIZE`
-        structures. Pointers only, no I/O.
-        """
-        snap = self._snapshot
-        atom_arrays = [
-            h for name, h in snap.handles.items() if h.level == "atom" and snap.schema.group_of(name) == layout.CORE_GROUP
-        ]
-        decoded = [h for h in atom_arrays if not self._engine.reads_in_place(h)]
-        rows = {h.codec.block_rows if h.codec is not None else int(h.array.chunks[0]) for h in decoded}
-        if atom_arrays and not decoded:
-            return np.append(np.arange(0, len(self), IN_PLACE_SPAN_SIZE, dtype=np.int64), np.int64(len(self)))
-        if not rows:  # no per-atom core array: every structure is its own span
-            return np.arange(len(self) + 1, dtype=np.int64)
-        starts = [csr.block_sample_starts(snap.atoms_ptr, r, snap.active) for r in sorted(rows)]
-        return np.unique(np.concatenate(starts))
+        """``[S + 1]`` logical sample offsets of spans aligned with the core per-atom arrays' chunks, so
+        that reading a span reads one block of each (see
+        :func:`~dali_alchemi.store.read.geometry.sample_chunk_bounds`). Pointers only, no I/O."""
+        return geometry.sample_chunk_bounds(self._snapshot, self._engine.reads_in_place)
 
     def get_metadata(self, index: int) -> tuple[int, int]:
         """``(num_atoms, num_edges)`` of one sample, as nvalchemi's reader returns it."""

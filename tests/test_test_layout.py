@@ -39,6 +39,7 @@ TESTED_BY: dict[str, tuple[str, ...]] = {
     "store/read/block_reads.py": ("tests/store/read/test_engine.py", "tests/store/read/test_whole.py", "tests/store/read/test_rows.py"),
     "store/read/geometry.py": ("tests/store/read/test_reader.py", "tests/store/read/test_advice.py"),
     "store/read/guards.py": ("tests/store/read/test_reader.py", "tests/store/format/test_generation.py", "tests/store/test_fuzz.py", "tests/store/write/test_repair.py"),
+    "store/read/opening.py": ("tests/test_loader_inputs.py", "tests/store/read/test_multi.py", "tests/baseline/test_torch_loader.py"),
     "store/read/summary.py": ("tests/test_cli.py", "tests/store/test_forward_compat.py"),
     "store/write/arrays.py": ("tests/store/write/test_writer.py", "tests/store/test_checksums.py"),
     "store/write/defragment.py": ("tests/store/write/test_writer.py", "tests/store/test_crash_safety.py"),

@@ -23,12 +23,12 @@ import torch
 
 from dali_alchemi import csr
 from dali_alchemi.config import FetchConfig
-from dali_alchemi.errors import ConfigError, DeviceError, ReaderClosedError, StoreFormatError
+from dali_alchemi.errors import DeviceError, ReaderClosedError, StoreFormatError
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.indices import checked_indices
 from dali_alchemi.store.format.location import StoreLike, StoreLocation, resolve_store
 from dali_alchemi.store.format.packed import PackedSamples
-from dali_alchemi.store.format.protocol import FieldSpec, PackedReader, as_field_names
+from dali_alchemi.store.format.protocol import FieldSpec, as_field_names
 from dali_alchemi.store.read import geometry, guards
 from dali_alchemi.store.read.cache import DEFAULT_CACHE_BYTES
 from dali_alchemi.store.read.engine import BlockEngine, ReadStats
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from dali_alchemi.types import CountArray, IndexArray, Level
 
-__all__ = ["AtomicDataZarrReader", "open_reader"]
+__all__ = ["AtomicDataZarrReader"]
 
 
 logger = logging.getLogger(__name__)
@@ -400,31 +400,3 @@ def _reopen(
     if identity is not None:
         reader._serve(identity)
     return reader
-
-
-def open_reader(
-    store_or_reader: StoreLike | PackedReader,
-    *,
-    fields: tuple[str, ...] | None,
-    cache_bytes: int | None,
-    shared_cache: str | None = None,
-) -> tuple[PackedReader, bool]:
-    """The reader a loader reads through, and whether the loader opened it (and so must close it).
-
-    A :class:`PackedReader` is used as it is; anything else is a store, opened as an
-    :class:`AtomicDataZarrReader` reading only ``fields`` (sharing decoded chunks through
-    ``shared_cache``, when given).
-
-    Raises
-    ------
-    ValueError
-        If ``cache_bytes`` is given with a reader: it configures a reader the loader opens itself.
-    """
-    if isinstance(store_or_reader, PackedReader):
-        if cache_bytes is not None:
-            raise ConfigError("cache_bytes= configures a reader the loader opens itself; set it on your reader instead")
-        return store_or_reader, False
-    options: dict[str, Any] = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
-    if shared_cache is not None:
-        options["shared_cache"] = shared_cache
-    return AtomicDataZarrReader(store_or_reader, fields=fields, **options), True

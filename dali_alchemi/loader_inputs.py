@@ -23,7 +23,7 @@ from dali_alchemi.store.format.location import StoreLike
 from dali_alchemi.store.format.protocol import PackedReader, select_fields
 from dali_alchemi.store.read.advice import warn_if_slow_layout
 from dali_alchemi.store.read.multi import MultiReader
-from dali_alchemi.store.read.reader import open_reader
+from dali_alchemi.store.read.opening import open_reader
 
 if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
@@ -111,7 +111,7 @@ def open_source(
 ) -> tuple[PackedReader, bool]:
     """The reader a loader reads through and whether it must close it: a list or tuple is a MultiReader.
 
-    Anything else goes to :func:`~dali_alchemi.store.read.reader.open_reader` (a reader as it is, a store
+    Anything else goes to :func:`~dali_alchemi.store.read.opening.open_reader` (a reader as it is, a store
     opened, sharing decoded chunks through ``shared_cache`` when given; a MultiReader shares none).
     """
     if isinstance(source, (list, tuple)):

@@ -41,7 +41,7 @@ from dali_alchemi.store.format.protocol import (
     as_field_names,
 )
 from dali_alchemi.store.read.cache import DEFAULT_CACHE_BYTES
-from dali_alchemi.store.read.reader import open_reader
+from dali_alchemi.store.read.opening import open_reader
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from types import TracebackType
@@ -22,68 +20,33 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from zarr.storage import MemoryStore
 
 from dali_alchemi import csr
 from dali_alchemi.config import FetchConfig
-from dali_alchemi.errors import (
-    ConfigError,
-    DeviceError,
-    ReaderClosedError,
-    ReadTooLargeError,
-    StoreChangedError,
-    StoreFormatError,
-    StoreSchemaWarning,
-    UnknownFieldError,
-)
+from dali_alchemi.errors import DeviceError, ReaderClosedError, StoreFormatError
 from dali_alchemi.store.format import layout
-from dali_alchemi.store.format.generation import read_token
 from dali_alchemi.store.format.indices import checked_indices
 from dali_alchemi.store.format.location import StoreLike, StoreLocation, resolve_store
 from dali_alchemi.store.format.packed import PackedSamples
-from dali_alchemi.store.format.protocol import FieldSpec, PackedReader, as_field_names
+from dali_alchemi.store.format.protocol import FieldSpec, as_field_names
+from dali_alchemi.store.read import geometry, guards
 from dali_alchemi.store.read.cache import DEFAULT_CACHE_BYTES
 from dali_alchemi.store.read.engine import BlockEngine, ReadStats
 from dali_alchemi.store.read.open_checks import memory_budget
-from dali_alchemi.store.read.rows import IN_PLACE_SPAN_SIZE
+from dali_alchemi.store.read.selection import fields_to_read, narrow_fields
 from dali_alchemi.store.read.shared import SharedBlocks
-from dali_alchemi.store.read.snapshot import (
-    Snapshot,
-    SnapshotIdentity,
-    identify,
-    incompatibility,
-    open_snapshot,
-    served_as,
-)
-from dali_alchemi.types import PerLevel
+from dali_alchemi.store.read.snapshot import Snapshot, SnapshotIdentity, identify, open_snapshot
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from dali_alchemi.types import CountArray, IndexArray, Level
 
-__all__ = ["INDEX_PLAN_BYTES", "NOT_REBASED_HINT", "REFRESH_HINT", "AtomicDataZarrReader", "open_reader"]
+__all__ = ["AtomicDataZarrReader"]
 
 
 logger = logging.getLogger(__name__)
 
-REFRESH_HINT = (
-    "Call refresh() on the reader to read the store as it is now (a MultiReader: open a new one over its "
-    "stores; a DALIDataLoader: build a new loader)"
-)
-"""What to do about a :class:`StoreChangedError`, as its messages say."""
-
-INDEX_PLAN_BYTES = 16
-"""Bytes of the row plan per atom or edge row of a read (a source and a destination int64)."""
-
-
-NOT_REBASED_HINT = (
-    "The likely cause: it was written by an append that did not re-base neighbor lists to store-global "
-    "indices (nvalchemi 0.2.0's append of a list, a Batch or a single AtomicData, and its dynamics ZarrData "
-    "sink, do this; its defragment moves rows without re-basing them). Fix: `dali-alchemi repair {store}` (--dry-run shows what changes; --out DIR writes a "
-    "repaired copy of a store you cannot write), or AtomicDataZarrWriter(store).repair()"
-)
-"""What the reader's out-of-range neighbor_list error adds: the usual cause, and the fix."""
 
 class AtomicDataZarrReader:
     """Read samples of an nvalchemi 0.2.0 Zarr store.
@@ -172,24 +135,7 @@ class AtomicDataZarrReader:
         """
         self._check_open()
         snapshot = open_snapshot(self._location)
-        requested = self._options["fields"]
-        uninterpretable = [name for name in (requested or ()) if name in snapshot.skipped]
-        if uninterpretable:
-            raise StoreFormatError(snapshot.skipped[uninterpretable[0]])
-        if requested is None and snapshot.skipped:
-            skipped = sorted(snapshot.skipped)
-            message = f"Store {snapshot.location.display}: not reading {skipped}: their level is a newer writer's"
-            warnings.warn(message, StoreSchemaWarning, stacklevel=3)
-        if requested is not None:
-            unknown = sorted(set(requested) - set(snapshot.handles))
-            if unknown:
-                raise UnknownFieldError(
-                    f"Unknown fields {unknown} for store {snapshot.location.display}; "
-                    f"available: {sorted(snapshot.handles)}"
-                )
-            self._fields: tuple[str, ...] = tuple(requested)
-        else:
-            self._fields = tuple(snapshot.handles)
+        self._fields: tuple[str, ...] = fields_to_read(snapshot, self._options["fields"])
         self._snapshot: Snapshot = snapshot
         self._engine.attach(snapshot)
         logger.info(
@@ -275,7 +221,7 @@ class AtomicDataZarrReader:
         """Atom and edge counts of logical samples, from the cached pointers (no array I/O)."""
         snap = self._snapshot
         physical = snap.active[self.normalize_indices(indices)]
-        return _counts(snap.atoms_ptr, physical), _counts(snap.edges_ptr, physical)
+        return guards.counts(snap.atoms_ptr, physical), guards.counts(snap.edges_ptr, physical)
 
     @property
     def cache_bytes(self) -> int:
@@ -283,39 +229,16 @@ class AtomicDataZarrReader:
         return int(self._options["cache_bytes"])
 
     def decoded_block_bytes(self) -> dict[str, int]:
-        """Decoded bytes of one row block of each selected array that is read by decoding (not in place).
-
-        What one random structure costs per array on a store far larger than the cache: the block that
-        holds its rows is decoded whole. Metadata only, no I/O.
-        """
-        handles = [self._snapshot.handles[name] for name in self._fields]
-        return {
-            h.name: min(h.codec.block_rows, h.shape[0]) * h.codec.row_nbytes if h.codec is not None else int(h.array.nbytes)
-            for h in handles
-            if not self._engine.reads_in_place(h)
-        }
+        """Decoded bytes of one row block of each selected array that is read by decoding (not in place):
+        what one random structure costs per array on a store far larger than the cache (see
+        :func:`~dali_alchemi.store.read.geometry.decoded_block_bytes`). Metadata only, no I/O."""
+        return geometry.decoded_block_bytes(self._snapshot, self._fields, self._engine.reads_in_place)
 
     def sample_chunk_bounds(self) -> IndexArray:
-        """``[S + 1]`` logical sample offsets of spans aligned with the core per-atom arrays' chunks.
-
-        A span starts wherever a row block of any core atom-level array does (a sample straddling two
-        blocks goes with the first), so reading a span reads one block of each. Arrays read in place
-        (uncompressed, local) decode no chunk, so their chunks do not cut spans; when every core
-        atom-level array is read so, spans are :data:`~dali_alchemi.store.read.rows.IN_PLACE_SPAN_SIZE`
-        structures. Pointers only, no I/O.
-        """
-        snap = self._snapshot
-        atom_arrays = [
-            h for name, h in snap.handles.items() if h.level == "atom" and snap.schema.group_of(name) == layout.CORE_GROUP
-        ]
-        decoded = [h for h in atom_arrays if not self._engine.reads_in_place(h)]
-        rows = {h.codec.block_rows if h.codec is not None else int(h.array.chunks[0]) for h in decoded}
-        if atom_arrays and not decoded:
-            return np.append(np.arange(0, len(self), IN_PLACE_SPAN_SIZE, dtype=np.int64), np.int64(len(self)))
-        if not rows:  # no per-atom core array: every structure is its own span
-            return np.arange(len(self) + 1, dtype=np.int64)
-        starts = [csr.block_sample_starts(snap.atoms_ptr, r, snap.active) for r in sorted(rows)]
-        return np.unique(np.concatenate(starts))
+        """``[S + 1]`` logical sample offsets of spans aligned with the core per-atom arrays' chunks, so
+        that reading a span reads one block of each (see
+        :func:`~dali_alchemi.store.read.geometry.sample_chunk_bounds`). Pointers only, no I/O."""
+        return geometry.sample_chunk_bounds(self._snapshot, self._engine.reads_in_place)
 
     def get_metadata(self, index: int) -> tuple[int, int]:
         """``(num_atoms, num_edges)`` of one sample, as nvalchemi's reader returns it."""
@@ -335,7 +258,7 @@ class AtomicDataZarrReader:
         """
         self._check_open()
         self._check_process()
-        names = self._fields if fields is None else self._select(fields)
+        names = self._fields if fields is None else narrow_fields(fields, self._fields, self._snapshot)
         logical = self.normalize_indices(indices)
         unique, inverse = np.unique(logical, return_inverse=True)
         if unique.size < logical.size:
@@ -348,7 +271,7 @@ class AtomicDataZarrReader:
         """:meth:`read_packed` for distinct indices."""
         snap = self._snapshot
         physical = snap.active[logical]
-        self._check_read_size(logical, physical, names)
+        guards.check_read_size(snap, logical, physical, names, budget=self._max_read_bytes, source=self.source)
         # An append rewrites the last shard (and the last partial chunk) of every array: the engine's
         # cached shard indexes may then point at the wrong bytes. A read that fails, or that used
         # shard indexes, while the store grew is read once more from a fresh start (attach() drops the
@@ -367,7 +290,10 @@ class AtomicDataZarrReader:
         for name in names:
             if name in layout.ATOM_INDEX_FIELDS and rows.fields[name].size:
                 csr.rebase(rows.fields[name], snap.atoms_ptr[physical], rows.n_edges, sign=-1)
-                self._check_local_indices(name, rows.fields[name], logical, physical, rows.n_atoms, rows.n_edges)
+                guards.check_local_indices(
+                    name, rows.fields[name], logical, physical, rows.n_atoms, rows.n_edges,
+                    atoms_ptr=snap.atoms_ptr, source=self.source,
+                )  # fmt: skip
         return PackedSamples(
             logical_indices=logical,
             physical_indices=physical,
@@ -378,126 +304,34 @@ class AtomicDataZarrReader:
         )
 
     def _check_unchanged(self, cause: BaseException | None = None) -> bool:
-        """Raise if another process rewrote the store since this reader opened it (checked once per read).
-
-        The token is read after the chunks, so a rewrite that started before or during the read is
-        seen. A store that only grew (appends) is still served exactly as it was opened: then the
-        snapshot is kept under the new token and ``True`` is returned (the read may have used shard
-        indexes the append rewrote). ``False``: the store did not change.
-        """
-        snap = self._snapshot
-        token = read_token(self._location)
-        if token == snap.token:
-            return False
-        try:
-            fresh = open_snapshot(self._location)
-            why = incompatibility(snap, fresh, self._fields)
-        except StoreFormatError as err:
-            why = f"it could not be opened again ({err})"
-        if why is not None:
-            raise StoreChangedError(
-                f"Store {self.source} changed under this reader: {why}. The samples this reader indexes are no longer "
-                f"where it read them, so nothing of this read is returned. {REFRESH_HINT}"
-            ) from cause
-        self._snapshot = replace(snap, token=fresh.token)  # grown only: keep serving the state it opened
-        return True
-
-    def _check_read_size(self, logical: IndexArray, physical: IndexArray, names: Sequence[str]) -> None:
-        """Refuse, before allocating anything, a read whose output could not fit in memory."""
-        snap = self._snapshot
-        atoms, edges = _counts(snap.atoms_ptr, physical), _counts(snap.edges_ptr, physical)
-        handles = [snap.handles[name] for name in names]
-
-        def field_bytes(level: Level) -> int:
-            return sum(
-                int(np.prod(h.shape[1:], dtype=np.int64)) * h.dtype.itemsize for h in handles if h.level == level
-            )
-
-        row_bytes = PerLevel(
-            atom=INDEX_PLAN_BYTES + field_bytes("atom"),
-            edge=INDEX_PLAN_BYTES + field_bytes("edge"),
-            system=field_bytes("system"),
-        )
-        per_sample = atoms * row_bytes.atom + edges * row_bytes.edge + row_bytes.system
-        if int(per_sample.sum(dtype=np.float64)) <= self._max_read_bytes:
-            return
-        worst = int(np.argmax(per_sample))
-        raise ReadTooLargeError(
-            f"Store {self.source}: reading {len(logical)} samples needs {per_sample.sum(dtype=np.float64) / 2**30:,.1f} GiB, "
-            f"more than half of this machine's memory; the largest, sample {int(logical[worst])} (physical "
-            f"{int(physical[worst])}), claims {int(atoms[worst]):,} atoms and {int(edges[worst]):,} edges"
-        )
-
-    def _check_local_indices(
-        self, name: str, values: NDArray[Any], logical: IndexArray, physical: IndexArray,
-        n_atoms: CountArray, n_edges: CountArray,
-    ) -> None:  # fmt: skip
-        """Every re-based index must point inside its own sample; a store that says otherwise is corrupt."""
-        bad = csr.first_out_of_range(values, n_atoms, n_edges)
-        if bad is None:
-            return
-        edge, sample = bad
-        ptr = self._snapshot.atoms_ptr
-        raise StoreFormatError(
-            f"Store {self.source}: {name} of sample {int(logical[sample])} (physical {int(physical[sample])}) holds "
-            f"{(values[edge] + ptr[physical[sample]]).tolist()}, outside its atom rows "
-            f"[{int(ptr[physical[sample]])}, {int(ptr[physical[sample] + 1])}). {NOT_REBASED_HINT.format(store=self.source)}"
-        )
-
-    def _select(self, fields: str | Iterable[str]) -> tuple[str, ...]:
-        names = as_field_names(fields)
-        unknown = sorted(set(names) - set(self._fields))
-        uninterpretable = [name for name in unknown if name in self._snapshot.skipped]
-        if uninterpretable:
-            raise StoreFormatError(self._snapshot.skipped[uninterpretable[0]])
-        if unknown:
-            raise UnknownFieldError(f"Unknown fields {unknown}; this reader returns {list(self._fields)}")
-        if not names:
-            raise ConfigError("fields must name at least one field")
-        return names
+        """:func:`~dali_alchemi.store.read.guards.check_unchanged`; ``True``: the store only grew (the
+        snapshot is kept under the new token; the read may have used shard indexes the append rewrote)."""
+        grown = guards.check_unchanged(self._location, self._snapshot, self._fields, source=self.source, cause=cause)
+        if grown is not None:
+            self._snapshot = grown
+        return grown is not None
 
     def _check_process(self) -> None:
-        """After a fork (DALI's default way to start workers), reconnect to a non-local store.
-
-        Connections to remote stores belong to the parent's event loop and are unusable in a forked
-        child, so the child opens its own: from the URL again, or from a pickled copy of the store.
-        (The engine rebuilds its own thread pool and fetcher after a fork.)
-        """
+        """After a fork (DALI's default way to start workers), reconnect to a non-local store and serve the
+        state the parent served, not whatever the store holds now. (The engine rebuilds its own thread pool
+        and fetcher after a fork.)"""
         if self._pid == os.getpid():
             return
         self._pid = os.getpid()
-        if self._location.local_root is not None or isinstance(self._location.store, MemoryStore):
-            return
-        identity = identify(self._snapshot, self._fields)
-        arg = self._store_arg
-        fresh = pickle.loads(pickle.dumps(arg)) if not isinstance(arg, (str, os.PathLike)) else arg
-        self._location = resolve_store(
-            fresh, read_only=True, must_exist=False, fetch=self._fetch, storage_options=self._options["storage_options"]
+        location = guards.reconnected(
+            self._location, self._store_arg, fetch=self._fetch, storage_options=self._options["storage_options"]
         )
-        self._serve(identity)  # the state the parent served, not whatever the store holds now
+        if location is not None:
+            identity = identify(self._snapshot, self._fields)
+            self._location = location
+            self._serve(identity)
 
     def _serve(self, identity: SnapshotIdentity) -> None:
-        """Serve exactly the state a parent reader served (a pickled or forked copy), opening the store afresh.
-
-        Raises
-        ------
-        StoreChangedError
-            If the store changed since in a way that moved, deleted or replaced what the parent read;
-            a store that only grew is served as the parent had it (same length, same pointers).
-        """
-        try:
-            snapshot = served_as(identity, open_snapshot(self._location))
-        except StoreFormatError as err:
-            snapshot = f"it could not be opened again ({err})"
-        if isinstance(snapshot, str):
-            raise StoreChangedError(
-                f"Store {self.source} changed since the reader this copy was made from opened it: {snapshot}. This "
-                f"copy (e.g. in a loader's worker process) would read other samples under the same indices, so it "
-                f"refuses. {REFRESH_HINT}"
-            )
-        self._snapshot = snapshot
+        """Serve exactly the state a parent reader served (a pickled or forked copy), opening the store afresh
+        (:func:`~dali_alchemi.store.read.guards.served_snapshot`: ``StoreChangedError`` if it moved)."""
+        self._snapshot = guards.served_snapshot(self._location, identity, source=self.source)
         self._fields = tuple(name for name, *_ in identity.fields)
-        self._engine.attach(snapshot)
+        self._engine.attach(self._snapshot)
 
     # -- nvalchemi-compatible API -------------------------------------------------------------------
     def read_many(self, indices: Sequence[int] | NDArray[Any]) -> list[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
@@ -559,11 +393,6 @@ class AtomicDataZarrReader:
         return f"AtomicDataZarrReader({self.source!r}, {state})"
 
 
-def _counts(ptr: NDArray[np.int64], physical: IndexArray) -> CountArray:
-    """Rows of each of ``physical`` samples under CSR pointer ``ptr``."""
-    return ptr[physical + 1] - ptr[physical]
-
-
 def _reopen(
     store: StoreLike, options: dict[str, Any], identity: SnapshotIdentity | None = None
 ) -> AtomicDataZarrReader:
@@ -571,31 +400,3 @@ def _reopen(
     if identity is not None:
         reader._serve(identity)
     return reader
-
-
-def open_reader(
-    store_or_reader: StoreLike | PackedReader,
-    *,
-    fields: tuple[str, ...] | None,
-    cache_bytes: int | None,
-    shared_cache: str | None = None,
-) -> tuple[PackedReader, bool]:
-    """The reader a loader reads through, and whether the loader opened it (and so must close it).
-
-    A :class:`PackedReader` is used as it is; anything else is a store, opened as an
-    :class:`AtomicDataZarrReader` reading only ``fields`` (sharing decoded chunks through
-    ``shared_cache``, when given).
-
-    Raises
-    ------
-    ValueError
-        If ``cache_bytes`` is given with a reader: it configures a reader the loader opens itself.
-    """
-    if isinstance(store_or_reader, PackedReader):
-        if cache_bytes is not None:
-            raise ConfigError("cache_bytes= configures a reader the loader opens itself; set it on your reader instead")
-        return store_or_reader, False
-    options: dict[str, Any] = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
-    if shared_cache is not None:
-        options["shared_cache"] = shared_cache
-    return AtomicDataZarrReader(store_or_reader, fields=fields, **options), True

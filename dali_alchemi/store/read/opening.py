@@ -1,0 +1,45 @@
+"""The reader a loader or a :class:`~dali_alchemi.store.read.multi.MultiReader` reads through: a reader it
+is given, as it is, or a store it opens itself as an
+:class:`~dali_alchemi.store.read.reader.AtomicDataZarrReader` (and so must close).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dali_alchemi.errors import ConfigError
+from dali_alchemi.store.format.protocol import PackedReader
+from dali_alchemi.store.read.reader import AtomicDataZarrReader
+
+if TYPE_CHECKING:
+    from dali_alchemi.store.format.location import StoreLike
+
+__all__ = ["open_reader"]
+
+
+def open_reader(
+    store_or_reader: StoreLike | PackedReader,
+    *,
+    fields: tuple[str, ...] | None,
+    cache_bytes: int | None,
+    shared_cache: str | None = None,
+) -> tuple[PackedReader, bool]:
+    """The reader a loader reads through, and whether the loader opened it (and so must close it).
+
+    A :class:`PackedReader` is used as it is; anything else is a store, opened as an
+    :class:`AtomicDataZarrReader` reading only ``fields`` (sharing decoded chunks through
+    ``shared_cache``, when given).
+
+    Raises
+    ------
+    ValueError
+        If ``cache_bytes`` is given with a reader: it configures a reader the loader opens itself.
+    """
+    if isinstance(store_or_reader, PackedReader):
+        if cache_bytes is not None:
+            raise ConfigError("cache_bytes= configures a reader the loader opens itself; set it on your reader instead")
+        return store_or_reader, False
+    options: dict[str, Any] = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
+    if shared_cache is not None:
+        options["shared_cache"] = shared_cache
+    return AtomicDataZarrReader(store_or_reader, fields=fields, **options), True

@@ -144,3 +144,55 @@ def test_non_integer_indices_are_a_config_type_error_and_a_type_error() -> None:
     with pytest.raises(errors.ConfigTypeError, match="Index values must be integers, got dtype float64") as info:
         checked_indices(np.array([0.5, 1.5]), 10)
     assert isinstance(info.value, TypeError)
+
+
+# Raises sections that name a builtin because code outside this package raises it: nvalchemi's own
+# validation, samplers and batch transforms, which the drop-in runs unchanged.
+RAISED_BY_OTHERS: dict[tuple[str, str], frozenset[str]] = {
+    ("nvalchemi/_atomic.py", "AtomicDataRules"): frozenset({"ValueError", "TypeError"}),
+    ("nvalchemi/_dataloader.py", "DataLoader"): frozenset({"RuntimeError", "IndexError"}),
+    ("nvalchemi/_dataset.py", "Dataset"): frozenset({"TypeError", "FileNotFoundError", "ValueError"}),
+}
+
+
+def _documented_raises() -> list[tuple[str, str, str]]:
+    """``(path, qualified name, exception name)`` for each name in a numpydoc ``Raises`` section."""
+    found: list[tuple[str, str, str]] = []
+
+    def visit(node: ast.AST, path: str, scope: tuple[str, ...]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                inner = (*scope, child.name)
+                doc = ast.get_docstring(child) or ""
+                if "\nRaises\n------\n" in doc:
+                    section = doc.split("\nRaises\n------\n", 1)[1]
+                    lines = section.splitlines()
+                    for line, after in zip(lines, [*lines[1:], ""], strict=True):
+                        if not line.strip() or line.startswith(" "):
+                            continue  # a blank line or a description
+                        if after.startswith("---"):
+                            break  # the next section's heading
+                        found.extend((path, ".".join(inner), name.strip()) for name in line.split(","))
+                visit(child, path, inner)
+
+    for file in sorted(PACKAGE.rglob("*.py")):
+        visit(ast.parse(file.read_text(), filename=str(file)), file.relative_to(PACKAGE).as_posix(), ())
+    return found
+
+
+def test_docstrings_name_the_typed_errors_actually_raised() -> None:
+    documented = _documented_raises()
+    assert len(documented) > 50, "the Raises sections were not found"
+    known = set(errors.__all__)
+    bad = [
+        f"dali_alchemi/{path}: {scope} documents {name}"
+        for path, scope, name in documented
+        if name in BUILTIN_EXCEPTIONS and name not in RAISED_BY_OTHERS.get((path, scope), frozenset())
+    ]
+    assert not bad, "name the typed error of dali_alchemi.errors that is raised:\n" + "\n".join(bad)
+    unknown = [
+        f"dali_alchemi/{path}: {scope} documents {name}"
+        for path, scope, name in documented
+        if name not in known and name not in BUILTIN_EXCEPTIONS and "." not in name
+    ]
+    assert not unknown, "a Raises section names an error that does not exist:\n" + "\n".join(unknown)

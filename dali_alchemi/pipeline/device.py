@@ -20,7 +20,7 @@ def resolve_device(device: str | torch.device) -> torch.device:
     ------
     DeviceError
         If a CUDA device is asked for and none is visible.
-    ValueError
+    ConfigError
         If ``device`` is neither ``"auto"``, a CPU nor a CUDA device.
     """
     if isinstance(device, str) and device == "auto":

@@ -134,7 +134,7 @@ class DALIDataLoader:
 
     Raises
     ------
-    PlanError, UnknownFieldError, DeviceError, ValueError, TypeError
+    PlanError, UnknownFieldError, DeviceError, ConfigError, ConfigTypeError
         At construction, for arguments that do not fit (each message names the argument).
     LoaderError
         During iteration, for errors from the reader, the source or a worker, naming the original

@@ -43,7 +43,7 @@ def resolve_shard(shard_id: int | None, num_shards: int | None) -> tuple[int, in
 
     Raises
     ------
-    ValueError
+    PlanError
         If only one of ``shard_id`` and ``num_shards`` is given.
     """
     if (shard_id is None) != (num_shards is None):

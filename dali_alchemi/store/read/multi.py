@@ -230,8 +230,8 @@ class MultiReader:
         ------
         SampleIndexError
             Naming the first out-of-range index and the length.
-        TypeError
-            If the indices are not integers.
+        ConfigTypeError
+            If the indices are not integers (a ``TypeError``).
         """
         return checked_indices(indices, len(self), what="Index", owner="MultiReader")
 

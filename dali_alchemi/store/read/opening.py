@@ -32,7 +32,7 @@ def open_reader(
 
     Raises
     ------
-    ValueError
+    ConfigError
         If ``cache_bytes`` is given with a reader: it configures a reader the loader opens itself.
     """
     if isinstance(store_or_reader, PackedReader):

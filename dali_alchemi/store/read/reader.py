@@ -212,8 +212,8 @@ class AtomicDataZarrReader:
         ------
         SampleIndexError
             Naming the first out-of-range index as given (never wrapped around) and the reader's length.
-        TypeError
-            If the indices are not integers.
+        ConfigTypeError
+            If the indices are not integers (a ``TypeError``).
         """
         return checked_indices(indices, len(self), what="Index")
 

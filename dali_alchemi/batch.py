@@ -398,7 +398,7 @@ class Batch:
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{k}={tuple(v.shape)}" for k, v in self.fields.items())
-        padded = "" if self.padding is None else f", real_graphs={self.padding.host_counts.system}"
+        padded = "" if self.padding is None else f", real_structures={self.padding.host_counts.system}"
         return (
             f"Batch(num_graphs={self.num_graphs}, num_nodes={self.num_nodes}, num_edges={self.num_edges}{padded}, "
             f"{shapes})"

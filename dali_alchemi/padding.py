@@ -153,21 +153,19 @@ def _filler(
     return tensor.new_zeros((rows, *trailing))
 
 
-def _padding_rows(batch: Batch, max_atoms: int, max_edges: int, max_structures: int) -> PerLevel[int]:
+def _padding_rows(real: PerLevel[int], max_atoms: int, max_edges: int, max_structures: int) -> PerLevel[int]:
     """How many padding rows each level needs to reach the budgets; a ``ConfigError`` if it cannot."""
     max_atoms = _check_budget("max_atoms", max_atoms)
     max_edges = _check_budget("max_edges", max_edges)
     max_structures = _check_budget("max_structures", max_structures)
-    if batch.padding is not None:
-        raise ConfigError("batch is already padded; pad the unpadded batch (see unpad_batch)")
-    n_structures, n_atoms, n_edges = batch.num_graphs, batch.num_nodes, batch.num_edges
-    for budget, value, real, what in (
+    n_structures, n_atoms, n_edges = real.system, real.atom, real.edge
+    for budget, value, count, what in (
         ("max_atoms", max_atoms, n_atoms, "atoms"),
         ("max_edges", max_edges, n_edges, "edges"),
         ("max_structures", max_structures, n_structures, "structures"),
     ):
-        if real > value:
-            raise ConfigError(f"batch has {real} {what}, over the budget {budget}={value}")
+        if count > value:
+            raise ConfigError(f"batch has {count} {what}, over the budget {budget}={value}")
     pad_atoms, pad_edges, pad_structures = max_atoms - n_atoms, max_edges - n_edges, max_structures - n_structures
     if (pad_atoms or pad_edges) and not pad_structures:
         raise ConfigError(
@@ -183,21 +181,20 @@ def _padding_rows(batch: Batch, max_atoms: int, max_edges: int, max_structures: 
     return PerLevel(atom=pad_atoms, edge=pad_edges, system=pad_structures)
 
 
-def _padded_fields(batch: Batch, pad: PerLevel[int]) -> dict[str, torch.Tensor]:
+def _padded_fields(batch: Batch, real: PerLevel[int], pad: PerLevel[int]) -> dict[str, torch.Tensor]:
     """Every field with its level's filler rows appended (a field whose level needs none is kept as is)."""
     fields = {}
     for name, tensor in batch.fields.items():
         level = batch.levels[name]
         rows = pad[level]
-        filler = _filler(name, level, tensor, rows, batch.num_nodes, pad.atom) if rows else None
+        filler = _filler(name, level, tensor, rows, real.atom, pad.atom) if rows else None
         fields[name] = tensor if filler is None else torch.cat([tensor, filler])
     return fields
 
 
-def _padding_masks(batch: Batch, pad: PerLevel[int]) -> Padding:
-    """The masks and real counts of ``batch`` padded by ``pad`` rows, on the batch's device."""
-    device = batch.device
-    n_structures, n_atoms, n_edges = batch.num_graphs, batch.num_nodes, batch.num_edges
+def _padding_masks(real: PerLevel[int], pad: PerLevel[int], device: torch.device) -> Padding:
+    """The masks and real counts of ``real`` rows padded by ``pad`` rows, on ``device``."""
+    n_structures, n_atoms, n_edges = real.system, real.atom, real.edge
 
     def count(n: int) -> torch.Tensor:
         return torch.full((), n, dtype=torch.int64, device=device)
@@ -209,7 +206,7 @@ def _padding_masks(batch: Batch, pad: PerLevel[int]) -> Padding:
         num_real_structures=count(n_structures),
         num_real_atoms=count(n_atoms),
         num_real_edges=count(n_edges),
-        host_counts=PerLevel(atom=n_atoms, edge=n_edges, system=n_structures),
+        host_counts=real,
     )
 
 
@@ -232,15 +229,18 @@ def pad_batch(batch: Batch, *, max_atoms: int, max_edges: int, max_structures: i
         padding but ``max_atoms`` leaves no room for a padding atom to carry their self-loops; or if the
         batch is already padded.
     """
-    pad = _padding_rows(batch, max_atoms, max_edges, max_structures)
-    device, n_structures = batch.device, batch.num_graphs
+    if batch.padding is not None:
+        raise ConfigError("batch is already padded; pad the unpadded batch (see unpad_batch)")
+    real = PerLevel(atom=batch.num_nodes, edge=batch.num_edges, system=batch.num_graphs)
+    pad = _padding_rows(real, max_atoms, max_edges, max_structures)
+    device = batch.device
 
     def ptr(real: torch.Tensor, total: int) -> torch.Tensor:
         # The first padding structure ends at the budget; the others are empty there.
         return torch.cat([real, torch.full((pad.system,), total, dtype=real.dtype, device=real.device)])
 
     batch_idx = torch.cat(
-        [batch.batch_idx, torch.full((pad.atom,), n_structures, dtype=batch.batch_idx.dtype, device=device)]
+        [batch.batch_idx, torch.full((pad.atom,), real.system, dtype=batch.batch_idx.dtype, device=device)]
     )
     host_pad = np.zeros(pad.system, dtype=np.int64)
     host_pad_atoms, host_pad_edges = host_pad.copy(), host_pad.copy()
@@ -250,15 +250,15 @@ def pad_batch(batch: Batch, *, max_atoms: int, max_edges: int, max_structures: i
     if batch.sample_indices is not None:
         sample_indices = np.concatenate([np.asarray(batch.sample_indices, dtype=np.int64), host_pad - 1])
     return Batch(
-        fields=_padded_fields(batch, pad),
+        fields=_padded_fields(batch, real, pad),
         levels=batch.levels,
-        batch_ptr=ptr(batch.batch_ptr, batch.num_nodes + pad.atom),
-        edge_batch_ptr=ptr(batch.edge_batch_ptr, batch.num_edges + pad.edge),
+        batch_ptr=ptr(batch.batch_ptr, real.atom + pad.atom),
+        edge_batch_ptr=ptr(batch.edge_batch_ptr, real.edge + pad.edge),
         batch_idx=batch_idx,
         host_n_atoms=np.concatenate([batch._n_atoms, host_pad_atoms]),
         host_n_edges=np.concatenate([batch._n_edges, host_pad_edges]),
         sample_indices=sample_indices,
-        padding=_padding_masks(batch, pad),
+        padding=_padding_masks(real, pad, device),
     )
 
 

@@ -119,7 +119,7 @@ def test_padding_rows_are_as_specified(device: str) -> None:
     assert pad_structure["neighbor_list"].tolist() == [[0, 0], [1, 1], [2, 2], [0, 0]]
     assert padded[3]["positions"].shape == (0, 3) and padded[3]["energy"].tolist() == [[0.0]]
     assert len(padded.to_data_list()) == 4
-    assert "real_graphs=2" in repr(padded)
+    assert "real_structures=2" in repr(padded)
     assert repr(padded.padding) == "Padding(atoms=7/10, edges=5/9, structures=2/4)"
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from dali_alchemi.bench.names import CODECS, DEFAULT_LOADERS, LOADER_HELP, STORE_LAYOUTS
 from dali_alchemi.cli.console import CountColumn, cuda_device, fmt, make_table, parse_device, print_table
+from dali_alchemi.config import DEFAULT_BATCHES_PER_WINDOW
 
 if TYPE_CHECKING:
     import torch
@@ -274,7 +275,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     bench.add_argument("--batch-size", type=int, default=64)
     bench.add_argument(
-        "--batches-per-window", type=int, default=16, help="batches per packed read (nvalchemi: prefetch_factor)"
+        "--batches-per-window", type=int, default=DEFAULT_BATCHES_PER_WINDOW, help="batches per packed read (nvalchemi: prefetch_factor)"
     )
     bench.add_argument("--epochs", type=int, default=2, help="epochs per measurement (default 2)")
     bench.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the report gives medians")

@@ -4,10 +4,9 @@ For each level the window's rows are planned (:mod:`dali_alchemi.store.read.gath
 is routed (:mod:`dali_alchemi.store.read.routes`) to the way its rows are read: through zarr (arrays
 the engine cannot decode), in place (:mod:`dali_alchemi.store.read.rows`: uncompressed arrays of a
 local store too big for the cache), with one take from an array held whole ("resident"), or block by
-block. Every row block the plan
-touches is then fetched and decoded at most once per call by the decoder
-(:mod:`dali_alchemi.store.read.decoder`, which owns the cache and the thread pool), in groups that
-bound the decoded bytes one read holds. An array that fits in a quarter of the cache is read whole
+block. Every row block the plan touches is then fetched and decoded at most once per call by the
+decoder (:mod:`dali_alchemi.store.read.decoder`, which owns the cache and the thread pool), in groups
+that bound the decoded bytes one read holds. An array that fits in a quarter of the cache is read whole
 once reads have touched a quarter of its blocks, and kept whole: later reads take its rows with one take.
 
 Threads do not survive ``fork`` (DALI's default worker start), so the pool and the fetcher that reads

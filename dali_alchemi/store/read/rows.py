@@ -176,7 +176,7 @@ def _take_rows(
 class RowReader:
     """Reads rows of raw arrays of one local store in place; remembers which chunks passed their checksum.
 
-    ``shard_indexes`` is the engine's cache of parsed shard indexes, by ``(array name, shard key)``;
+    ``shard_indexes`` is the decoder's cache of parsed shard indexes, by ``(array name, shard key)``;
     ``verified`` says, per array, which chunks passed their checksum (the engine clears it when the
     store's state changes). Several arrays may be read at once on different threads once each was
     :meth:`prepare`-d.

@@ -1,8 +1,9 @@
 """Reading an array whole: each stored object (shard or chunk) with one read, its chunks decoded in place.
 
-The engine keeps an array that fits a quarter of its cache whole ("resident") once reads have touched
-a quarter of its blocks. Reading it block by block would cost, per small inner chunk, a job, a cache
-entry, a scatter and a copy into the stitched array: about 60 µs each, against 5-10 µs of decoding.
+An array that fits a quarter of the cache is kept whole ("resident") once reads have touched a quarter
+of its blocks (the routes decide, the decoder holds it). Reading it block by block would cost, per
+small inner chunk, a job, a cache entry, a scatter and a copy into the stitched array: about 60 µs
+each, against 5-10 µs of decoding.
 Here each shard object is fetched once and every inner chunk is decoded straight into its rows of
 the new array, through the same codec chain (checksums, blosc frame checks, missing chunks) as a
 block read, so corrupt or missing chunks raise the same errors.

@@ -5,9 +5,10 @@ The writer owns the pointer arrays and masks, and keeps every data array consist
 whenever rows move (defragment), which fixes the reference implementation's defects listed in the
 store-format notes. Arrays are always created with explicit chunk shapes that keep trailing dims whole.
 
-Each operation here takes the lock, opens and checks the store, and hands the work to its module:
-``write`` to :mod:`~dali_alchemi.store.write.create`, ``append`` to :mod:`~dali_alchemi.store.write.append`,
-``add_custom`` to :mod:`~dali_alchemi.store.write.custom`, ``defragment`` and ``repair`` to theirs.
+Each operation here takes the lock, opens the store (``write``: checks that none exists yet), and
+hands the work to its module: ``write`` to :mod:`~dali_alchemi.store.write.create`, ``append`` to
+:mod:`~dali_alchemi.store.write.append`, ``add_custom`` to :mod:`~dali_alchemi.store.write.custom`,
+``defragment`` and ``repair`` to theirs.
 
 Interrupted writes (a killed process) leave a local store readable at its old or its new state:
 ``write`` builds the store beside its path and renames it into place; ``append``, ``delete`` and

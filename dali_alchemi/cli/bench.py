@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from dali_alchemi.bench.names import CODECS, DEFAULT_LOADERS, LOADER_HELP, STORE_LAYOUTS
 from dali_alchemi.cli.console import CountColumn, cuda_device, fmt, make_table, parse_device, print_table
-from dali_alchemi.config import DEFAULT_BATCHES_PER_WINDOW
 
 if TYPE_CHECKING:
     import torch
@@ -47,11 +46,13 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 def _bench_config(args: argparse.Namespace, loaders: list[str], device: torch.device) -> BenchConfig:
     """The run's settings, from the command line."""
     from dali_alchemi.bench.runner import BenchConfig
+    from dali_alchemi.config import DEFAULT_BATCHES_PER_WINDOW  # here: the parser must stay light to build
 
+    window = DEFAULT_BATCHES_PER_WINDOW if args.batches_per_window is None else args.batches_per_window
     return BenchConfig(
         loaders=tuple(loaders), orders=tuple(o.strip() for o in args.order.split(",")), batch_size=args.batch_size,
         epochs=args.epochs, rounds=args.rounds, step_ms=args.step_ms, device=str(device),
-        batches_per_window=args.batches_per_window, torch_workers=args.torch_workers,
+        batches_per_window=window, torch_workers=args.torch_workers,
         cache_bytes=None if args.cache_mb is None else int(args.cache_mb * 2**20),
         max_atoms=args.max_atoms, max_edges=args.max_edges, max_batches=args.max_batches,
     )  # fmt: skip
@@ -275,7 +276,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     bench.add_argument("--batch-size", type=int, default=64)
     bench.add_argument(
-        "--batches-per-window", type=int, default=DEFAULT_BATCHES_PER_WINDOW, help="batches per packed read (nvalchemi: prefetch_factor)"
+        "--batches-per-window", type=int, default=None,
+        help="batches per packed read (nvalchemi: prefetch_factor); default: the loaders' default",
     )
     bench.add_argument("--epochs", type=int, default=2, help="epochs per measurement (default 2)")
     bench.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the report gives medians")

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from dali_alchemi import csr
-from dali_alchemi.config import FetchConfig
 from dali_alchemi.errors import DeviceError, ReaderClosedError, StoreFormatError
+from dali_alchemi.remote_config import FetchConfig
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.indices import checked_indices
 from dali_alchemi.store.format.location import StoreLike, StoreLocation, resolve_store

@@ -31,7 +31,7 @@ _EXPORTS = {
     "rewrite_store": "dali_alchemi.store.write.rewrite",
     "RewriteReport": "dali_alchemi.store.write.rewrite",
     "ArrayConfig": "dali_alchemi.config",
-    "FetchConfig": "dali_alchemi.config",
+    "FetchConfig": "dali_alchemi.remote_config",
     "verify_store": "dali_alchemi.store.check.verify",
     "VerifyReport": "dali_alchemi.store.check.verify",
     "repair_store": "dali_alchemi.store.write.repair",
@@ -71,6 +71,9 @@ _EXPORTS = {
     "UnknownFieldError": "dali_alchemi.errors",
     "ReadTooLargeError": "dali_alchemi.errors",
     "RemoteReadError": "dali_alchemi.errors",
+    "RemoteRangeError": "dali_alchemi.errors",
+    "RemoteRedirectError": "dali_alchemi.errors",
+    "RangeIgnoredWarning": "dali_alchemi.errors",
     "ReaderClosedError": "dali_alchemi.errors",
     "ReaderOutputError": "dali_alchemi.errors",
     "NotAReaderError": "dali_alchemi.errors",
@@ -102,7 +105,7 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from dali_alchemi.baseline import plain_dataloader
     from dali_alchemi.batch import Batch
-    from dali_alchemi.config import ArrayConfig, FetchConfig, WriteConfig, layout_config
+    from dali_alchemi.config import ArrayConfig, WriteConfig, layout_config
     from dali_alchemi.errors import (
         AmbiguousRepairError,
         ChunkDecodeError,
@@ -124,10 +127,13 @@ if TYPE_CHECKING:
         PlanError,
         PlanIndexError,
         PrecisionLossWarning,
+        RangeIgnoredWarning,
         ReaderClosedError,
         ReaderOutputError,
         ReadTooLargeError,
+        RemoteRangeError,
         RemoteReadError,
+        RemoteRedirectError,
         RepairError,
         RewriteMismatchError,
         SampleDataError,
@@ -159,6 +165,7 @@ if TYPE_CHECKING:
         batch_ks,
         shuffle_quality,
     )
+    from dali_alchemi.remote_config import FetchConfig
     from dali_alchemi.store.check.verify import VerifyReport, verify_store
     from dali_alchemi.store.format.packed import PackedSamples
     from dali_alchemi.store.format.protocol import ChunkedReader, FieldSpec, PackedReader

@@ -13,7 +13,8 @@ __all__ = [
     "DaliAlchemiWarning", "DeviceError", "EmptyBatchError", "FieldAssignmentError", "FieldLevelError",
     "FieldMismatchError", "InputNotFoundError", "LoaderClosedError", "LoaderError", "MetricInputError",
     "NotAReaderError", "NvalchemiNotInstalledError", "PlanError", "PlanIndexError", "PrecisionLossWarning",
-    "ReadTooLargeError", "ReaderClosedError", "ReaderOutputError", "RemoteReadError", "RepairError",
+    "RangeIgnoredWarning", "ReadTooLargeError", "ReaderClosedError", "ReaderOutputError", "RemoteRangeError",
+    "RemoteReadError", "RemoteRedirectError", "RepairError",
     "RewriteMismatchError", "SampleDataError", "SampleIndexError", "SampleReadError", "SlowLayoutWarning",
     "StoreChangedError", "StoreExistsError", "StoreFormatError", "StoreLockedError", "StoreNotFoundError",
     "StoreSchemaWarning", "UnknownFieldError", "UnsupportedCodecError", "UnsupportedStoreError"
@@ -60,6 +61,16 @@ class ReadTooLargeError(DaliAlchemiError, MemoryError):
 
 class RemoteReadError(DaliAlchemiError, OSError):
     """A request to a remote store kept failing after every retry; names the key and the last error."""
+
+
+class RemoteRangeError(DaliAlchemiError, ValueError):
+    """A server's answer to a byte-range request is not the bytes asked for (a ``206`` whose ``Content-Range``
+    is another range, a body of another length); names the URL, the range asked and the answer. Not retried."""
+
+
+class RemoteRedirectError(DaliAlchemiError, ValueError):
+    """A server redirected a request where ``FetchConfig.follow_redirects`` does not allow it (by default, to
+    another host); names both URLs and the setting that would follow it. Not retried."""
 
 
 class FieldLevelError(DaliAlchemiError, ValueError):
@@ -199,6 +210,11 @@ class AmbiguousRepairError(RepairError):
 
 class StoreSchemaWarning(DaliAlchemiWarning):
     """A store holds arrays whose level this version cannot interpret (a newer writer's); they are not read."""
+
+
+class RangeIgnoredWarning(DaliAlchemiWarning):
+    """A server answered a byte-range request with the whole file (it ignores HTTP ``Range``); the reader slices
+    out the bytes it wanted, correct but fetching whole files. Issued once per opened store."""
 
 
 class StoreLockedError(DaliAlchemiError, TimeoutError):

@@ -31,6 +31,7 @@ TESTED_BY: dict[str, tuple[str, ...]] = {
     "pipeline/lifetime.py": ("tests/pipeline/test_signals.py",),
     "plan/arguments.py": ("tests/plan/test_fixed.py", "tests/plan/test_budget.py", "tests/plan/test_mixture.py"),
     "plan/spans.py": ("tests/plan/test_block.py", "tests/plan/test_quality.py"),
+    "remote_config.py": ("tests/store/format/test_remote.py", "tests/store/format/test_http.py"),
     "store/check/consistency.py": ("tests/store/check/test_verify.py",),
     "store/check/inventory.py": ("tests/store/check/test_verify.py", "tests/store/test_fuzz.py"),
     "store/check/repair_plan.py": ("tests/store/write/test_repair.py",),

@@ -5,7 +5,9 @@ It stands for object storage in the remote-store benchmark and tests: every requ
 ``503 Service Unavailable``, and the server counts requests per path so a test can check how often
 each chunk was fetched. It serves GET and HEAD, byte ranges (``Range: bytes=a-b``, ``bytes=a-``,
 ``bytes=-n``) and HTML directory listings, which is what fsspec's HTTP filesystem needs. Requests
-matching ``stall`` are accepted and never answered, like a hung server. It binds to 127.0.0.1 only.
+matching ``stall`` are accepted and never answered, like a hung server. With ``ranges=False`` it ignores
+``Range`` and answers 200 with the whole file, as Python's ``http.server`` does; with ``redirect_to`` it
+answers every request with a redirect to the same path there. It binds to 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ class _Handler(SimpleHTTPRequestHandler):
         if self.server.should_fail():
             self.send_error(HTTPStatus.SERVICE_UNAVAILABLE, "injected failure")
             return True
+        if self.server.redirect_to is not None:
+            self.send_response(HTTPStatus.TEMPORARY_REDIRECT)
+            self.send_header("Location", self.server.redirect_to + self.path.lstrip("/"))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return True
         return False
 
     def do_HEAD(self) -> None:
@@ -63,7 +71,7 @@ class _Handler(SimpleHTTPRequestHandler):
             return
         wanted = self.headers.get("Range")
         path = Path(self.translate_path(self.path))
-        if not wanted or not path.is_file():
+        if not wanted or not path.is_file() or not self.server.ranges:
             super().do_GET()
             return
         match = _RANGE.match(wanted.strip())
@@ -96,9 +104,11 @@ class _Server(ThreadingHTTPServer):
 
     def __init__(
         self, address: tuple[str, int], handler: Any, *, latency_s: float, failure_rate: float, seed: int,
-        stall: str | None = None,
+        stall: str | None = None, ranges: bool = True, redirect_to: str | None = None,
     ) -> None:  # fmt: skip
         super().__init__(address, handler)
+        self.ranges = ranges
+        self.redirect_to = redirect_to
         self.stall = re.compile(stall) if stall is not None else None
         self.stopping = threading.Event()
         self.latency_s = latency_s
@@ -149,19 +159,28 @@ class StoreServer:
     stall
         A regular expression: requests whose path matches it are accepted and never answered (until
         the server stops), as a hung server or a black-holed connection would.
+    ranges
+        ``False``: ignore ``Range`` headers and answer 200 with the whole file, as Python's
+        ``http.server`` does.
+    redirect_to
+        A base URL ending in ``/``: every request is answered ``307 Temporary Redirect`` to its path
+        below it (a store that moved, or a server handing reads to another host).
     """
 
     def __init__(
         self, root: str | os.PathLike[str], *, latency_s: float = 0.0, failure_rate: float = 0.0, seed: int = 0,
-        stall: str | None = None,
+        stall: str | None = None, ranges: bool = True, redirect_to: str | None = None,
     ) -> None:  # fmt: skip
         if not 0.0 <= failure_rate < 1.0:
             raise ConfigError(f"failure_rate must be in [0, 1), got {failure_rate}")
         handler = partial(_Handler, directory=str(root))
         self._server = _Server(
-            ("127.0.0.1", 0), handler, latency_s=latency_s, failure_rate=failure_rate, seed=seed, stall=stall
-        )
-        self._thread = threading.Thread(target=self._server.serve_forever, name="store-server", daemon=True)
+            ("127.0.0.1", 0), handler, latency_s=latency_s, failure_rate=failure_rate, seed=seed, stall=stall,
+            ranges=ranges, redirect_to=redirect_to,
+        )  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="store-server", daemon=True
+        )  # stop() waits for the next poll
 
     @property
     def url(self) -> str:

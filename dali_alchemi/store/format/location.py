@@ -20,10 +20,11 @@ from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore, MemoryStore, StorePath
 
 from dali_alchemi.errors import ConfigTypeError, StoreNotFoundError
+from dali_alchemi.store.format.http import http_store, is_http_url
 from dali_alchemi.store.format.remote import RetryingStore
 
 if TYPE_CHECKING:
-    from dali_alchemi.config import FetchConfig
+    from dali_alchemi.remote_config import FetchConfig
 
 __all__ = ["StoreLike", "StoreLocation", "open_group", "resolve_store", "root_groups", "root_members"]
 
@@ -82,7 +83,9 @@ def resolve_store(
 
     Stores reached over a network (URLs, fsspec and object stores) are wrapped in a
     :class:`~dali_alchemi.store.format.remote.RetryingStore` that retries reads under ``fetch``.
-    ``storage_options`` go to fsspec for URLs (credentials, ``endpoint_url``, ...).
+    ``http(s)://`` URLs read through :func:`~dali_alchemi.store.format.http.http_store` (range answers
+    checked, redirects as ``fetch.follow_redirects`` allows). ``storage_options`` go to fsspec for URLs
+    (credentials, ``endpoint_url``, ...).
 
     Raises
     ------
@@ -106,8 +109,12 @@ def resolve_store(
     if isinstance(store, (str, os.PathLike)):
         text = os.fspath(store)
         if _is_url(text):
-            remote = FsspecStore.from_url(
-                text, read_only=read_only, storage_options=dict(storage_options or {}) or None
+            remote = (
+                http_store(text, read_only=read_only, fetch=fetch, storage_options=storage_options)
+                if is_http_url(text)
+                else FsspecStore.from_url(
+                    text, read_only=read_only, storage_options=dict(storage_options or {}) or None
+                )
             )
             wrapped: Store = remote if text.startswith("memory://") else RetryingStore(remote, fetch)
             return StoreLocation(store=wrapped, prefix="", display=text, local_root=None)

@@ -5,7 +5,10 @@ fetches share one policy (:class:`~dali_alchemi.config.FetchConfig`). A missing 
 not a failure, and is never retried; anything else (a timeout, a reset connection, an HTTP 5xx) is
 retried. Every attempt is bounded by ``FetchConfig.timeout_s``, whatever the network stack's own
 timeouts, so a server that never answers fails like one that refuses; after the last attempt a :class:`~dali_alchemi.errors.RemoteReadError` names the key,
-the number of attempts and the last error.
+the number of attempts and the last error. A wrong answer is not retried either: a redirect refused
+(:class:`~dali_alchemi.errors.RemoteRedirectError`), or more bytes than a byte range asked for
+(:class:`~dali_alchemi.errors.RemoteRangeError`; a server that ignores ``Range`` sends whole files),
+which would otherwise reach the decoder as a corrupt chunk or shard index.
 """
 
 from __future__ import annotations
@@ -15,11 +18,11 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from zarr.abc.store import ByteRequest, Store
+from zarr.abc.store import ByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.storage import WrapperStore
 
-from dali_alchemi.config import FetchConfig
-from dali_alchemi.errors import RemoteReadError
+from dali_alchemi.errors import RemoteRangeError, RemoteReadError, RemoteRedirectError
+from dali_alchemi.remote_config import FetchConfig
 
 if TYPE_CHECKING:
     from zarr.core.buffer import Buffer, BufferPrototype
@@ -37,7 +40,35 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     IsADirectoryError,
     NotADirectoryError,
     PermissionError,
+    RemoteRangeError,
+    RemoteRedirectError,
 )
+
+
+def _checked_length(store: Store, key: str, byte_range: ByteRequest | None, buf: Buffer | None) -> Buffer | None:
+    """``buf``, unless it holds more bytes than ``byte_range`` asked for (a server that ignored the range).
+
+    Raises
+    ------
+    RemoteRangeError
+        If ``buf`` is longer than the range or suffix asked for.
+    """
+    if buf is None or byte_range is None:
+        return buf
+    if isinstance(byte_range, RangeByteRequest):
+        most, asked = byte_range.end - byte_range.start, f"bytes {byte_range.start}-{byte_range.end - 1}"
+    elif isinstance(byte_range, SuffixByteRequest):
+        most, asked = byte_range.suffix, f"the last {byte_range.suffix} bytes"
+    else:
+        return buf
+    if len(buf) > most:
+        raise RemoteRangeError(
+            f"{key!r} on {store}: asked for {asked}, got {len(buf)} bytes: the store ignored the byte range, as an "
+            "HTTP server without Range support does by sending whole files. Serve the store with a server that "
+            "supports HTTP Range requests, or open it by its http(s):// URL, which takes the bytes asked for out of "
+            "whole-file answers"
+        )
+    return buf
 
 
 class RetryingStore(WrapperStore[Store]):
@@ -76,15 +107,20 @@ class RetryingStore(WrapperStore[Store]):
         raise AssertionError("unreachable")
 
     async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
-        return await self._retry("reading", key, lambda: self._store.get(key, prototype, byte_range))
+        buf = await self._retry("reading", key, lambda: self._store.get(key, prototype, byte_range))
+        return _checked_length(self._store, key, byte_range, buf)
 
     async def get_partial_values(
         self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
     ) -> list[Buffer | None]:
         pairs = list(key_ranges)
-        return await self._retry(
+        bufs = await self._retry(
             "reading", ",".join(k for k, _ in pairs[:3]), lambda: self._store.get_partial_values(prototype, pairs)
         )
+        return [
+            _checked_length(self._store, key, byte_range, buf)
+            for (key, byte_range), buf in zip(pairs, bufs, strict=True)
+        ]
 
     async def exists(self, key: str) -> bool:
         return await self._retry("checking", key, lambda: self._store.exists(key))

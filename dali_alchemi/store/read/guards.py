@@ -29,7 +29,7 @@ from dali_alchemi.types import PerLevel
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-    from dali_alchemi.config import FetchConfig
+    from dali_alchemi.remote_config import FetchConfig
     from dali_alchemi.types import CountArray, IndexArray, Level
 
 __all__ = [

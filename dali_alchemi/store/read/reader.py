@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from dali_alchemi import csr
-from dali_alchemi.config import FetchConfig
 from dali_alchemi.errors import DeviceError, ReaderClosedError, StoreFormatError
+from dali_alchemi.remote_config import FetchConfig
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.indices import checked_indices
 from dali_alchemi.store.format.location import StoreLike, StoreLocation, resolve_store
@@ -67,8 +67,11 @@ class AtomicDataZarrReader:
     num_threads
         Threads that fetch and decode chunks (default: the core count, clamped to 2..8).
     fetch
-        Concurrency, retries and back-off for stores reached over a network (see
-        :class:`~dali_alchemi.config.FetchConfig`); reads that keep failing raise ``RemoteReadError``.
+        Concurrency, retries, back-off and redirects for stores reached over a network (see
+        :class:`~dali_alchemi.config.FetchConfig`); reads that keep failing raise ``RemoteReadError``,
+        a redirect to another host ``RemoteRedirectError``, and a server's answer of other bytes than a
+        range asked for ``RemoteRangeError`` (one that sends whole files is read, with a
+        ``RangeIgnoredWarning``).
     storage_options
         Passed to fsspec when ``store`` is a URL (credentials, ``endpoint_url`` for S3-compatible
         servers, ...).

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import MemoryStore
@@ -16,7 +17,7 @@ from dali_alchemi import AtomicDataZarrReader
 from dali_alchemi.bench.http_server import StoreServer
 from dali_alchemi.bench.synth import write_synthetic_store
 from dali_alchemi.config import ArrayConfig, FetchConfig, WriteConfig
-from dali_alchemi.errors import ConfigError, RemoteReadError
+from dali_alchemi.errors import ConfigError, RemoteRangeError, RemoteReadError
 from dali_alchemi.store.format.remote import RetryingStore
 
 N = 600
@@ -176,6 +177,47 @@ def test_retrying_store_backs_off_and_never_retries_a_missing_key() -> None:
         sync(flaky.set("k2", default_buffer_prototype().buffer.from_bytes(b"v")))
         sync(RetryingStore(flaky, FetchConfig(retries=1, backoff_s=0.0)).get("k2", default_buffer_prototype()))
     assert FetchConfig(backoff_s=0.1, max_backoff_s=0.3).delay(5) == 0.3
+
+
+class _RangeBlind(MemoryStore):
+    """A memory store that ignores byte ranges and answers with the whole value, counting its reads."""
+
+    calls = 0
+
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        self.calls += 1
+        return await super().get(key, prototype, None)
+
+
+def test_more_bytes_than_a_range_asked_for_is_a_remote_range_error_and_not_retried() -> None:
+    blind = _RangeBlind()
+    sync(blind.set("core/forces/c/0", default_buffer_prototype().buffer.from_bytes(b"0123456789")))
+    store = RetryingStore(blind, FetchConfig(retries=3, backoff_s=0.0))
+    proto = default_buffer_prototype()
+    with pytest.raises(
+        RemoteRangeError, match=r"'core/forces/c/0' on .*: asked for bytes 2-4, got 10 bytes: the store ignored"
+    ):
+        sync(store.get("core/forces/c/0", proto, RangeByteRequest(2, 5)))
+    assert blind.calls == 1  # a wrong answer is not retried
+    with pytest.raises(
+        RemoteRangeError, match=r"asked for the last 4 bytes, got 10 bytes.*supports HTTP Range requests"
+    ):
+        sync(store.get_partial_values(proto, [("core/forces/c/0", SuffixByteRequest(4))]))
+    whole = sync(store.get("core/forces/c/0", proto, SuffixByteRequest(40)))  # the whole value is what was asked
+    assert whole is not None and whole.to_bytes() == b"0123456789"
+
+
+def test_a_store_passed_in_over_a_server_that_ignores_range_fails_clearly(tmp_path: Path) -> None:
+    from zarr.storage import FsspecStore
+
+    write_synthetic_store(tmp_path / "d.zarr", 100, seed=5)  # the default layout: shards, read by byte ranges
+    with StoreServer(tmp_path, ranges=False) as server:
+        store = FsspecStore.from_url(server.url + "d.zarr", read_only=True)  # plain fsspec: range answers unchecked
+        with pytest.raises(
+            RemoteRangeError, match=r"the store ignored the byte range.*open it by its http\(s\):// URL"
+        ):
+            with AtomicDataZarrReader(store, fetch=FetchConfig(retries=3, backoff_s=0.0)) as reader:
+                reader.read_packed(np.arange(100))
 
 
 @pytest.mark.timeout(120)

@@ -29,7 +29,7 @@ from dali_alchemi.store.read.reader import AtomicDataZarrReader
 __all__ = [
     "DECODE_CACHE_BYTES", "LIMITS", "NO_BLOCK_ORDER", "ORDERS", "LoaderSettings", "Runnable", "Shuffle",
     "bench_plan", "is_plain", "nvalchemi_available", "open_loader", "validate_names"
-]
+]  # fmt: skip
 
 
 DECODE_CACHE_BYTES = 64 << 20
@@ -361,9 +361,12 @@ class _PackedReads(_WindowedReads):
 
 
 class _SequentialDecode(_PackedReads):
-    """Every chunk of the store decoded once, in order: the decode limit of an epoch.
+    """This reader's windowed reads in store order through a 64 MiB cache: one pass front to back.
 
-    The small cache only carries the block shared by two consecutive windows; it never holds the store.
+    The other loaders get the reader's default cache (1 GiB), which can hold a store of tens of
+    thousands of structures after the first epoch; this one keeps only what fits in 64 MiB, so what
+    does not fit is read (and decoded) again each epoch. A reference point, not a ceiling: a shuffled
+    loader whose cache holds the store can beat it.
     """
 
     def __init__(self, store: str, shuffle: Shuffle, s: LoaderSettings) -> None:

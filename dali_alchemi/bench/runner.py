@@ -246,7 +246,7 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
 
 
 def _units_per_epoch(name: str, config: BenchConfig) -> int | None:
-    """Units measured per epoch under ``max_batches``: batches, or the windows holding them for the limits."""
+    """Units measured per epoch under ``max_batches``: batches, or the windows holding them for the reads without a loader."""
     if config.max_batches is None:
         return None
     return -(-config.max_batches // config.batches_per_window) if name in LIMITS else config.max_batches

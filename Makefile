@@ -16,6 +16,7 @@ TEST_ARGS ?= -n auto --dist loadfile
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@echo "make install: $(TORCH_SPEC)$(if $(TORCH_INDEX), from $(TORCH_INDEX)), DALI, zarr and the dev tools into $(VENV), with no output until done. $(if $(TORCH_INDEX),With the CPU build: about 0.9 GB to download and 2.7 GB on disk.,About 3.4 GB to download and 6.8 GB on disk (PyPI's torch is a CUDA build); TORCH_INDEX=https://download.pytorch.org/whl/cpu gets the CPU build: 0.9 GB and 2.7 GB.) A few minutes on a fast connection."
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"

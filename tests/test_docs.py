@@ -201,3 +201,47 @@ def test_every_documented_command_and_option_exists() -> None:
             option = word.strip("[]").split("=", 1)[0]
             if option.startswith("--"):
                 assert option in options, f"{page.name}: {words[1]} has no option {option} ({line!r})"
+
+
+REPOSITORY_PATH = re.compile(
+    r"(?<![\w./-])((?:tests|scripts|dali_alchemi|docs|examples|notebooks|tools)/[\w./*-]*)(::\w+)?"
+)
+"""A path into this repository as the pages name one (``tests/...``, ``scripts/...``), with an optional ``::test``."""
+MAKE_TARGET = re.compile(r"^\s*make ([a-z][\w-]*)", re.M)
+"""A ``make`` command: an inline code span or a line of a block that starts with one."""
+INLINE_CODE = re.compile(r"`([^`\n]+(?:\n[^`\n]+)*)`")
+
+
+def _code(page: Path) -> list[str]:
+    """The code a page shows: every inline code span (one may wrap a line) and every non-Python block."""
+    text = page.read_text()
+    blocks = [m.group(2) for m in FENCE.finditer(text) if m.group(1) != "python"]
+    return [*INLINE_CODE.findall(FENCE.sub("", text)), *blocks]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_repository_path_in_code_exists(page: Path) -> None:
+    stale = []
+    for code in _code(page):
+        for path, test in REPOSITORY_PATH.findall(code):
+            path = path.rstrip(".,:;")
+            found = sorted(ROOT.glob(path)) if "*" in path else [ROOT / path] if (ROOT / path).exists() else []
+            if not found:
+                stale.append(path)
+            elif test and not re.search(rf"^\s*(?:async )?def {test[2:]}\(", found[0].read_text(), re.M):
+                stale.append(f"{path}{test} (no such test)")
+    assert not stale, f"{page.name} names paths that do not exist: {', '.join(stale)}"
+
+
+def _make_targets() -> set[str]:
+    return set(re.findall(r"^([\w-]+):(?!=)", (ROOT / "Makefile").read_text(), re.M))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_make_target_in_code_is_the_makefiles(page: Path) -> None:
+    targets = _make_targets()
+    assert {"install", "test", "demo"} <= targets
+    named = {target for code in _code(page) for target in MAKE_TARGET.findall(code)}
+    if page.name == "README.md":
+        assert {"demo", "test", "install", "notebooks"} <= named, "the README's make commands are found"
+    assert named <= targets, f"{page.name} names make targets the Makefile lacks: {sorted(named - targets)}"

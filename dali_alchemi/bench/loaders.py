@@ -2,9 +2,9 @@
 
 Each entry opens a loader on a store for one order (``shuffle``: the global permutation, ``block``:
 the chunk-aware block shuffle, or ``sequential``) and yields, per epoch,
-``(structures, atoms)`` for every unit it delivers (a batch; a window for the read limits). Batches
+``(structures, atoms)`` for every unit it delivers (a batch; a window for the reads without a loader). Batches
 are moved to the benchmark device, as a training loop would. The DALI loader, the plain DataLoader
-and the limits all use the same reader; nvalchemi's loader uses nvalchemi's own reader.
+and the reads without a loader all use the same reader; nvalchemi's loader uses nvalchemi's own reader.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dali_alchemi.store.read.reader import AtomicDataZarrReader
 __all__ = [
     "DECODE_CACHE_BYTES", "LIMITS", "NO_BLOCK_ORDER", "ORDERS", "LoaderSettings", "Runnable", "Shuffle",
     "bench_plan", "is_plain", "nvalchemi_available", "open_loader", "validate_names"
-]
+]  # fmt: skip
 
 
 DECODE_CACHE_BYTES = 64 << 20
@@ -47,8 +47,8 @@ Shuffle = bool | str
 class LoaderSettings:
     """What every loader in a run shares: batch size, window size, device, worker counts.
 
-    ``batches_per_window`` is the batches read per reader call by the DALI loader and the limits (and
-    nvalchemi's ``prefetch_factor``, which means the same there).
+    ``batches_per_window`` is the batches read per reader call by the DALI loader and the reads without
+    a loader (and nvalchemi's ``prefetch_factor``, which means the same there).
     """
 
     batch_size: int = 64
@@ -361,9 +361,12 @@ class _PackedReads(_WindowedReads):
 
 
 class _SequentialDecode(_PackedReads):
-    """Every chunk of the store decoded once, in order: the decode limit of an epoch.
+    """This reader's windowed reads in store order through a 64 MiB cache: one pass front to back.
 
-    The small cache only carries the block shared by two consecutive windows; it never holds the store.
+    The other loaders get the reader's default cache (1 GiB), which can hold a store of tens of
+    thousands of structures after the first epoch; this one keeps only what fits in 64 MiB, so what
+    does not fit is read (and decoded) again each epoch. A reference point, not a ceiling: a shuffled
+    loader whose cache holds the store can beat it.
     """
 
     def __init__(self, store: str, shuffle: Shuffle, s: LoaderSettings) -> None:
@@ -378,6 +381,7 @@ _PATTERN = re.compile(
 _READ_MANY_PATTERN = re.compile(r"^(?P<kind>nvalchemi-dali|readmany-dali)(?:-w(?P<workers>\d+))?$")
 
 LIMITS = ("packed", "decode", "nvalchemi-reader", "readmany-reads")
+"""The rows that are reads without a loader: one unit per window, no batches, no simulated steps."""
 
 
 def is_plain(name: str) -> bool:

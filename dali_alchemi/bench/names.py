@@ -22,7 +22,7 @@ LOADER_HELP = (
     "over nvalchemi's reader, through ReadManyAdapter), readmany-dali-wN (DALIDataLoader over this reader seen only "
     "through read_many), readmany-reads (its read_many per window, joined by ReadManyAdapter), nvalchemi-reader "
     "(its read_many per window), packed (this reader's windowed reads), decode "
-    "(sequential decode of the whole store)"
+    "(the same in store order through a 64 MiB cache: a reference point, not a ceiling)"
 )
 DEFAULT_LOADERS = (
     "dali",

@@ -42,8 +42,8 @@ from dali_alchemi.store.read.reader import AtomicDataZarrReader
 
 __all__ = [
     "BenchConfig", "BenchMeta", "BenchRun", "Measurement", "ProgressCallback", "Record", "machine_info",
-    "measure", "median", "open_time", "package_versions", "run_bench", "summarize"
-]
+    "measure", "median", "open_time", "package_versions", "run_bench", "store_size", "summarize"
+]  # fmt: skip
 
 
 ProgressCallback = Callable[[str, int, int], None]
@@ -246,7 +246,7 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
 
 
 def _units_per_epoch(name: str, config: BenchConfig) -> int | None:
-    """Units measured per epoch under ``max_batches``: batches, or the windows holding them for the limits."""
+    """Units measured per epoch under ``max_batches``: batches, or the windows holding them for the reads without a loader."""
     if config.max_batches is None:
         return None
     return -(-config.max_batches // config.batches_per_window) if name in LIMITS else config.max_batches
@@ -260,6 +260,13 @@ def open_time(store: str, repeats: int = 3) -> float:
         AtomicDataZarrReader(store).close()
         times.append(time.perf_counter() - started)
     return median(times)
+
+
+def store_size(store: str) -> dict[str, int]:
+    """The store's structures and atoms (from its pointers: nothing is decoded), for the report's title."""
+    with AtomicDataZarrReader(store) as reader:
+        atoms, _ = reader.sample_sizes(np.arange(len(reader)))
+        return {"structures": len(reader), "atoms": int(atoms.sum())}
 
 
 def machine_info(device: torch.device) -> dict[str, Any]:
@@ -370,7 +377,7 @@ def run_bench(
     """Measure every loader in every order for ``config.rounds`` interleaved rounds; return the run."""
     device = torch.device(config.device)
     after_import = _pss_after_import()
-    # The decode limit does not depend on the order: it is measured once per round, in store order.
+    # decode does not depend on the order: it is measured once per round, in store order.
     plan = [
         (r, name, order)
         for r in range(config.rounds)
@@ -395,7 +402,7 @@ def run_bench(
         if record.note is None:
             record.shuffle_quality = quality[record.order]["shuffle_quality"]
             record.batch_energy_ks = quality[record.order]["batch_energy_ks"]
-    store_info = {**(store_info or {"path": store}), "open_s": open_time(store)}
+    store_info = {**(store_info or {"path": store}), **store_size(store), "open_s": open_time(store)}
     meta = BenchMeta(
         config={k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
         store=store_info,

@@ -17,7 +17,23 @@ if TYPE_CHECKING:
 
     from dali_alchemi.bench.runner import BenchConfig, BenchRun
 
-__all__ = ["cmd_augment_cost", "cmd_bench", "cmd_h2d", "cmd_plan_cost", "register"]
+__all__ = ["bench_legend", "cmd_augment_cost", "cmd_bench", "cmd_h2d", "cmd_plan_cost", "register"]
+
+LEGEND = (
+    "structures/s: after the first batch, over all epochs; warm: the epochs after the",
+    "  first only. On a store of a few windows (16 batches each), what a loader read",
+    "  ahead while its first batch came inflates structures/s: trust warm there.",
+    "x plain: structures/s over the best plain torch DataLoader (torch-*) of the run.",
+    "first batch s: opening the loader to its first batch; total s: to its last.",
+    "peak PSS MB: peak memory of the whole process tree, workers included.",
+    "quality: how well the order mixes the store: 0 in sequence, 1 a full shuffle.",
+    "batch KS: batch energies' distance from the store's: 0 best, ~1/sqrt(batch) by",
+    "  chance. packed, decode: the reader alone, no loader; decode reads in store",
+    "  order through a 64 MiB cache: a reference point, not a ceiling.",
+)
+"""What the bench table's columns mean, printed under it (80 columns at most; docs/benchmarks.md has more)."""
+LEGEND_STEPS = "wait s: time the loop waited for data; epoch / steps: time over the steps' time."
+LEGEND_BUDGET = "batches, atoms/batch: per epoch and their mean; fill: atoms/batch / max_atoms."
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
@@ -34,6 +50,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         run = _run_with_progress(args, store, store_info, config, console)
     table = _results_table(args, run, device)
     print_table(console, table, keys=2)  # each part names the loader and the order
+    for line in bench_legend(steps=bool(args.step_ms), budget=args.max_atoms is not None or args.max_edges is not None):
+        console.print(line, markup=False, highlight=False, style="dim")
     console.print(f"opening the store (with its open-time checks) took {run.meta.store['open_s'] * 1000:.1f} ms")
     console.print(
         f"peak PSS: the whole process tree (workers included, shared pages once); "
@@ -108,7 +126,7 @@ def _results_table(args: argparse.Namespace, run: BenchRun, device: torch.device
     sizing = f"max_atoms {args.max_atoms}, max_edges {args.max_edges}" if budget else f"batch {args.batch_size}"
     table = make_table(
         "loader", "order", "structures/s", "warm structures/s", "atoms/s", "x plain", "first batch s", "total s", "peak PSS MB", "quality", "batch KS",
-        *steps, *shape, title=f"{sizing}, {device}, {_count(args.epochs, 'epoch')}, {_rounds(args.rounds)}",
+        *steps, *shape, title=f"{_store_size(run)}{sizing}, {device}, {_count(args.epochs, 'epoch')}, {_rounds(args.rounds)}",
     )  # fmt: skip
     for r in run.records:
         if r.note:
@@ -124,6 +142,11 @@ def _results_table(args: argparse.Namespace, run: BenchRun, device: torch.device
             *(shape_cells if shape else []),
         )  # fmt: skip
     return table
+
+
+def bench_legend(*, steps: bool = False, budget: bool = False) -> list[str]:
+    """The lines printed under the bench table: every column it shows, briefly (each at most 80 characters)."""
+    return [*LEGEND, *([LEGEND_STEPS] if steps else []), *([LEGEND_BUDGET] if budget else [])]
 
 
 def _write_outputs(args: argparse.Namespace, run: BenchRun, title: str, console: Console) -> None:
@@ -276,7 +299,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     bench.add_argument("--batch-size", type=int, default=64)
     bench.add_argument(
-        "--batches-per-window", type=int, default=None,
+        "--batches-per-window",
+        type=int,
+        default=None,
         help="batches per packed read (nvalchemi: prefetch_factor); default: the loaders' default",
     )
     bench.add_argument("--epochs", type=int, default=2, help="epochs per measurement (default 2)")
@@ -291,7 +316,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--max-edges", type=int, help="batch by edges: at most this many per batch")
     bench.add_argument(
         "--max-batches", type=int,
-        help="measure only the first N batches of each epoch (the limits: the windows holding them); for large stores",
+        help="measure only the first N batches of each epoch (packed, decode and the other reads without a loader: "
+        "the windows holding them); for large stores",
     )  # fmt: skip
     bench.add_argument(
         "--layout", choices=STORE_LAYOUTS, default="default", help="layout of the synthetic store (default: default)"
@@ -337,6 +363,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     aug.add_argument("--repeats", type=int, default=20)
     aug.add_argument("--json", help="write the medians to this JSON file")
     aug.set_defaults(func=cmd_augment_cost)
+
+
+def _store_size(run: BenchRun) -> str:
+    """The store's size as the title starts with it: ``20,000 structures (1,101,243 atoms), ``."""
+    store = run.meta.store
+    if "structures" not in store or "atoms" not in store:
+        return ""
+    return f"{_count(store['structures'], 'structure')} ({store['atoms']:,} atoms), "
 
 
 def _count(n: int, unit: str) -> str:

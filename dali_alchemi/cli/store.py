@@ -78,6 +78,7 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from dali_alchemi.errors import PrecisionLossWarning
+    from dali_alchemi.interop.ase_fields import field_notes
     from dali_alchemi.interop.ase_io import convert
 
     for name in args.inputs:
@@ -102,12 +103,14 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
             raise CommandError(f"ASE could not read {what}: {type(err).__name__}: {err}") from err
     seconds = time.perf_counter() - started
     console.print(
-        f"wrote {report.structures:,} structures ({report.atoms:,} atoms, {report.edges:,} edges) to {args.out} "
+        f"wrote {_count(report.structures, 'structure')} ({report.atoms:,} atoms, {report.edges:,} edges) to {args.out} "
         f"in {seconds:.1f} s ({report.structures / seconds:,.0f} structures/s)"
     )
     console.print("fields: " + ", ".join(f"{k} ({v})" for k, v in report.fields.items()))
     if report.custom:
         console.print("custom arrays: " + ", ".join(report.custom))
+    for line in field_notes(report.fields, cutoff=args.cutoff):
+        console.print(line, markup=False, highlight=False)
     for name, lacking in report.filled.items():
         console.print(f"filled: {name} for {lacking:,} structures without it (see {name}_present)")
     for name, loss in report.precision.items():
@@ -116,7 +119,17 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
             f"{args.tolerance:g} (at most {loss.worst:.3g})"
         )
     for key, count in report.dropped.items():
-        console.print(f"[yellow]dropped:[/yellow] {key} x{count} ({report.dropped_reasons[key]})")
+        if key in report.lacking:
+            console.print(
+                f"[yellow]left out:[/yellow] {key}, which {report.lacking[key]:,} of {report.structures:,} structures "
+                f"lack (--missing drop: every structure is written, none with {key}; --missing fill keeps it)",
+                highlight=False,
+            )
+        else:
+            console.print(
+                f"[yellow]left out:[/yellow] {key} ({_count(count, 'structure')} have it): {report.dropped_reasons[key]}",
+                highlight=False,
+            )
     return 0
 
 
@@ -141,6 +154,10 @@ def cmd_rewrite(args: argparse.Namespace, console: Console) -> int:
         f"compared and verified, in {report.seconds:.1f} s"
     )
     return 0
+
+
+def _count(n: int, unit: str) -> str:
+    return f"{n:,} {unit}{'' if n == 1 else 's'}"
 
 
 def _raised_in_ase(tb: TracebackType | None) -> bool:

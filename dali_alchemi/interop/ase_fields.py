@@ -28,6 +28,8 @@ from dali_alchemi.errors import SampleDataError
 from dali_alchemi.interop.neighbors import radius_graph
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from ase import Atoms
     from numpy.typing import NDArray
 
@@ -35,8 +37,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ARRAY_NAMES", "COLUMNS", "HANDLED_ARRAYS", "NESTED_INFO", "PER_ATOM_RESULTS", "RANK2", "RESULT_NAMES",
-    "Extracted", "extract", "rank2", "system_row"
-]
+    "Extracted", "extract", "field_notes", "rank2", "system_row"
+]  # fmt: skip
 
 
 # Calculator results that hold one row per atom (ASE's per-atom properties); any other result with
@@ -168,3 +170,31 @@ def extract(atoms: Atoms, *, cutoff: float | None = None) -> Extracted:
         fields["shifts"] = ("edge", images.astype(np.float64) @ cell)
         n_edges = len(edges)
     return Extracted(fields=fields, dropped=dropped, n_atoms=n, n_edges=n_edges)
+
+
+def field_notes(fields: Iterable[str], *, cutoff: float | None = None) -> list[str]:
+    """Why a conversion stored fields the input did not name as such: one line for each, among ``fields``.
+
+    ``atomic_masses`` is stored for every structure: ASE's masses (the input's own, else each element's
+    standard mass), as nvalchemi's ``AtomicData.from_atoms`` stores them. ``momenta`` is how ASE keeps
+    velocities. A ``cutoff`` adds the neighbor list with each edge's periodic image in both of
+    nvalchemi's forms: ``neighbor_list_shifts``, integer cell offsets (what nvalchemi's models and its
+    neighbor-list hook read), and ``shifts``, the same offsets in Å (``neighbor_list_shifts @ cell``,
+    for models that add them to position differences).
+    """
+    present = set(fields)
+    lines = []
+    if "atomic_masses" in present:
+        lines.append(
+            "added atomic_masses: ASE's masses (the input's own, else each element's standard mass), "
+            "as nvalchemi's AtomicData.from_atoms stores them"
+        )
+    if "momenta" in present:
+        lines.append("kept momenta: the input's velocities as ASE holds them (masses x velocities), nvalchemi's field")
+    if cutoff is not None and {"neighbor_list", "neighbor_list_shifts", "shifts"} <= present:
+        lines.append(
+            f"added neighbor_list (atom pairs within {cutoff:g} Å) with each pair's periodic image in both of "
+            "nvalchemi's forms: neighbor_list_shifts (int64 cell offsets, what its models read) and shifts "
+            "(the same in Å, neighbor_list_shifts @ cell)"
+        )
+    return lines

@@ -60,7 +60,7 @@ __all__ = [
     "DATABASE_FORMATS", "DEFAULT_CHUNK", "MIN_ATOM_LINE_BYTES", "XYZ_FORMATS", "ConversionReport",
     "batch_to_atoms", "check_xyz_counts", "convert", "read_structures", "refuse_differing_fields",
     "write_atoms"
-]
+]  # fmt: skip
 
 
 logger = logging.getLogger(__name__)
@@ -89,6 +89,8 @@ class ConversionReport:
         Why each key in ``dropped`` was not stored (not numeric, only in some structures, ...).
     filled
         Under ``missing="fill"``: each filled field and how many structures lacked it.
+    lacking
+        Under ``missing="drop"``: each field left out because some structures lack it, and how many lack it.
     precision
         Each field that float32 changed by more than the tolerance: how many values, and the largest change.
     """
@@ -101,6 +103,7 @@ class ConversionReport:
     dropped: Counter[str] = field(default_factory=Counter)
     dropped_reasons: dict[str, str] = field(default_factory=dict)
     filled: dict[str, int] = field(default_factory=dict)
+    lacking: dict[str, int] = field(default_factory=dict)
     precision: dict[str, PrecisionLoss] = field(default_factory=dict)
 
 
@@ -220,6 +223,8 @@ def _convert(
         for name, why in decision.dropped.items():
             report.dropped[name] += spool.census[name].present
             report.dropped_reasons[name] = why
+            if spool.census[name].conflict is None:  # left out for the structures that lack it
+                report.lacking[name] = spool.structures - spool.census[name].present
         report.filled = dict(decision.filled)
         chunks = spool.chunks(
             decision, float_dtype=float_dtype, system_float_dtype=system_float_dtype, tolerance=tolerance,

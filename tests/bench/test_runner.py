@@ -226,3 +226,43 @@ def test_loader_names_and_options_raise_config_errors(small_store: Path) -> None
         open_loader("dali-fast", str(small_store), "shuffle", LoaderSettings())
     with pytest.raises(ConfigError, match="has no block order"):
         open_loader("pyg-dynamic", str(small_store), "block", LoaderSettings())
+
+
+def test_cli_bench_explains_its_columns_and_names_the_store_in_title_and_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import matplotlib.pyplot as plt
+
+    figures = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: (figures.append(fig), close(fig)))
+    monkeypatch.setenv("COLUMNS", "200")
+    png, out = tmp_path / "b.png", tmp_path / "b.json"
+    assert main(["bench", "--n", "100", "--rounds", "1", "--loaders", "packed,decode", "--batch-size", "16",
+                 "--step-ms", "0.1", "--plot", str(png), "--json", str(out)]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    store = json.loads(out.read_text())["meta"]["store"]
+    assert store["structures"] == 100 and store["atoms"] > 100
+    title = f"100 structures ({store['atoms']:,} atoms), batch 16, cpu, 2 epochs, 1 round"
+    assert title in text
+    lines = text.splitlines()
+    legend = lines[next(i for i, line in enumerate(lines) if line.startswith("structures/s: after the first batch")) :]
+    legend = legend[: next(i for i, line in enumerate(legend) if line.startswith("opening the store"))]
+    assert all(len(line) <= 80 for line in legend) and 9 <= len(legend) <= 14
+    for column in ("warm", "x plain", "first batch s", "total s", "peak PSS MB", "quality", "batch KS", "wait s",
+                   "epoch / steps", "decode"):  # fmt: skip
+        assert column in " ".join(legend), f"the legend explains {column!r}"
+    assert "limit" not in text and "not a ceiling" in " ".join(legend)
+    (fig,) = figures
+    (ax,) = fig.axes
+    assert ax.get_xlabel().startswith("loader") and ax.get_title().startswith(title)
+    (decode,) = [t.get_text() for t in ax.get_legend().get_texts() if t.get_text().startswith("decode")]
+    assert "store order" in decode and "64 MiB cache" in decode and "limit" not in decode
+
+
+def test_store_size_counts_structures_and_atoms_from_the_pointers(small_store: Path) -> None:
+    from dali_alchemi.bench.runner import store_size
+
+    with AtomicDataZarrReader(small_store) as reader:
+        atoms = int(reader.sample_sizes(range(len(reader)))[0].sum())
+        assert store_size(str(small_store)) == {"structures": len(reader), "atoms": atoms}

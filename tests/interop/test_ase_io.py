@@ -118,7 +118,8 @@ def test_cli_convert(
     monkeypatch.setenv("COLUMNS", "200")
     assert main(["convert", str(extxyz), str(tmp_path / "cli.zarr"), "--cutoff", "2.8"]) == 0
     out = capsys.readouterr().out
-    assert "wrote 23 structures" in out and "structures/s" in out and "config_type x23" in out
+    assert "wrote 23 structures" in out and "structures/s" in out
+    assert "left out: config_type (23 structures have it): not numeric (str)" in " ".join(out.split())
     with AtomicDataZarrReader(tmp_path / "cli.zarr") as reader:
         assert reader.read(0)[0]["positions"].dtype.is_floating_point and len(reader) == 23
 
@@ -329,7 +330,9 @@ def test_cli_convert_policy_report_and_precision(
     assert main(["convert", g2.filename, str(out), "--missing", "fill"]) == 0
     text = capsys.readouterr().out
     assert "filled: initial_magmoms for 119 structures without it (see initial_magmoms_present)" in text
-    assert "dropped: name x162 (not numeric (str))" in text and "dropped: unique_id x162" in text
+    said = " ".join(text.split())
+    assert "left out: name (162 structures have it): not numeric (str)" in said
+    assert "left out: unique_id (162 structures have it)" in said
     big = tmp_path / "big.extxyz"
     structures = [bulk("Cu", "fcc", a=3.6) for _ in range(5)]
     for k, atoms in enumerate(structures):
@@ -364,3 +367,63 @@ def test_a_tiny_cell_with_a_cutoff_is_a_clear_error_not_a_memory_blowup(tmp_path
     with pytest.raises(SampleDataError, match="periodic images of this cell"):
         convert([path], tmp_path / "s.zarr", cutoff=5.0)
     assert not (tmp_path / "s.zarr").exists()
+
+
+def _water(n: int, *, forces: int) -> list[ase.Atoms]:
+    """``n`` water molecules with energies; the first ``forces`` of them with forces too."""
+    from ase.calculators.singlepoint import SinglePointCalculator
+
+    out = []
+    for k in range(n):
+        atoms = molecule("H2O")
+        atoms.rattle(0.01, seed=k)
+        results = {"energy": -14.0 + 0.1 * k, **({"forces": np.full((3, 3), 0.1 * k)} if k < forces else {})}
+        atoms.calc = SinglePointCalculator(atoms, **results)
+        out.append(atoms)
+    return out
+
+
+def test_cli_convert_says_which_fields_it_added_and_why(
+    extxyz: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["convert", str(extxyz), str(tmp_path / "edges.zarr"), "--cutoff", "2.8"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert said.count("added atomic_masses: ASE's masses (the input's own, else each element's standard mass)") == 1
+    assert said.count("added neighbor_list (atom pairs within 2.8 Å) with each pair's periodic image") == 1
+    assert "neighbor_list_shifts (int64 cell offsets, what its models read)" in said
+    assert "shifts (the same in Å, neighbor_list_shifts @ cell)" in said
+    with AtomicDataZarrReader(tmp_path / "edges.zarr") as reader:
+        packed = reader.read_packed(range(2))
+    images, shifts, cell = (packed.fields[k] for k in ("neighbor_list_shifts", "shifts", "cell"))
+    assert images.dtype == np.int64 and shifts.dtype == np.float32 and len(shifts) == len(images) > 0
+    first = int(packed.n_edges[0])  # the first structure's edges: its shifts are its images in its cell
+    assert np.allclose(shifts[:first], images[:first] @ cell[0], atol=1e-5)
+    moving = tmp_path / "moving.traj"
+    atoms = molecule("H2O")
+    atoms.set_velocities(np.ones((3, 3)))
+    write(moving, [atoms])
+    assert main(["convert", str(moving), str(tmp_path / "moving.zarr")]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "wrote 1 structure (3 atoms" in said and "added neighbor_list" not in said
+    assert "kept momenta: the input's velocities as ASE holds them (masses x velocities)" in said
+
+
+def test_cli_convert_missing_drop_says_the_structures_are_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    path = tmp_path / "part.extxyz"
+    write(path, _water(12, forces=9))
+    assert main(["convert", str(path), str(tmp_path / "drop.zarr"), "--missing", "drop"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "wrote 12 structures" in said
+    assert (
+        "left out: forces, which 3 of 12 structures lack (--missing drop: every structure is written, none with "
+        "forces; --missing fill keeps it)" in said
+    )
+    with AtomicDataZarrReader(tmp_path / "drop.zarr") as reader:
+        assert len(reader) == 12 and "forces" not in reader.field_names and "energy" in reader.field_names
+    report = write_atoms(_water(12, forces=9), tmp_path / "api.zarr", missing="drop")
+    assert report.lacking == {"forces": 3} and report.dropped == {"forces": 9}
+    assert write_atoms(_water(4, forces=4), tmp_path / "all.zarr", missing="drop").lacking == {}

@@ -42,7 +42,7 @@ from dali_alchemi.store.check.consistency import (
 from dali_alchemi.store.check.inventory import fits_on_disk, group_arrays, store_groups
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.journal import read_journal
-from dali_alchemi.store.format.location import StoreLike, StoreLocation, resolve_store
+from dali_alchemi.store.format.location import StoreLike, StoreLocation, resolve_store, zarr_error_text
 from dali_alchemi.store.read.block_reads import fetch_blocks
 from dali_alchemi.store.read.codecs import ArrayCodec
 from dali_alchemi.store.read.engine import default_threads
@@ -215,7 +215,7 @@ class _Walker:
                 data = np.asarray(arr[first : first + rows] if arr.shape else arr[...])
             except Exception as err:  # codecs raise many types; all mean the stored bytes are unusable
                 self.findings.add("corrupt-chunk", f"Array {name!r}: rows from {first} could not be decoded: "
-                                  f"{type(err).__name__}: {err}", array=name, chunk=f"rows {first}..{first + rows}")  # fmt: skip
+                                  f"{zarr_error_text(err)}", array=name, chunk=f"rows {first}..{first + rows}")  # fmt: skip
                 clean = False
                 continue
             self.nbytes += data.nbytes

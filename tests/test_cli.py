@@ -533,6 +533,10 @@ def test_os_error_message_names_the_class_the_reason_the_files_and_the_destinati
         f"OSError: File too large: out.zarr/c/0 (while writing {tmp_path / 'out.zarr'}); a file grew past the size "
         "limit (ulimit -f, or the file system's largest file): raise it, or write somewhere else"
     )
+    assert os_error_message(OSError("15985 requested and 2484 written"), "out.zarr") == (
+        f"OSError: 15985 requested and 2484 written (while writing {tmp_path / 'out.zarr'}); a write stopped short, "
+        "as on a full disk or past a file-size limit: free some space, or write elsewhere"
+    )
     moved = OSError(errno.EIO, "Input/output error", "a", None, "b")
     assert os_error_message(moved) == "OSError: Input/output error: a -> b; check the path and its permissions"
 

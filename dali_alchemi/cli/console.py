@@ -92,6 +92,8 @@ def os_error_message(err: OSError, writing: str | None = None) -> str:
     if writing is not None:
         line += f" (while writing {os.path.abspath(writing)})"
     step = _NEXT_STEP.get(err.errno if isinstance(err.errno, int) else -1)
+    if step is None and err.errno is None and writing is not None:  # numpy's short write: "N requested and M written"
+        step = "a write stopped short, as on a full disk or past a file-size limit: free some space, or write elsewhere"
     if step is None:
         step = "check the path and the disk" if writing is not None else "check the path and its permissions"
     return f"{line}; {step}"

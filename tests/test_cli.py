@@ -537,6 +537,10 @@ def test_os_error_message_names_the_class_the_reason_the_files_and_the_destinati
         f"OSError: 15985 requested and 2484 written (while writing {tmp_path / 'out.zarr'}); a write stopped short, "
         "as on a full disk or past a file-size limit: free some space, or write elsewhere"
     )
+    unreadable = PermissionError(errno.EACCES, "Permission denied", "s.zarr/zarr.json")
+    assert os_error_message(unreadable) == (
+        "PermissionError: Permission denied: s.zarr/zarr.json; you may not read it: check its permissions"
+    )
     moved = OSError(errno.EIO, "Input/output error", "a", None, "b")
     assert os_error_message(moved) == "OSError: Input/output error: a -> b; check the path and its permissions"
 
@@ -561,3 +565,18 @@ def test_docs_cli_md_has_a_section_for_every_command_naming_every_option() -> No
     ]
     assert not missing, f"docs/cli.md does not document: {', '.join(missing)}"
     assert "`dali-alchemi --version`" in text
+
+
+def test_a_bare_value_error_is_one_line_that_names_the_store_by_its_path(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from zarr.storage import LocalStore, StorePath
+
+    from dali_alchemi.store.read import summary
+
+    def raises(store: str) -> None:
+        raise ValueError(f"No array found in store {StorePath(LocalStore('/data/s.zarr'), 'core')!r}")
+
+    monkeypatch.setattr(summary, "summarize", raises)
+    assert main(["inspect", "/data/s.zarr"]) == 2
+    assert capsys.readouterr().out == "error: ValueError: No array found in store /data/s.zarr/core\n"

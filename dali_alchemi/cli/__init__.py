@@ -9,7 +9,7 @@ Every command exits with one of three statuses (:data:`~dali_alchemi.cli.console
 wrong; :data:`~dali_alchemi.cli.console.EXIT_PROBLEMS` 1: it ran and found damage in a store;
 :data:`~dali_alchemi.cli.console.EXIT_BAD_INPUT` 2: it could not do its job, bad usage, no readable store at
 the path, or a destination the system would not let it write), and tells an error in one line, ``error:``
-then the error's class and message, never a traceback.
+then the error's class and message, not a traceback (one is a bug).
 
 One module per group of commands, each with a ``register(sub)`` that adds its subcommands. Parsing
 the arguments imports nothing heavy (torch, zarr, DALI, the readers): each command imports what it
@@ -61,8 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:  # the system refused: a full disk, a read-only folder, a file where a folder goes
         writes = getattr(args, "writes", None)
         message = os_error_message(err, writing=writes(args) if writes is not None else None)
-    except ValueError as err:
-        message = f"{type(err).__name__}: {err}"
+    except ValueError as err:  # raised past the project's checks, perhaps by zarr: its names for a store go
+        from dali_alchemi.store.format.location import zarr_error_text
+
+        message = zarr_error_text(err)
     console.print(f"[red]error:[/red] {escape(message)}", highlight=False)
     return EXIT_BAD_INPUT
 

@@ -57,7 +57,6 @@ def at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
         return value
 
-    parse.__name__ = f"integer >= {minimum}"
     return parse
 
 
@@ -75,6 +74,12 @@ _NEXT_STEP = {
 }
 """What to do about an error the operating system gave, by its errno."""
 
+_NEXT_STEP_READING = {
+    errno.EACCES: "you may not read it: check its permissions",
+    errno.EPERM: "you may not read it: check its permissions",
+}
+"""What to do instead, where the command was not writing anything."""
+
 
 def os_error_message(err: OSError, writing: str | None = None) -> str:
     """One line for an error the operating system gave: the error's class, the OS's reason and the path it was
@@ -91,7 +96,8 @@ def os_error_message(err: OSError, writing: str | None = None) -> str:
         line += f" -> {os.fsdecode(err.filename2)}"
     if writing is not None:
         line += f" (while writing {os.path.abspath(writing)})"
-    step = _NEXT_STEP.get(err.errno if isinstance(err.errno, int) else -1)
+    code = err.errno if isinstance(err.errno, int) else -1
+    step = (_NEXT_STEP_READING.get(code) if writing is None else None) or _NEXT_STEP.get(code)
     if step is None and err.errno is None and writing is not None:  # numpy's short write: "N requested and M written"
         step = "a write stopped short, as on a full disk or past a file-size limit: free some space, or write elsewhere"
     if step is None:

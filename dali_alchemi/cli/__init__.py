@@ -5,6 +5,12 @@ functions it calls return records and print nothing. Off a terminal (a pipe, a f
 output is plain text at full width: no table is cut to 80 columns, no cell ends in an ellipsis, and
 there are no progress bars.
 
+Every command exits with one of three statuses (:data:`~dali_alchemi.cli.console.EXIT_OK` 0: done, nothing
+wrong; :data:`~dali_alchemi.cli.console.EXIT_PROBLEMS` 1: it ran and found damage in a store;
+:data:`~dali_alchemi.cli.console.EXIT_BAD_INPUT` 2: it could not do its job, bad usage, no readable store at
+the path, or a destination the system would not let it write), and tells an error in one line, ``error:``
+then the error's class and message, not a traceback (one is a bug).
+
 One module per group of commands, each with a ``register(sub)`` that adds its subcommands. Parsing
 the arguments imports nothing heavy (torch, zarr, DALI, the readers): each command imports what it
 needs when it runs, so ``--help`` answers at once.
@@ -20,7 +26,7 @@ from rich.markup import escape
 
 from dali_alchemi import __version__
 from dali_alchemi.cli import bench, repair, store, verify
-from dali_alchemi.cli.console import CommandError, make_console
+from dali_alchemi.cli.console import EXIT_BAD_INPUT, CommandError, make_console, os_error_message
 from dali_alchemi.errors import DaliAlchemiError
 
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
@@ -41,18 +47,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``dali-alchemi`` console script."""
+    """Entry point of the ``dali-alchemi`` console script; returns the exit status (usage errors exit 2 from
+    argparse)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     console = make_console()
     try:
         return int(args.func(args, console))
     except CommandError as err:
-        console.print(f"[red]error:[/red] {escape(str(err))}")
-        return 2
-    except (DaliAlchemiError, FileExistsError, FileNotFoundError, ValueError) as err:
-        console.print(f"[red]error:[/red] {type(err).__name__}: {escape(str(err))}")
-        return 2
+        message = str(err)
+    except DaliAlchemiError as err:  # the project's errors name the store, the array and what to do
+        message = f"{type(err).__name__}: {err}"
+    except OSError as err:  # the system refused: a full disk, a read-only folder, a file where a folder goes
+        writes = getattr(args, "writes", None)
+        message = os_error_message(err, writing=writes(args) if writes is not None else None)
+    except ValueError as err:  # raised past the project's checks, perhaps by zarr: its names for a store go
+        from dali_alchemi.store.format.location import zarr_error_text
+
+        message = zarr_error_text(err)
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+    return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

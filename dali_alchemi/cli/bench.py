@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dali_alchemi.bench.names import CODECS, DEFAULT_LOADERS, LOADER_HELP, STORE_LAYOUTS
-from dali_alchemi.cli.console import CountColumn, cuda_device, fmt, make_table, parse_device, print_table
+from dali_alchemi.cli.console import CountColumn, at_least, cuda_device, fmt, make_table, parse_device, print_table
 
 if TYPE_CHECKING:
     import torch
@@ -349,18 +349,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     h2d.set_defaults(func=cmd_h2d)
 
     cost = sub.add_parser("plan-cost", help="time planning an epoch (fixed and atom-budget batches)")
-    cost.add_argument("--n", type=int, default=1_000_000, help="structures (default 1,000,000)")
+    cost.add_argument("--n", type=at_least(1), default=1_000_000, help="structures (default 1,000,000)")
     cost.add_argument("--max-atoms", type=int, default=4096)
     cost.add_argument("--batch-size", type=int, default=64)
     cost.add_argument("--shards", type=int, default=1)
-    cost.add_argument("--repeats", type=int, default=3)
+    cost.add_argument("--repeats", type=at_least(1), default=3)
     cost.add_argument("--seed", type=int, default=0)
     cost.set_defaults(func=cmd_plan_cost)
 
     aug = sub.add_parser("augment-cost", help="time the augmentations per batch")
-    aug.add_argument("--batch-size", type=int, default=64)
+    aug.add_argument("--batch-size", type=at_least(1), default=64)
     aug.add_argument("--device", default="auto")
-    aug.add_argument("--repeats", type=int, default=20)
+    aug.add_argument("--repeats", type=at_least(1), default=20)
     aug.add_argument("--json", help="write the medians to this JSON file")
     aug.set_defaults(func=cmd_augment_cost)
 

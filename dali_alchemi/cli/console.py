@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import errno
+import os
 import textwrap
 from typing import TYPE_CHECKING
 
@@ -12,12 +15,26 @@ from rich.table import Column, Table
 from rich.text import Text
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
 __all__ = [
-    "LOG_WIDTH", "CommandError", "CountColumn", "cuda_device", "fmt", "fold_columns", "human_bytes",
-    "make_console", "make_table", "parse_device", "print_table"
+    "EXIT_BAD_INPUT", "EXIT_OK", "EXIT_PROBLEMS", "LOG_WIDTH", "CommandError", "CountColumn", "at_least",
+    "cuda_device", "fmt", "fold_columns", "human_bytes", "make_console", "make_table", "os_error_message",
+    "parse_device", "print_table"
 ]
+
+EXIT_OK = 0
+"""Exit status of a command that did what it was asked and found nothing wrong."""
+
+EXIT_PROBLEMS = 1
+"""Exit status of a command that ran and found damage in a store (``verify``; ``repair`` finding neighbor lists
+to re-base in a dry run, or refusing some)."""
+
+EXIT_BAD_INPUT = 2
+"""Exit status of a command that could not do its job: bad usage or options, no store (or a file, or a folder
+that is not one) at the path, a store the reader refuses, or a path the system would not let it write."""
 
 
 LOG_WIDTH = 10_000
@@ -26,6 +43,66 @@ LOG_WIDTH = 10_000
 
 class CommandError(Exception):
     """Bad input or a missing GPU, told as ``error: ...`` with exit code 2 rather than a traceback."""
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer no smaller than ``minimum`` (else a usage error, exit status 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+_NEXT_STEP = {
+    errno.ENOSPC: "free some space, or write somewhere else",
+    errno.EDQUOT: "free some space within your quota, or write somewhere else",
+    errno.EFBIG: "a file grew past the size limit (ulimit -f, or the file system's largest file): raise it, "
+    "or write somewhere else",
+    errno.EROFS: "that file system is mounted read-only: write somewhere else",
+    errno.EACCES: "choose a folder you may write to, or change its permissions",
+    errno.EPERM: "choose a folder you may write to, or change its permissions",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: check the path",
+    errno.EEXIST: "something is already at that path (a file where a folder was expected?): check the path",
+    errno.ENOENT: "check that the folder exists",
+}
+"""What to do about an error the operating system gave, by its errno."""
+
+_NEXT_STEP_READING = {
+    errno.EACCES: "you may not read it: check its permissions",
+    errno.EPERM: "you may not read it: check its permissions",
+}
+"""What to do instead, where the command was not writing anything."""
+
+
+def os_error_message(err: OSError, writing: str | None = None) -> str:
+    """One line for an error the operating system gave: the error's class, the OS's reason and the path it was
+    about, what the command was writing (``writing``), and what to do.
+
+    ``writing`` is given as typed and also shown absolute, because the failing path is often a temporary
+    file beside it (the new store is built there, then renamed into place).
+    """
+    reason = err.strerror or str(err) or "no reason given"
+    line = f"{type(err).__name__}: {reason}"
+    if err.filename is not None:
+        line += f": {os.fsdecode(err.filename)}"
+    if err.filename2 is not None:
+        line += f" -> {os.fsdecode(err.filename2)}"
+    if writing is not None:
+        line += f" (while writing {os.path.abspath(writing)})"
+    code = err.errno if isinstance(err.errno, int) else -1
+    step = (_NEXT_STEP_READING.get(code) if writing is None else None) or _NEXT_STEP.get(code)
+    if step is None and err.errno is None and writing is not None:  # numpy's short write: "N requested and M written"
+        step = "a write stopped short, as on a full disk or past a file-size limit: free some space, or write elsewhere"
+    if step is None:
+        step = "check the path and the disk" if writing is not None else "check the path and its permissions"
+    return f"{line}; {step}"
 
 
 class CountColumn(ProgressColumn):

@@ -195,7 +195,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--writer", choices=("dali-alchemi", "nvalchemi"), default="dali-alchemi",
         help="write the store with this project's writer or nvalchemi-toolkit's own (one write; needs nvalchemi)",
     )  # fmt: skip
-    synth.set_defaults(func=cmd_synth)
+    synth.set_defaults(func=cmd_synth, writes=lambda args: args.out)
 
     rewrite = sub.add_parser(
         "rewrite", help="copy a store to a new one in another layout (compared with the source and verified)"
@@ -208,7 +208,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     rewrite.add_argument("--compact", action="store_true", help="drop soft-deleted samples (default: keep them)")
     rewrite.add_argument("--quiet", action="store_true", help="no progress bar")
-    rewrite.set_defaults(func=cmd_rewrite)
+    rewrite.set_defaults(func=cmd_rewrite, writes=lambda args: args.dst)
 
     inspect = sub.add_parser("inspect", help="print a store's counts, arrays, chunks and codecs")
     inspect.add_argument("store", help="path or URL of the store")
@@ -243,4 +243,4 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="report fields that float32 changes by more than this, in their own units (default 1e-4)",
     )  # fmt: skip
     conv.add_argument("--chunk", type=int, default=1000, help="structures converted per step (default 1000)")
-    conv.set_defaults(func=cmd_convert)
+    conv.set_defaults(func=cmd_convert, writes=lambda args: args.out)

@@ -1,7 +1,8 @@
 """``dali-alchemi verify STORE``: decode every chunk once and check the store whole before a long job.
 
 Exit status 0 when nothing is wrong, 1 when problems were found (each listed with its array, chunk
-key and structure), 2 for usage errors (no store at that path, bad arguments).
+key and structure), 2 when there is no store to check (nothing at that path, a plain file, a folder with
+no ``zarr.json``) or the arguments are bad.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
-from dali_alchemi.cli.console import CountColumn, human_bytes, make_table, print_table
+from dali_alchemi.cli.console import EXIT_OK, EXIT_PROBLEMS, CountColumn, human_bytes, make_table, print_table
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -41,11 +42,11 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
         )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
-        return 0 if report.ok else 1
-    if report.samples < 0:  # not opened as a store: nothing was checked, so there is nothing to sum up
+        return EXIT_OK if report.ok else EXIT_PROBLEMS
+    if report.samples < 0:  # its root or its pointers are unreadable: too little was checked to sum up
         for problem in report.problems:
-            console.print(f"[red]error[/red]: {escape(problem.message)}", highlight=False)
-        return 1
+            console.print(f"[red]problem[/red]: {escape(problem.message)}", highlight=False)
+        return EXIT_PROBLEMS
     rate = report.samples / report.seconds if report.seconds > 0 and report.samples > 0 else 0.0
     console.print(
         f"[bold]{report.store}[/bold]: {max(report.samples, 0):,} structures ({report.live:,} live), "
@@ -62,7 +63,7 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
         console.print(f"{report.implicit_chunks:,} chunks are not stored and read as the fill value")
     if report.ok:
         console.print("[green]ok[/green]: no problems found")
-        return 0
+        return EXIT_OK
     table = make_table("kind", "array", "chunk", "structure", "problem")
     for p in report.problems:
         table.add_row(p.kind, p.array or "-", p.chunk or "-", "-" if p.sample is None else str(p.sample), p.message)
@@ -70,7 +71,7 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     more = f" (and {report.problems_left_out:,} more not listed)" if report.problems_left_out else ""
     n = len(report.problems) + report.problems_left_out
     console.print(f"[red]{n:,} problem{'' if n == 1 else 's'} found[/red]{more}")
-    return 1
+    return EXIT_PROBLEMS
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -14,6 +14,7 @@ from zarr.core.sync import sync
 from zarr.errors import BaseZarrError, ZarrUserWarning
 
 from dali_alchemi.store.format import layout
+from dali_alchemi.store.format.location import zarr_error_text
 
 if TYPE_CHECKING:
     from dali_alchemi.store.check.consistency import Findings
@@ -38,8 +39,8 @@ def store_groups(root: Any, store: str, found: Findings) -> dict[str, Any]:
                 warnings.simplefilter("ignore", ZarrUserWarning)
                 node = root.get(name)
         except (ValueError, TypeError, KeyError, BaseZarrError) as err:  # JSONDecodeError is a ValueError
-            found.add("format", f"Store {store}: {name}/zarr.json is unreadable metadata: {type(err).__name__}: "
-                      f"{err}", array=name)  # fmt: skip
+            found.add("format", f"Store {store}: {name}/zarr.json is unreadable metadata: {zarr_error_text(err)}",
+                      array=name)  # fmt: skip
             out[name] = None
             continue
         if isinstance(node, zarr.Group):
@@ -63,7 +64,7 @@ def group_arrays(loc: StoreLocation, group: Any, group_name: str, found: Finding
                 node = group.get(name)
         except (ValueError, TypeError, KeyError, BaseZarrError) as err:
             found.add("format", f"Store {loc.display}: {path}/zarr.json is unreadable metadata: "
-                      f"{type(err).__name__}: {err}", array=path)  # fmt: skip
+                      f"{zarr_error_text(err)}", array=path)  # fmt: skip
             continue
         if isinstance(node, zarr.Array):
             out[path] = node

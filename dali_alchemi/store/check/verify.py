@@ -17,6 +17,7 @@ every other array is streamed block by block.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -41,12 +42,13 @@ from dali_alchemi.store.check.consistency import (
 from dali_alchemi.store.check.inventory import fits_on_disk, group_arrays, store_groups
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.journal import read_journal
-from dali_alchemi.store.format.location import StoreLike, resolve_store
+from dali_alchemi.store.format.location import StoreLike, StoreLocation, resolve_store, zarr_error_text
 from dali_alchemi.store.read.block_reads import fetch_blocks
 from dali_alchemi.store.read.codecs import ArrayCodec
 from dali_alchemi.store.read.engine import default_threads
 from dali_alchemi.store.read.fetch import ByteFetcher, LocalFetcher, StoreFetcher
-from dali_alchemi.store.read.open_checks import check_chunk_size, memory_budget, open_root
+from dali_alchemi.store.read.open_checks import check_chunk_size, holds_root_metadata, memory_budget, open_root
+from dali_alchemi.store.read.snapshot import open_snapshot
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -213,7 +215,7 @@ class _Walker:
                 data = np.asarray(arr[first : first + rows] if arr.shape else arr[...])
             except Exception as err:  # codecs raise many types; all mean the stored bytes are unusable
                 self.findings.add("corrupt-chunk", f"Array {name!r}: rows from {first} could not be decoded: "
-                                  f"{type(err).__name__}: {err}", array=name, chunk=f"rows {first}..{first + rows}")  # fmt: skip
+                                  f"{zarr_error_text(err)}", array=name, chunk=f"rows {first}..{first + rows}")  # fmt: skip
                 clean = False
                 continue
             self.nbytes += data.nbytes
@@ -238,10 +240,17 @@ def verify_store(
 ) -> VerifyReport:
     """Decode every chunk of ``store`` once and check it whole; see the module docstring.
 
+    Whatever makes :class:`~dali_alchemi.store.read.reader.AtomicDataZarrReader` refuse to open the store is
+    a problem too: the same open-time checks run here (a dtype or shape a field cannot have is reported
+    for every such array, not only the first).
+
     Raises
     ------
     StoreNotFoundError
-        If there is no store at ``store`` (every other finding is a :class:`Problem` of the report).
+        If there is nothing at ``store``.
+    StoreFormatError
+        If ``store`` holds no store at all: no ``zarr.json`` at its root (an empty or unrelated folder) or a
+        plain file. Every finding in a store is a :class:`Problem` of the report.
     """
     if max_problems < 1:
         raise ConfigError(f"max_problems must be >= 1, got {max_problems}")
@@ -261,6 +270,8 @@ def verify_store(
         schema = layout.parse_schema(attributes, store=loc.display)
         integrity = layout.parse_integrity(attributes, store=loc.display)
     except StoreFormatError as err:
+        if not holds_root_metadata(loc):
+            raise  # no store here at all (a plain file, an empty or unrelated folder): nothing to check
         found.add("format", str(err))
         return _report(loc.display, found, started, samples=-1, live=0, arrays=0, walker=None,
                        integrity=layout.Integrity(), unchecksummed=())  # fmt: skip
@@ -306,6 +317,7 @@ def verify_store(
         samples, live = _check(loc.display, schema, arrays, walker, found)
     finally:
         walker.pool.shutdown(wait=True)
+    _reader_refusal(loc, found)
     return _report(loc.display, found, started, samples=samples, live=live, arrays=len(arrays), walker=walker,
                    integrity=integrity, unchecksummed=unchecksummed, skipped=skipped)  # fmt: skip
 
@@ -371,6 +383,10 @@ def _check(
                           "AtomicData field", array=path)  # fmt: skip
             expected = None if level is None else rows.get(level)
         levels[path] = level
+        unfit = None if group == layout.META_GROUP else layout.field_array_problem(name, arr.dtype, tuple(arr.shape))
+        if unfit is not None:  # the reader's rule for well-known fields: it refuses such an array when it opens
+            kind = "dtype" if unfit.startswith("has dtype") else "shape"
+            found.add(kind, f"array {path} {unfit}; the reader refuses it", array=path)
         if expected is not None and (not arr.shape or int(arr.shape[0]) != expected):
             found.add("shape", f"array {path} has shape {tuple(arr.shape)}; expected {expected} rows (from the "
                       "pointers); its chunks are not decoded", array=path)  # fmt: skip
@@ -381,6 +397,21 @@ def _check(
     walker.total -= sum(walker.chunks_of(arrays[path]) for path in unwalked)
     _walk_rest({p: a for p, a in arrays.items() if p not in unwalked}, walker, checks, owners)
     return n, live
+
+
+def _reader_refusal(loc: StoreLocation, found: Findings) -> None:
+    """Open the store as the reader does (its open-time checks, the write journal read as it reads it); if
+    it refuses, that is a problem, unless a problem found already names the same array or says the same."""
+    try:
+        open_snapshot(loc)
+    except (ValueError, TypeError, KeyError) as err:  # StoreFormatError and ChunkDecodeError are ValueErrors
+        message = str(err)
+        said = message.removeprefix(f"Store {loc.display}").removeprefix(":").strip()  # what, without where
+        for p in found.problems:
+            named = p.array is not None and re.search(rf"(?<![\w/]){re.escape(p.array)}(?![\w/])", message)
+            if named or said in p.message or p.message in message:
+                return
+        found.add("open", f"AtomicDataZarrReader refuses to open this store: {type(err).__name__}: {message}")
 
 
 def _walk_rest(

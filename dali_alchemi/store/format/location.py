@@ -9,6 +9,7 @@ so the reader can read their chunk files directly.
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,10 +27,42 @@ from dali_alchemi.store.format.remote import RetryingStore
 if TYPE_CHECKING:
     from dali_alchemi.remote_config import FetchConfig
 
-__all__ = ["StoreLike", "StoreLocation", "open_group", "resolve_store", "root_groups", "root_members"]
+__all__ = [
+    "NOT_A_STORE_NEXT_STEP", "StoreLike", "StoreLocation", "open_group", "resolve_store", "root_groups",
+    "root_members", "store_not_found", "zarr_error_text"
+]
 
 
 StoreLike = str | os.PathLike[str] | Store | StorePath | dict[str, Any]
+
+NOT_A_STORE_NEXT_STEP = (
+    "To make a store from files ASE reads: dali-alchemi convert INPUT... OUT.zarr "
+    "(or a synthetic one: dali-alchemi synth OUT.zarr)"
+)
+"""What an error about a path that holds no store suggests doing next."""
+
+
+def store_not_found(path: str | os.PathLike[str]) -> StoreNotFoundError:
+    """The error for a local store path where nothing exists: the path made absolute (a relative one names
+    no folder once it is in a log), and what to do."""
+    return StoreNotFoundError(
+        f"Zarr store does not exist at {os.path.abspath(path)}: check the path. {NOT_A_STORE_NEXT_STEP}"
+    )
+
+
+_ZARR_STORE_REPR = re.compile(r"StorePath\(\w+, '([^']*)'\)|\b\w*Store\('([^']*)'\)|(file://[^\s'\"]*)")
+
+
+def zarr_error_text(err: BaseException) -> str:
+    """``Class: message`` of an exception zarr raised, with zarr's names for a store (``StorePath(LocalStore,
+    'file:///data/s.zarr')``, ``LocalStore('file://...')``, ``file://...``) replaced by the path or URL they
+    stand for, so that an error message speaks of the user's store, not of zarr's objects."""
+
+    def plain(match: re.Match[str]) -> str:
+        url = next(group for group in match.groups() if group is not None)
+        return url.removeprefix("file://")
+
+    return f"{type(err).__name__}: {_ZARR_STORE_REPR.sub(plain, str(err))}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +153,7 @@ def resolve_store(
             return StoreLocation(store=wrapped, prefix="", display=text, local_root=None)
         path = Path(text.removeprefix("file://")).expanduser()
         if must_exist and not path.exists():
-            raise StoreNotFoundError(f"Zarr store does not exist at {path}")
+            raise store_not_found(path)
         return StoreLocation(store=LocalStore(path, read_only=read_only), prefix="", display=str(path), local_root=path)
     raise ConfigTypeError(
         f"store must be a path, a URL, a zarr Store, a StorePath or a dict, got {type(store).__name__}"

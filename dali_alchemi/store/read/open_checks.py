@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from zarr.errors import BaseZarrError
+from zarr.core.sync import sync
+from zarr.errors import BaseZarrError, GroupNotFoundError
 
 from dali_alchemi.errors import StoreFormatError, UnsupportedCodecError
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.journal import AS_IS, ReadView
-from dali_alchemi.store.format.location import open_group, root_groups
+from dali_alchemi.store.format.location import NOT_A_STORE_NEXT_STEP, open_group, root_groups, zarr_error_text
 from dali_alchemi.store.read.block_reads import fetch_blocks
 from dali_alchemi.store.read.codecs import ArrayCodec
 from dali_alchemi.store.read.fetch import StoreFetcher
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FALLBACK_MEMORY_BUDGET", "NOT_A_STORE_NEXT_STEP", "ROW_SOURCES", "MetaInfo", "check_chunk_size",
-    "check_data_array", "check_every_array_known", "check_meta", "memory_budget", "open_root"
+    "check_data_array", "check_every_array_known", "check_meta", "holds_root_metadata", "memory_budget", "open_root"
 ]
 
 
@@ -58,20 +59,32 @@ class MetaInfo:
         return PerLevel(atom=int(self.atoms_ptr[-1]), edge=int(self.edges_ptr[-1]), system=self.n_physical)
 
 
-NOT_A_STORE_NEXT_STEP = (
-    "To make a store from files ASE reads: dali-alchemi convert INPUT... OUT.zarr "
-    "(or a synthetic one: dali-alchemi synth OUT.zarr)"
-)
-"""What an error about a path that holds no store suggests doing next."""
+def holds_root_metadata(loc: StoreLocation) -> bool:
+    """Whether there is a ``zarr.json`` at the store's root (readable or not): a store, perhaps a damaged
+    one, rather than a path that holds none (an empty or unrelated folder, a plain file)."""
+    if loc.local_root is not None:
+        return (loc.local_root / "zarr.json").is_file()
+    try:
+        return bool(sync(loc.store.exists(loc.key("zarr.json"))))
+    except (OSError, BaseZarrError, ValueError):
+        return False
 
 
 def open_root(loc: StoreLocation) -> Any:
     """Open the store's root group read-only; not a zarr v3 group -> :class:`StoreFormatError`."""
+    if loc.local_root is not None and loc.local_root.exists() and not loc.local_root.is_dir():
+        raise StoreFormatError(
+            f"Store {loc.display} is a file, not a store: a store is a folder (a zarr v3 group). {NOT_A_STORE_NEXT_STEP}"
+        )
     try:
         root = open_group(loc, mode="r")
+    except GroupNotFoundError as err:
+        raise StoreFormatError(
+            f"Store {loc.display} is not a zarr group: there is no zarr.json at its root. {NOT_A_STORE_NEXT_STEP}"
+        ) from err
     except (BaseZarrError, FileNotFoundError, KeyError, ValueError, TypeError) as err:
         raise StoreFormatError(
-            f"Store {loc.display} is not a zarr group: its zarr.json is unreadable: {type(err).__name__}: {err}. "
+            f"Store {loc.display} is not a zarr group: its zarr.json is unreadable: {zarr_error_text(err)}. "
             f"{NOT_A_STORE_NEXT_STEP}"
         ) from err
     version = root.metadata.zarr_format
@@ -107,7 +120,7 @@ def _read_prefix(arr: Any, rows: int, name: str, store: str, complete: bool = Fa
     try:
         return np.asarray(arr[:rows])
     except Exception as err:  # codecs raise many types; all mean the stored bytes are unusable
-        raise StoreFormatError(f"Store {store}: meta/{name} could not be read: {type(err).__name__}: {err}") from err
+        raise StoreFormatError(f"Store {store}: meta/{name} could not be read: {zarr_error_text(err)}") from err
 
 
 def _check_pointer(ptr: NDArray[Any], name: str, n: int, store: str) -> NDArray[np.int64]:

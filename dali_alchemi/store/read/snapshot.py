@@ -10,7 +10,6 @@ again, so the result is the store's old or new state, never a mix. The result is
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import warnings
 from collections.abc import Mapping
@@ -27,7 +26,7 @@ from dali_alchemi.errors import ChunkDecodeError, StoreFormatError, StoreNotFoun
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.generation import read_token, writer_state
 from dali_alchemi.store.format.journal import ReadView, interpret, read_journal, sibling
-from dali_alchemi.store.format.location import StoreLocation
+from dali_alchemi.store.format.location import StoreLocation, store_not_found, zarr_error_text
 from dali_alchemi.store.read.codecs import ArrayCodec
 from dali_alchemi.store.read.open_checks import MetaInfo, check_chunk_size, check_data_array, check_meta, open_root
 
@@ -118,12 +117,12 @@ def open_snapshot(requested: StoreLocation) -> Snapshot:
                 meta = check_meta(root, store=loc.display, view=view)
                 handles, skipped = _open_arrays(root, meta, loc, requested, view)
                 _, rewritten = writer_state(root.attrs.asdict())
-        except (StoreFormatError, BaseZarrError, KeyError, TypeError, json.JSONDecodeError) as err:
+        except (ValueError, BaseZarrError, KeyError, TypeError) as err:  # zarr's metadata parsing raises all of these
             if attempt + 1 < LOAD_ATTEMPTS and read_journal(requested) != op:
                 continue  # a write started or finished under us: read again
             if isinstance(err, StoreFormatError):
                 raise
-            raise StoreFormatError(f"Store {loc.display}: unreadable metadata: {type(err).__name__}: {err}") from err
+            raise StoreFormatError(f"Store {loc.display}: unreadable metadata: {zarr_error_text(err)}") from err
         if read_journal(requested) == op and read_token(requested) == token:
             return _freeze(loc, meta, handles, token, rewritten, skipped)
     raise StoreFormatError(f"Store {requested.display} kept changing while it was opened; try again")
@@ -253,7 +252,7 @@ def _effective_location(loc: StoreLocation, view: ReadView) -> StoreLocation:
     if loc.local_root is None or loc.local_root.exists():
         return loc
     if not view.fallback_dirs:
-        raise StoreNotFoundError(f"Zarr store does not exist at {loc.display}")
+        raise store_not_found(loc.local_root)
     for candidate in (sibling(loc, suffix) for suffix in view.fallback_dirs):
         if candidate.exists():
             return StoreLocation(
@@ -372,5 +371,5 @@ def read_through_zarr(handle: ArrayHandle, rows: NDArray[np.int64]) -> NDArray[A
     except Exception as err:  # codecs raise many types; all mean the stored bytes are unusable
         name = handle.array.path or handle.name
         raise ChunkDecodeError(
-            f"Array {name!r} could not be read through zarr: {type(err).__name__}: {err}", array=name
+            f"Array {name!r} could not be read through zarr: {zarr_error_text(err)}", array=name
         ) from err

@@ -13,8 +13,9 @@ import numpy as np
 from zarr.core.sync import sync
 
 from dali_alchemi.store.format import layout
-from dali_alchemi.store.format.location import StoreLike, StoreLocation, resolve_store
-from dali_alchemi.store.read.open_checks import check_meta, open_root
+from dali_alchemi.store.format.location import StoreLike, StoreLocation, resolve_store, root_groups
+from dali_alchemi.store.read.open_checks import open_root
+from dali_alchemi.store.read.snapshot import open_snapshot
 
 __all__ = ["ArraySummary", "StoreSummary", "summarize"]
 
@@ -80,20 +81,33 @@ def _size_on_disk(loc: StoreLocation) -> int:
 
 
 def summarize(store: StoreLike) -> StoreSummary:
-    """Summarise ``store`` (any form the reader accepts); raises like the reader on a malformed store."""
+    """Summarise ``store`` (any form the reader accepts) as the reader sees it.
+
+    It runs the reader's open-time checks (:func:`~dali_alchemi.store.read.snapshot.open_snapshot`), so a
+    store the reader would refuse is refused here too, with the reader's error.
+
+    Raises
+    ------
+    StoreNotFoundError
+        If there is nothing at a local path.
+    StoreFormatError
+        If the reader refuses the store (not a zarr v3 group, or a layout, dtype or shape it cannot read).
+    """
     loc = resolve_store(store, read_only=True, must_exist=True)
-    root = open_root(loc)
-    meta = check_meta(root, store=loc.display)
+    snapshot = open_snapshot(loc)
+    root = open_root(snapshot.location)
+    schema = snapshot.schema
+    groups = root_groups(root)
     arrays = []
     for group_name, recorded in (
         (layout.META_GROUP, {}),
-        (layout.CORE_GROUP, meta.schema.core),
-        (layout.CUSTOM_GROUP, meta.schema.custom),
+        (layout.CORE_GROUP, schema.core),
+        (layout.CUSTOM_GROUP, schema.custom),
     ):
-        if group_name not in meta.groups:
+        if group_name not in groups:
             continue
-        for name, arr in sorted(root[group_name].arrays()):
-            unread = meta.schema.unknown_levels.get(f"{group_name}/{name}")
+        for name, arr in sorted(groups[group_name].arrays()):
+            unread = schema.unknown_levels.get(f"{group_name}/{name}")
             level = (
                 "meta" if group_name == layout.META_GROUP
                 else f"{unread} (not read)" if unread is not None
@@ -113,10 +127,10 @@ def summarize(store: StoreLike) -> StoreSummary:
             )
     return StoreSummary(
         source=loc.display,
-        samples=int(meta.samples_mask.sum()),
-        physical_samples=meta.n_physical,
-        atoms=int(meta.atoms_ptr[-1]),
-        edges=int(meta.edges_ptr[-1]),
+        samples=int(snapshot.active.size),
+        physical_samples=snapshot.n_physical,
+        atoms=int(snapshot.atoms_ptr[-1]),
+        edges=int(snapshot.edges_ptr[-1]),
         arrays=tuple(arrays),
         bytes_on_disk=_size_on_disk(loc),
     )

@@ -211,3 +211,61 @@ def test_unparsable_metadata_is_a_problem_naming_the_file(store: Path, target: s
     report = verify_store(store)
     assert not report.ok and named in report.problems[0].message and "JSONDecodeError" in report.problems[0].message
     assert main(["verify", str(store)]) == 1
+
+
+def _set_dtype(store: Path, array: str, dtype: str) -> None:
+    meta = store / array / "zarr.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "data_type": dtype}))
+
+
+def test_every_array_whose_dtype_the_reader_refuses_is_a_problem(store: Path) -> None:
+    from dali_alchemi import AtomicDataZarrReader, StoreFormatError
+
+    _set_dtype(store, "core/positions", "int32")  # the same item size: its chunks still decode
+    _set_dtype(store, "core/atomic_numbers", "float64")
+    with pytest.raises(StoreFormatError, match="core/atomic_numbers has dtype float64, which cannot hold"):
+        AtomicDataZarrReader(store)
+    report = verify_store(store)
+    assert _kinds(report) == [("dtype", "core/atomic_numbers", None), ("dtype", "core/positions", None)]
+    assert [p.message for p in report.problems] == [
+        "array core/atomic_numbers has dtype float64, which cannot hold atomic_numbers; the reader refuses it",
+        "array core/positions has dtype int32, which cannot hold positions; the reader refuses it",
+    ]
+
+
+def test_what_else_makes_the_reader_refuse_the_store_is_a_problem(store: Path) -> None:
+    from dali_alchemi import AtomicDataZarrReader, StoreFormatError
+
+    # an unfinished append whose recorded old state the pointers do not hold: the reader cannot read either state
+    journal = store.parent / f".{store.name}.dali-alchemi-journal.json"
+    journal.write_text(json.dumps({"op": "append", "samples": N, "atoms": 7, "edges": 0}))
+    with pytest.raises(StoreFormatError, match="the pointers disagree with the write journal"):
+        AtomicDataZarrReader(store)
+    report = verify_store(store)
+    assert [p.kind for p in report.problems] == ["journal", "open"]
+    assert report.problems[1].message == (
+        f"AtomicDataZarrReader refuses to open this store: StoreFormatError: Store {store}: the pointers disagree "
+        "with the write journal of an unfinished append"
+    )
+
+
+def test_a_refusal_already_reported_is_not_reported_twice(store: Path) -> None:
+    _rewrite(store, "meta/atoms_ptr", lambda v: v.__setitem__(0, 1))  # the reader: "starts at 1; expected 0"
+    report = verify_store(store)
+    assert "open" not in [p.kind for p in report.problems] and ("pointer", "meta/atoms_ptr", None) in _kinds(report)
+
+
+@pytest.mark.parametrize("what", ["an empty folder", "a plain file", "a folder of other files"])
+def test_a_path_that_holds_no_store_is_an_error_not_a_report(tmp_path: Path, what: str) -> None:
+    from dali_alchemi import StoreFormatError
+
+    path = tmp_path / "thing"
+    if what == "a plain file":
+        path.write_text("hello")
+    else:
+        path.mkdir()
+        if what == "a folder of other files":
+            (path / "notes.txt").write_text("hello")
+    expected = "is a file, not a store" if what == "a plain file" else "is not a zarr group: there is no zarr.json"
+    with pytest.raises(StoreFormatError, match=f"Store {path} {expected}.*dali-alchemi convert INPUT"):
+        verify_store(path)

@@ -12,6 +12,8 @@ import pytest
 import zarr
 
 from dali_alchemi import AtomicDataZarrReader, ChunkDecodeError, StoreFormatError
+from dali_alchemi.store.format.location import resolve_store, zarr_error_text
+from dali_alchemi.store.read.open_checks import holds_root_metadata, open_root
 
 
 @pytest.fixture()
@@ -50,6 +52,43 @@ def test_not_a_store(tmp_path: Path) -> None:
     (tmp_path / "plain" / "notes.txt").write_text("hello")
     with pytest.raises(StoreFormatError, match=r"is not a zarr group.*dali-alchemi convert INPUT"):
         AtomicDataZarrReader(tmp_path / "plain")
+
+
+@pytest.mark.parametrize("read_only", [True, False], ids=["read-only", "read-write"])
+def test_a_plain_file_is_not_a_store_and_nothing_is_created(tmp_path: Path, read_only: bool) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("hello")
+    loc = resolve_store(afile, read_only=read_only, must_exist=True)
+    with pytest.raises(StoreFormatError) as refused:
+        open_root(loc)  # read-write, zarr would first try to create the folder: FileExistsError
+    assert str(refused.value) == (
+        f"Store {afile} is a file, not a store: a store is a folder (a zarr v3 group). To make a store from files "
+        "ASE reads: dali-alchemi convert INPUT... OUT.zarr (or a synthetic one: dali-alchemi synth OUT.zarr)"
+    )
+    assert afile.read_text() == "hello" and not holds_root_metadata(loc)
+
+
+@pytest.mark.parametrize(
+    ("root_json", "expected"),
+    [
+        (None, "there is no zarr.json at its root"),
+        ('{"zarr_format": 3, "node_type": "array"}', "its zarr.json is unreadable: "),
+        ("{not json", "its zarr.json is unreadable: JSONDecodeError: "),
+    ],
+    ids=["no zarr.json", "an array's zarr.json", "zarr.json that does not parse"],
+)
+def test_not_a_zarr_group_is_told_in_the_projects_terms(tmp_path: Path, root_json: str | None, expected: str) -> None:
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    if root_json is not None:
+        (folder / "zarr.json").write_text(root_json)
+    loc = resolve_store(folder, read_only=True, must_exist=True)
+    with pytest.raises(StoreFormatError) as refused:
+        open_root(loc)
+    message = str(refused.value)
+    assert message.startswith(f"Store {folder} is not a zarr group: {expected}") and "dali-alchemi convert" in message
+    assert "StorePath(" not in message and "LocalStore" not in message and "file://" not in message
+    assert holds_root_metadata(loc) == (root_json is not None)
 
 
 def test_zarr_v2_store_is_rejected(tmp_path: Path) -> None:
@@ -157,3 +196,12 @@ def test_truncated_chunk_names_array_and_chunk(store_copy: Path) -> None:
     chunk.write_bytes(chunk.read_bytes()[:-7])
     with pytest.raises(ChunkDecodeError, match="'core/forces/c/0/0' could not be decoded"):
         AtomicDataZarrReader(store_copy).read(0)
+
+
+def test_zarr_error_text_names_the_store_by_its_path_not_by_zarrs_objects() -> None:
+    from zarr.storage import LocalStore, StorePath
+
+    store = StorePath(LocalStore("/data/s.zarr", read_only=True), "core")
+    err = ValueError(f"No array found in store {store!r} at path 'x'; also {LocalStore('/data/t.zarr')!r} and {store}")
+    expected = "No array found in store /data/s.zarr/core at path 'x'; also /data/t.zarr and /data/s.zarr/core"
+    assert zarr_error_text(err) == f"ValueError: {expected}"

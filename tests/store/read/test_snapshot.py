@@ -7,6 +7,7 @@ leaves the store and its journal exactly as a killed writer would (the crash tes
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 
@@ -140,8 +141,34 @@ def test_during_a_defragment_swap_the_compacted_copy_is_read(path: Path) -> None
 
 
 def test_a_missing_store_without_a_journal_is_not_found(tmp_path: Path) -> None:
-    with pytest.raises(StoreNotFoundError, match=f"Zarr store does not exist at {tmp_path / 'none.zarr'}$"):
+    with pytest.raises(StoreNotFoundError, match=f"Zarr store does not exist at {tmp_path / 'none.zarr'}: check"):
         open_snapshot(_loc(tmp_path / "none.zarr"))
+
+
+def test_a_missing_store_is_named_by_its_absolute_path_with_a_next_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StoreNotFoundError) as missing:
+        open_snapshot(_loc(Path("none.zarr")))
+    assert str(missing.value) == (
+        f"Zarr store does not exist at {tmp_path / 'none.zarr'}: check the path. To make a store from files ASE "
+        "reads: dali-alchemi convert INPUT... OUT.zarr (or a synthetic one: dali-alchemi synth OUT.zarr)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "zarr_json"),
+    [("positions", {"shape": [5]}), ("positions", {"shape": [-5, 3]}), ("energy", {"data_type": "notatype"})],
+    ids=["fewer dimensions than its chunks", "a negative extent", "an unknown data type"],
+)
+def test_metadata_zarr_cannot_parse_is_a_store_format_error(
+    path: Path, field: str, zarr_json: dict[str, object]
+) -> None:
+    meta = path / "core" / field / "zarr.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), **zarr_json}))
+    with pytest.raises(StoreFormatError, match=f"Store {path}: unreadable metadata: ValueError: "):
+        open_snapshot(_loc(path))
 
 
 def test_a_journal_that_changes_while_opening_is_read_again(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

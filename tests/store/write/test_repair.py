@@ -20,6 +20,7 @@ import zarr
 from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter, StoreFormatError
 from dali_alchemi.bench.http_server import StoreServer
 from dali_alchemi.bench.synth import synthetic_samples
+from dali_alchemi.cli import main
 from dali_alchemi.config import ArrayConfig, WriteConfig
 from dali_alchemi.errors import (
     AmbiguousRepairError,
@@ -178,7 +179,7 @@ def _as_appended(path: Path, group_starts: list[int]) -> None:
     nl[:] = values
 
 
-def test_ambiguous_samples_are_refused_and_listed(tmp_path: Path) -> None:
+def test_ambiguous_samples_are_refused_and_listed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # sample 1 has no edges; sample 2 holds one edge between its atoms 3 and 4, stored sample-local:
     # [3, 4] reads equally as a batch [1, 2] appended together (local [1, 2]) or alone (local [3, 4]).
     samples = [
@@ -200,6 +201,10 @@ def test_ambiguous_samples_are_refused_and_listed(tmp_path: Path) -> None:
         AtomicDataZarrWriter(path).repair(prefer="batch-local")
     with pytest.raises(ConfigError, match="prefer must be one of global, batch-local, sample-local"):
         AtomicDataZarrWriter(path).repair(prefer="local")
+    assert main(["repair", str(path)]) == 1  # a finding in the store, not bad input
+    out = capsys.readouterr().out
+    assert out.startswith("refused: AmbiguousRepairError: Store ") and "--prefer sample-local" in out
+    assert _files(path) == before
     report = AtomicDataZarrWriter(path).repair(prefer="sample-local")  # the user knows: one structure per append
     assert report.plan.counts == {"global": 1, "no-edges": 1, "sample-local": 1}
     assert [nl.tolist() for nl in _neighbor_lists(path)] == [[[0, 1], [1, 2], [2, 0]], [], [[3, 4]]]

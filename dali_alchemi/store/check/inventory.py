@@ -52,7 +52,8 @@ def group_arrays(loc: StoreLocation, group: Any, group_name: str, found: Finding
     """The arrays of one group, opened one by one: one whose ``zarr.json`` does not parse is a problem
     naming that file (the others are still checked), never an exception."""
     prefix = loc.key(group_name)
-    names = sorted(sync(_list_dir(loc.store, prefix)))
+    # an HTTP listing names folders with a trailing "/" ("atoms_ptr/"), a local or object store without
+    names = sorted({name.rstrip("/") for name in sync(_list_dir(loc.store, prefix))})
     out: dict[str, Any] = {}
     for name in names:
         if name == "zarr.json" or name.startswith("."):

@@ -12,6 +12,7 @@ import pytest
 import zarr
 
 from dali_alchemi import AtomicDataZarrWriter, StoreNotFoundError
+from dali_alchemi.bench.http_server import StoreServer
 from dali_alchemi.cli import main
 from dali_alchemi.store.check.verify import VerifyReport, verify_store
 from dali_alchemi.store.format.journal import DeleteOp, write_journal
@@ -40,6 +41,20 @@ def test_a_sound_store_is_ok_and_every_chunk_is_counted(store: Path) -> None:
     assert report.complete_chunks and report.checksums == "crc32c" and report.unchecksummed == ()
     assert progress[-1] == (on_disk, on_disk) and all(a <= b for (a, _), (b, _) in itertools.pairwise(progress))
     json.dumps(report.to_dict())  # JSON-ready
+
+
+def test_a_store_served_over_http_verifies_as_it_does_on_disk(pristine: Path) -> None:
+    """An HTTP listing names folders with a trailing slash; every array is still found and checked."""
+    local = verify_store(pristine)
+    with StoreServer(pristine.parent) as server:
+        remote = verify_store(server.url + pristine.name)
+    assert remote.ok and remote.problems == (), [p.message for p in remote.problems]
+    assert (
+        (remote.samples, remote.arrays, remote.chunks)
+        == (local.samples, local.arrays, local.chunks)
+        == (N, 16, local.chunks)
+    )
+    assert remote.chunks > 16
 
 
 def test_a_deleted_chunk_is_named_with_its_structures(store: Path) -> None:

@@ -211,16 +211,20 @@ def _open_arrays(
             store=loc.display, growing=meta.growing,
         )  # fmt: skip
         check_chunk_size(arr, name=f"{group_name}/{name}", store=loc.display)
+        # an unfinished append: its metadata grew before its chunks were written, so the old state's rows
+        # are all there is (a whole-array read of the grown shape would find the new chunks missing)
+        shape = (min(int(arr.shape[0]), meta.rows[level]), *arr.shape[1:]) if meta.growing else tuple(arr.shape)
         codec: ArrayCodec | None = None
         if arr.store_path.store is loc.store:  # arrays moved aside are read through zarr
             try:
                 codec = ArrayCodec(
-                    name=f"{group_name}/{name}", path=arr.store_path.path, metadata=arr.metadata, complete=complete
-                )
+                    name=f"{group_name}/{name}", path=arr.store_path.path, metadata=arr.metadata, complete=complete,
+                    rows=shape[0],
+                )  # fmt: skip
             except UnsupportedCodecError as err:
                 logger.info("array %s/%s read through zarr: %s", group_name, name, err)
         handles[name] = ArrayHandle(
-            name=name, level=level, shape=tuple(arr.shape), dtype=np.dtype(arr.dtype), codec=codec, array=arr
+            name=name, level=level, shape=shape, dtype=np.dtype(arr.dtype), codec=codec, array=arr
         )
     for name in handles:
         skipped.pop(name, None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -37,15 +38,20 @@ if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray, Level, PtrArray
 
 __all__ = [
-    "LOAD_ATTEMPTS", "ArrayHandle", "Snapshot", "SnapshotIdentity", "identify", "incompatibility",
+    "LOAD_ATTEMPTS", "RETRY_WAIT_S", "ArrayHandle", "Snapshot", "SnapshotIdentity", "identify", "incompatibility",
     "open_snapshot", "read_through_zarr", "served_as"
 ]
 
 
 logger = logging.getLogger(__name__)
 
-LOAD_ATTEMPTS = 3
-"""Times a store whose metadata a concurrent writer changed while it was opened is read again."""
+LOAD_ATTEMPTS = 10
+"""Times a store whose metadata a concurrent writer changed while it was opened is read (in all)."""
+
+RETRY_WAIT_S = (0.0, 0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4)
+"""Seconds waited before each attempt after the first: an append changes the pointers' metadata
+several times while it runs, so attempts in a row can all land inside one writer operation; waiting
+lets it finish (about 0.8 s in all before the store is reported as changing)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +112,8 @@ def open_snapshot(requested: StoreLocation) -> Snapshot:
         If its layout is inconsistent, its metadata unreadable, or it kept changing while being read.
     """
     for attempt in range(LOAD_ATTEMPTS):
+        if attempt:
+            time.sleep(RETRY_WAIT_S[min(attempt, len(RETRY_WAIT_S)) - 1])
         token = read_token(requested)
         op = read_journal(requested)
         view = interpret(op)

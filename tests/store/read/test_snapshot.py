@@ -191,6 +191,20 @@ def test_a_journal_that_changes_while_opening_is_read_again(path: Path, monkeypa
     assert snap.samples_mask.all()  # the finished state, not a mix
 
 
+def test_a_store_whose_pointers_change_for_a_while_is_opened_once_they_settle(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append changes the pointers' metadata several times while its journal stays the same."""
+    tokens = iter([b"a", b"b", b"c", b"d", b"e", b"f", b"g", b"h"])  # changes under the first 4 attempts
+    waited: list[float] = []
+    monkeypatch.setattr(snapshot, "read_token", lambda loc: next(tokens, b"settled"))
+    monkeypatch.setattr(snapshot.time, "sleep", waited.append)
+    snap = open_snapshot(_loc(path))
+    assert snap.token == b"settled" and snap.n_physical == 12
+    assert waited == list(snapshot.RETRY_WAIT_S[:4])  # waited longer each time, not at once
+    assert sum(snapshot.RETRY_WAIT_S) > 0.5 and len(snapshot.RETRY_WAIT_S) == LOAD_ATTEMPTS - 1
+
+
 def test_a_store_that_keeps_changing_is_refused(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
 
@@ -199,6 +213,7 @@ def test_a_store_that_keeps_changing_is_refused(path: Path, monkeypatch: pytest.
         return DeleteOp(physical=(len(calls),))
 
     monkeypatch.setattr(snapshot, "read_journal", always_new)
+    monkeypatch.setattr(snapshot, "RETRY_WAIT_S", (0.0,))
     with pytest.raises(StoreFormatError, match="kept changing while it was opened; try again"):
         open_snapshot(_loc(path))
     assert len(calls) == 2 * LOAD_ATTEMPTS

@@ -223,3 +223,17 @@ def test_the_error_pickles_with_its_errno_store_and_operation() -> None:
         "s",
         "append",
     )
+
+
+@pytest.mark.parametrize("out", [False, True])
+def test_a_repair_refused_leaves_the_store_as_it_was(
+    nv_fixture: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out: bool
+) -> None:
+    path = tmp_path / "grown.zarr"
+    shutil.copytree(nv_fixture / "nv_append_batch.zarr", path)
+    before = {str(p.relative_to(tmp_path)): p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    _refuse(monkeypatch, errno.ENOSPC, where="fixed.zarr" if out else "dali-alchemi-repair-new/c/")
+    with pytest.raises(StoreWriteError, match=f"^Store {path}: repair failed: .*No space left on device"):
+        AtomicDataZarrWriter(path).repair(out=tmp_path / "fixed.zarr" if out else None)
+    after = {str(p.relative_to(tmp_path)): p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    assert after == before  # nothing changed, no staged array or copy left

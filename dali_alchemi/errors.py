@@ -17,7 +17,7 @@ __all__ = [
     "RemoteReadError", "RemoteRedirectError", "RepairError",
     "RewriteMismatchError", "SampleDataError", "SampleIndexError", "SampleReadError", "SlowLayoutWarning",
     "StoreChangedError", "StoreExistsError", "StoreFormatError", "StoreLockedError", "StoreNotFoundError",
-    "StoreSchemaWarning", "UnknownFieldError", "UnsupportedCodecError", "UnsupportedStoreError"
+    "StoreSchemaWarning", "StoreWriteError", "UnknownFieldError", "UnsupportedCodecError", "UnsupportedStoreError"
 ]
 
 
@@ -227,3 +227,25 @@ class StoreLockedError(DaliAlchemiError, TimeoutError):
     def __init__(self, message: str, *, holder: object | None = None) -> None:
         super().__init__(message)
         self.holder = holder
+
+
+class StoreWriteError(DaliAlchemiError, OSError):
+    """The operating system refused a writer operation's write (no space left, a read-only file system,
+    no permission, a quota, a file too large).
+
+    The message names the store, the operation, the OS error and the state the store was left in (its
+    old state, or the one the next writer operation finishes or rolls back). ``errno`` is the OS
+    error's, so ``except OSError`` and errno checks keep working; ``store`` and ``operation`` are
+    attributes too.
+    """
+
+    def __init__(self, errno: int | None, message: str, *, store: str = "", operation: str = "") -> None:
+        super().__init__(errno, message)
+        self.store = store
+        self.operation = operation
+
+    def __str__(self) -> str:  # OSError would prefix "[Errno N]", which the message already names
+        return str(self.strerror)
+
+    def __reduce__(self) -> tuple[type[StoreWriteError], tuple[int | None, str], dict[str, str]]:
+        return type(self), (self.errno, str(self.strerror)), {"store": self.store, "operation": self.operation}

@@ -199,3 +199,95 @@ def test_the_integrity_attribute_is_parsed_strictly() -> None:
     for bad in ({"complete_chunks": "yes"}, {"checksums": "md5"}, [1]):
         with pytest.raises(StoreFormatError, match="root attribute 'dali_alchemi'"):
             parse_integrity({"dali_alchemi": bad}, store="s")
+
+
+def _swap(a: Path, b: Path) -> None:
+    first, second = a.read_bytes(), b.read_bytes()
+    a.write_bytes(second)
+    b.write_bytes(first)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_swapped_chunks_of_one_array_read_as_each_other_as_documented(tmp_path: Path, sharded: bool) -> None:
+    """A checksum covers a chunk's bytes, not its place: two whole chunks (or shards) of an array swapped
+    read back swapped (docs/guarantees.md, "Data on disk"). Where pointers or neighbor lists then disagree,
+    reads and ``verify`` catch it (the next test)."""
+    from dali_alchemi.store.check.verify import verify_store
+
+    path = tmp_path / "s.zarr"
+    config = WriteConfig(core=ArrayConfig(chunk_size=64, shard_size=128 if sharded else None))
+    AtomicDataZarrWriter(path, config).write(synthetic_samples(N, seed=4))
+    rows = 128 if sharded else 64
+    with AtomicDataZarrReader(path) as reader:
+        before = reader.read_packed(np.arange(N)).fields["positions"]
+    chunks = path / "core" / "positions" / "c"
+    _swap(chunks / "0" / "0", chunks / "1" / "0")  # two chunks, or two shards of two chunks each
+    with AtomicDataZarrReader(path) as reader:
+        after = reader.read_packed(np.arange(N)).fields["positions"]
+    assert np.array_equal(after[:rows], before[rows : 2 * rows])
+    assert np.array_equal(after[rows : 2 * rows], before[:rows])
+    assert np.array_equal(after[2 * rows :], before[2 * rows :])
+    assert verify_store(str(path)).ok  # positions have nothing to be checked against
+
+
+def test_swapped_neighbor_list_chunks_are_caught_where_indices_leave_their_structure(store: Path) -> None:
+    from dali_alchemi.store.check.verify import verify_store
+
+    chunks = store / "core" / "neighbor_list" / "c"
+    _swap(chunks / "0" / "0", chunks / "1" / "0")
+    with AtomicDataZarrReader(store) as reader:
+        with pytest.raises(StoreFormatError, match=r"neighbor_list of sample 0 .*outside its atom rows"):
+            reader.read_packed(np.arange(N))
+    report = verify_store(str(store))
+    assert not report.ok
+    assert {p.chunk for p in report.problems} >= {"core/neighbor_list/c/0/0", "core/neighbor_list/c/1/0"}
+
+
+def test_flipped_neighbor_list_bytes_fail_the_checksum_naming_the_chunk(store: Path) -> None:
+    _flip(store / "core" / "neighbor_list" / "c" / "1" / "0", n=8)
+    with AtomicDataZarrReader(store, cache_bytes=0) as reader:
+        with pytest.raises(ChunkDecodeError, match="crc32c checksum mismatch") as info:
+            reader.read_packed(np.arange(N))
+    assert (info.value.array, info.value.chunk) == ("core/neighbor_list", "core/neighbor_list/c/1/0")
+
+
+def _bad_index(path: Path, sample: int, offset: int) -> None:
+    """Rewrite ``neighbor_list`` with one index of ``sample`` moved by ``offset``, through the array's own codecs
+    (what a flip that still decodes does to a store without checksums)."""
+    root = zarr.open_group(path, mode="r+")
+    edges_ptr = root["meta/edges_ptr"][:]
+    values = root["core/neighbor_list"][:]
+    values[edges_ptr[sample], 0] += offset
+    root["core/neighbor_list"][:] = values
+
+
+@pytest.mark.parametrize(("sample", "offset"), [(0, 25), (3, -60), (3, 1 << 40)])
+def test_an_index_flipped_outside_its_structure_in_an_unchecksummed_store_is_refused(
+    nv_fixture: Path, tmp_path: Path, sample: int, offset: int
+) -> None:
+    """nvalchemi 0.2.0's stores carry no checksums: a changed index must never reach another structure's atoms."""
+    path = tmp_path / "nv.zarr"
+    shutil.copytree(nv_fixture / "nv_basic.zarr", path)
+    _bad_index(path, sample, offset)
+    with AtomicDataZarrReader(path) as reader:
+        for _ in range(3):  # block reads, then the array read whole
+            with pytest.raises(StoreFormatError, match=f"neighbor_list of sample {sample} .*outside its atom rows"):
+                reader.read_packed(np.arange(len(reader)))
+        with pytest.raises(StoreFormatError, match=f"neighbor_list of sample {sample} ") as info:
+            reader.read(sample)
+        assert f"its chunk was damaged instead: `dali-alchemi verify {path}` checks every chunk" in str(info.value)
+        reader.read(sample + 1)  # the other structures still read
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 1 << 24])
+def test_a_flipped_byte_of_a_raw_unchecksummed_neighbor_list_is_refused(tmp_path: Path, cache_bytes: int) -> None:
+    path = tmp_path / "raw.zarr"
+    config = WriteConfig(core=ArrayConfig(chunk_size=64, compressors=(), checksum=False))
+    AtomicDataZarrWriter(path, config).write(synthetic_samples(N, seed=4))
+    chunk = path / "core" / "neighbor_list" / "c" / "0" / "0"
+    raw = bytearray(chunk.read_bytes())
+    raw[8 * 2 * 5 + 6] ^= 0x01  # a high byte of row 5's first index: 2**48 atoms further
+    chunk.write_bytes(bytes(raw))
+    with AtomicDataZarrReader(path, cache_bytes=cache_bytes) as reader:
+        with pytest.raises(StoreFormatError, match=r"neighbor_list of sample 0 \(physical 0\) holds \[28147497671"):
+            reader.read_packed(np.arange(N))

@@ -205,7 +205,9 @@ def parse_operation(doc: Any, *, store: str) -> Operation:
         If the document has no ``op``, names an unknown operation, or a field is missing or malformed.
     """
     if not isinstance(doc, dict) or "op" not in doc:
-        raise StoreFormatError(f"Store {store}: the write journal has no 'op': {doc!r}")
+        shown = repr(doc)
+        shown = shown if len(shown) <= 200 else f"{shown[:200]}... ({len(shown)} characters)"
+        raise StoreFormatError(f"Store {store}: the write journal has no 'op': {shown}")
     op = doc["op"]
     if op == AppendOp.OP:
         return AppendOp(
@@ -351,16 +353,26 @@ def atomic_write_text(path: Path, text: str) -> None:
 def read_journal(loc: StoreLocation) -> Operation | None:
     """The operation in progress on this store, or ``None``.
 
+    A journal this version cannot interpret is never guessed at (it may describe an append whose
+    arrays are already longer than the pointers, or a delete halfway through zeroing rows): the
+    error names the file and what to do.
+
     Raises
     ------
     StoreFormatError
-        If the journal is not valid JSON or not a known operation (see :func:`parse_operation`).
+        If the journal cannot be read, is not valid JSON or not a known operation (see
+        :func:`parse_operation`); the message names the journal's path and the fix.
     """
+    where = str(_journal_path(loc)) if loc.local_root is not None else f"{loc.display}/{JOURNAL_KEY}"
     if loc.local_root is not None:
         try:
             raw = _journal_path(loc).read_bytes()
         except FileNotFoundError:  # none, or a writer just finished
             return None
+        except OSError as err:  # a directory, no permission
+            raise StoreFormatError(
+                f"Store {loc.display}: the write journal {where} cannot be read ({err}). {_journal_fix(loc)}"
+            ) from err
     else:
         buf = sync(loc.store.get(loc.key(JOURNAL_KEY), prototype=default_buffer_prototype()))
         if buf is None:
@@ -368,9 +380,27 @@ def read_journal(loc: StoreLocation) -> Operation | None:
         raw = buf.to_bytes()
     try:
         doc = json.loads(raw)
-    except ValueError as err:
-        raise StoreFormatError(f"Store {loc.display}: the write journal is not valid JSON: {err}") from err
-    return parse_operation(doc, store=loc.display)
+    except (ValueError, RecursionError) as err:  # RecursionError: nested past the parser's depth
+        raise StoreFormatError(
+            f"Store {loc.display}: the write journal {where} is not valid JSON ({type(err).__name__}: "
+            f"{str(err)[:200]}). {_journal_fix(loc)}"
+        ) from err
+    try:
+        return parse_operation(doc, store=loc.display)
+    except StoreFormatError as err:
+        raise StoreFormatError(f"{err} (in {where}). {_journal_fix(loc)}") from err
+
+
+def _journal_fix(loc: StoreLocation) -> str:
+    """What to do about a journal this version cannot interpret (readers and writers refuse the store)."""
+    remove = "move the journal file aside" if loc.local_root is not None else f"delete the key {JOURNAL_KEY!r}"
+    return (
+        "This version never writes such a journal, so which state of the store is valid cannot be told from "
+        "it: readers and writers refuse the store (AtomicDataZarrWriter(store).recover() too), and nothing was "
+        f"changed. If no writer is running on this store, {remove}, then run `dali-alchemi verify "
+        f"{loc.display}`: an operation stopped halfway can leave arrays longer than the pointers (an append) "
+        "or deleted samples half-zeroed (a delete)"
+    )
 
 
 def write_journal(loc: StoreLocation, op: Operation) -> None:

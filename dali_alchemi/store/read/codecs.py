@@ -144,14 +144,19 @@ class ArrayCodec:
 
     The read unit is an *inner* chunk (for sharded arrays, a chunk inside a shard). A *row block* is the
     set of chunks sharing a first chunk coordinate: rows ``[b * block_rows, (b + 1) * block_rows)`` with
-    every trailing dim whole, which is what the reader caches.
+    every trailing dim whole, which is what the reader caches. ``rows`` reads the array as if it held
+    only its first ``rows`` rows: an unfinished append has grown its metadata, and the chunks past its
+    old state may not be written yet.
     """
 
-    def __init__(self, *, name: str, path: str, metadata: Any, complete: bool = False) -> None:
+    def __init__(self, *, name: str, path: str, metadata: Any, complete: bool = False, rows: int | None = None) -> None:
         self.name = name
         self.path = path
         self.complete = complete  # the store promises every chunk: a missing one is an error, not fill
         self.shape: tuple[int, ...] = tuple(int(s) for s in metadata.shape)
+        if rows is not None and self.shape and rows < self.shape[0]:
+            # an unfinished append's old state: the metadata has grown, the chunks past ``rows`` may not exist
+            self.shape = (rows, *self.shape[1:])
         self.dtype: np.dtype[Any] = np.dtype(metadata.dtype.to_native_dtype()).newbyteorder("=")
         self.fill_value = metadata.fill_value
         self._key_encoding = metadata.chunk_key_encoding

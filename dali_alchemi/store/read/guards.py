@@ -52,7 +52,8 @@ NOT_REBASED_HINT = (
     "The likely cause: it was written by an append that did not re-base neighbor lists to store-global "
     "indices (nvalchemi 0.2.0's append of a list, a Batch or a single AtomicData, and its dynamics ZarrData "
     "sink, do this; its defragment moves rows without re-basing them). Fix: `dali-alchemi repair {store}` (--dry-run shows what changes; --out DIR writes a "
-    "repaired copy of a store you cannot write), or AtomicDataZarrWriter(store).repair()"
+    "repaired copy of a store you cannot write), or AtomicDataZarrWriter(store).repair(). If repair finds no way "
+    "the sample could have been stored, its chunk was damaged instead: `dali-alchemi verify {store}` checks every chunk"
 )
 """What the reader's out-of-range neighbor_list error adds: the usual cause, and the fix."""
 

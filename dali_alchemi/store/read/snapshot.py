@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -36,15 +37,20 @@ if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray, Level, PtrArray
 
 __all__ = [
-    "LOAD_ATTEMPTS", "ArrayHandle", "Snapshot", "SnapshotIdentity", "identify", "incompatibility",
+    "LOAD_ATTEMPTS", "RETRY_WAIT_S", "ArrayHandle", "Snapshot", "SnapshotIdentity", "identify", "incompatibility",
     "open_snapshot", "read_through_zarr", "served_as"
 ]
 
 
 logger = logging.getLogger(__name__)
 
-LOAD_ATTEMPTS = 3
-"""Times a store whose metadata a concurrent writer changed while it was opened is read again."""
+LOAD_ATTEMPTS = 10
+"""Times a store whose metadata a concurrent writer changed while it was opened is read (in all)."""
+
+RETRY_WAIT_S = (0.0, 0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4)
+"""Seconds waited before each attempt after the first: an append changes the pointers' metadata
+several times while it runs, so attempts in a row can all land inside one writer operation; waiting
+lets it finish (about 0.8 s in all before the store is reported as changing)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +111,8 @@ def open_snapshot(requested: StoreLocation) -> Snapshot:
         If its layout is inconsistent, its metadata unreadable, or it kept changing while being read.
     """
     for attempt in range(LOAD_ATTEMPTS):
+        if attempt:
+            time.sleep(RETRY_WAIT_S[min(attempt, len(RETRY_WAIT_S)) - 1])
         token = read_token(requested)
         op = read_journal(requested)
         view = interpret(op)
@@ -210,16 +218,20 @@ def _open_arrays(
             store=loc.display, growing=meta.growing,
         )  # fmt: skip
         check_chunk_size(arr, name=f"{group_name}/{name}", store=loc.display)
+        # an unfinished append: its metadata grew before its chunks were written, so the old state's rows
+        # are all there is (a whole-array read of the grown shape would find the new chunks missing)
+        shape = (min(int(arr.shape[0]), meta.rows[level]), *arr.shape[1:]) if meta.growing else tuple(arr.shape)
         codec: ArrayCodec | None = None
         if arr.store_path.store is loc.store:  # arrays moved aside are read through zarr
             try:
                 codec = ArrayCodec(
-                    name=f"{group_name}/{name}", path=arr.store_path.path, metadata=arr.metadata, complete=complete
-                )
+                    name=f"{group_name}/{name}", path=arr.store_path.path, metadata=arr.metadata, complete=complete,
+                    rows=shape[0],
+                )  # fmt: skip
             except UnsupportedCodecError as err:
                 logger.info("array %s/%s read through zarr: %s", group_name, name, err)
         handles[name] = ArrayHandle(
-            name=name, level=level, shape=tuple(arr.shape), dtype=np.dtype(arr.dtype), codec=codec, array=arr
+            name=name, level=level, shape=shape, dtype=np.dtype(arr.dtype), codec=codec, array=arr
         )
     for name in handles:
         skipped.pop(name, None)

@@ -239,7 +239,9 @@ def remove_staging(loc: StoreLocation) -> None:
     for path in [*siblings(loc), *sorted(nested)]:
         if path in (journal, lock):
             continue
-        if path.is_dir():
+        if path.is_symlink():  # never what a writer leaves: remove the link, not what it points to
+            path.unlink(missing_ok=True)
+        elif path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)

@@ -24,12 +24,13 @@ import numpy as np
 import zarr
 
 from dali_alchemi.config import WriteConfig, layout_config
-from dali_alchemi.errors import RewriteMismatchError, StoreExistsError, UnsupportedStoreError
+from dali_alchemi.errors import ConfigError, RewriteMismatchError, StoreExistsError
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.location import resolve_store
 from dali_alchemi.store.read.open_checks import check_meta, open_root
 from dali_alchemi.store.read.reader import AtomicDataZarrReader
 from dali_alchemi.store.write.arrays import create_array, promise
+from dali_alchemi.store.write.refusals import is_refusal, refused
 
 if TYPE_CHECKING:
     from dali_alchemi.store.format.location import StoreLike, StoreLocation
@@ -82,42 +83,75 @@ def rewrite_store(
 
     Raises
     ------
+    ConfigError
+        If ``dst`` is the source, inside it, or holds it (a ``ValueError``); before anything is written.
     StoreExistsError
         If ``dst`` exists (a ``FileExistsError``): a rewrite never replaces a store.
     StoreNotFoundError
         If there is no store at ``src``.
     RewriteMismatchError
         If the copy differs from the source or fails verification (nothing is left at ``dst``).
+    StoreWriteError
+        If the operating system refuses a write (no space left, read-only, permissions; an ``OSError``
+        with its errno); nothing is left at ``dst``.
     """
     write = layout_config(config) if isinstance(config, str) else config or WriteConfig()
     target = Path(dst)
+    loc = resolve_store(src, read_only=True, must_exist=True)
+    if loc.local_root is not None:
+        _check_apart(loc.local_root, target)
     if target.exists():
         raise StoreExistsError(f"Rewrite destination {target} exists: a rewrite writes a new store, choose another path")
-    loc = resolve_store(src, read_only=True, must_exist=True)
-    if loc.local_root is not None and loc.local_root.resolve() == target.resolve():
-        raise UnsupportedStoreError(f"Rewrite source and destination are the same path {target}")
     started = time.perf_counter()
     staging = staging_path(target)
-    shutil.rmtree(staging, ignore_errors=True)  # what a killed rewrite left
-    target.parent.mkdir(parents=True, exist_ok=True)
     root = open_root(loc)
     meta = check_meta(root, store=loc.display)
     try:
+        shutil.rmtree(staging, ignore_errors=True)  # what a killed rewrite left
+        target.parent.mkdir(parents=True, exist_ok=True)
         if compact:
             _copy_compacted(loc, root, meta, staging, write)
         else:
             _copy_arrays(root, meta, staging, write, progress)
         _check_copy(loc, staging, compact, progress)
-    except BaseException:
+        staging.rename(target)
+    except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
+        if is_refusal(err):
+            assert isinstance(err, OSError)
+            state = f"Nothing was left at {target}; the source was only read."
+            raise refused(loc.display, f"rewrite to {target}", err, state) from err
         raise
-    staging.rename(target)
     deleted = 0 if compact else int(meta.samples_mask.size - meta.samples_mask.sum())
     return RewriteReport(
         source=loc.display, destination=str(target), samples=int(meta.samples_mask.sum()), deleted_kept=deleted,
         bytes_before=_disk_bytes(loc.local_root) if loc.local_root is not None else None,
         bytes_after=_disk_bytes(target), seconds=time.perf_counter() - started,
     )  # fmt: skip
+
+
+def _check_apart(source: Path, target: Path) -> None:
+    """Refuse a destination (or its staging directory) that is the source, inside it, or around it.
+
+    A destination inside the source would be built and renamed into the source's tree (a foreign group
+    in the store being copied); the source inside the destination, or the staging directory being the
+    source, would have the rewrite remove or replace the store it copies. Links are resolved first.
+    """
+    src = source.resolve()
+    for path, what in ((target, "destination"), (staging_path(target), "staging directory")):
+        dst = path.resolve()
+        if dst == src:
+            problem = f"the {what} {path} is the source store"
+        elif dst.is_relative_to(src):
+            problem = f"the {what} {path} is inside the source store"
+        elif src.is_relative_to(dst):
+            problem = f"the source store is inside the {what} {path}"
+        else:
+            continue
+        raise ConfigError(
+            f"Rewrite of {source} to {target}: {problem}, so the rewrite would change the store it copies; "
+            f"nothing was written. Choose a destination outside {source}"
+        )
 
 
 def _copy_arrays(root: Any, meta: MetaInfo, staging: Path, config: WriteConfig, progress: Progress | None) -> None:

@@ -50,6 +50,7 @@ from dali_alchemi.store.format.location import StoreLike, StoreLocation, open_gr
 from dali_alchemi.store.format.packed import PackedSamples, SupportsPacked
 from dali_alchemi.store.read.open_checks import MetaInfo, check_every_array_known, check_meta, open_root
 from dali_alchemi.store.write.append import append_rows, checked_new_rows
+from dali_alchemi.store.write.confine import check_no_linked_directories
 from dali_alchemi.store.write.create import checked_new_samples, create_store
 from dali_alchemi.store.write.custom import checked_custom, write_custom
 from dali_alchemi.store.write.defragment import DEFAULT_DEFRAGMENT_WINDOW
@@ -57,6 +58,7 @@ from dali_alchemi.store.write.defragment import defragment as run_defragment
 from dali_alchemi.store.write.encode import Samples, check_field_name
 from dali_alchemi.store.write.lock import WriterLock
 from dali_alchemi.store.write.recovery import apply_delete, recover
+from dali_alchemi.store.write.refusals import is_refusal, refused, roll_back
 from dali_alchemi.store.write.repair import RepairReport, check_in_place, repair_copy, run_repair
 
 if TYPE_CHECKING:
@@ -134,6 +136,30 @@ class AtomicDataZarrWriter:
         with WriterLock(self._location, operation, timeout=self.lock_timeout) as lock:
             yield lock
 
+    @contextmanager
+    def _writing(self, operation: str, *, lock: bool = True) -> Iterator[None]:
+        """Hold the lock for ``operation``; a write the OS refuses becomes a :class:`StoreWriteError`.
+
+        A refusal under the lock puts the store back first (:mod:`~dali_alchemi.store.write.refusals`);
+        one while taking the lock (a read-only directory) changed nothing. ``lock=False``: an operation
+        that writes only a new store elsewhere (a repair's copy), which cleans up after itself.
+        """
+        try:
+            if not lock:
+                yield
+                return
+            with self._locked(operation):
+                try:
+                    yield
+                except OSError as err:
+                    if not is_refusal(err):
+                        raise
+                    raise refused(self._location.display, operation, err, roll_back(self._location, operation)) from err
+        except OSError as err:
+            if not is_refusal(err):
+                raise
+            raise refused(self._location.display, operation, err, "The store was not changed.") from err
+
     @property
     def _local(self) -> Path | None:
         return self._location.local_root
@@ -157,7 +183,8 @@ class AtomicDataZarrWriter:
         Operations that must keep every array consistent with the pointers (``every_array_known``)
         refuse a store holding arrays this version cannot interpret (levels of a newer writer).
         """
-        if recover_first:
+        if recover_first:  # only a dry run opens without: it writes nothing
+            check_no_linked_directories(self._location)  # before recovery, which writes too
             recover(self._location, self._phase)
         if not self._exists():
             raise StoreNotFoundError(f"Zarr store does not exist at {self._location.display}")
@@ -184,9 +211,12 @@ class AtomicDataZarrWriter:
             If the store exists (for a local path: anything at that path, an empty directory too); a
             ``FileExistsError``.
         SampleDataError
-            If there are no samples, or they are inconsistent (a ``ValueError``).
+            If there are no samples, or they are inconsistent (a ``ValueError``).        StoreWriteError
+            If the operating system refuses a write (no space left, read-only, no permission, a quota, a
+            size limit; an ``OSError`` with that errno), after the store is put back
+            (:mod:`~dali_alchemi.store.write.refusals`).
         """
-        with self._locked("write"):
+        with self._writing("write"):
             if self._exists():
                 raise StoreExistsError(f"Zarr store already exists at {self._location.display}")
             packed, disk = checked_new_samples(samples, levels, custom, allow_nonfinite=self.allow_nonfinite)
@@ -207,13 +237,19 @@ class AtomicDataZarrWriter:
         StoreNotFoundError
             If the store does not exist (a ``FileNotFoundError``).
         SampleDataError
-            If fields are missing or extra, or shapes or dtypes do not fit the stored arrays.
+            If fields are missing or extra, or shapes or dtypes do not fit the stored arrays.        StoreWriteError
+            If the operating system refuses a write (no space left, read-only, no permission, a quota, a
+            size limit; an ``OSError`` with that errno), after the store is put back
+            (:mod:`~dali_alchemi.store.write.refusals`).
+        UnsupportedStoreError
+            If a directory inside the local store is a symbolic link: writing through it would change
+            files outside the store (:mod:`~dali_alchemi.store.write.confine`).
         """
         if isinstance(samples, SupportsPacked) and not isinstance(samples, PackedSamples):
             samples = samples.to_packed()  # once: a Batch on a device is copied to the host here only
         if not isinstance(samples, PackedSamples) and len(samples) == 0:
             return
-        with self._locked("append"):
+        with self._writing("append"):
             root, meta = self._open()
             rows = checked_new_rows(root, meta, samples, levels, allow_nonfinite=self.allow_nonfinite)
             if rows is None:
@@ -238,11 +274,17 @@ class AtomicDataZarrWriter:
             If ``data.shape[0]`` is not the physical size of that level (deleted samples included),
             ``key`` is already a core field or no usable name, the array breaks the rules the reader
             checks, or holds NaN or inf without ``allow_nonfinite`` (a ``ValueError``); all before
-            anything is written.
+            anything is written.        StoreWriteError
+            If the operating system refuses a write (no space left, read-only, no permission, a quota, a
+            size limit; an ``OSError`` with that errno), after the store is put back
+            (:mod:`~dali_alchemi.store.write.refusals`).
+        UnsupportedStoreError
+            If a directory inside the local store is a symbolic link: writing through it would change
+            files outside the store (:mod:`~dali_alchemi.store.write.confine`).
         """
         checked: Level = layout.check_level(level, what=f"custom array {key!r}")
         check_field_name(key)
-        with self._locked("add_custom"):
+        with self._writing("add_custom"):
             root, meta = self._open()
             values = checked_custom(key, data, checked, meta, allow_nonfinite=self.allow_nonfinite)
             write_custom(self._location, root, meta, key, values, checked, self.config, self._phase)
@@ -254,8 +296,21 @@ class AtomicDataZarrWriter:
 
         The pointers are unchanged; readers must :meth:`~AtomicDataZarrReader.refresh`. Deleting an
         already deleted sample does nothing. ``samples_mask`` is the commit point; the journal makes
-        readers see the deletion as soon as it starts. Raises :class:`SampleIndexError` for an
-        out-of-range index.
+        readers see the deletion as soon as it starts.
+
+        Raises
+        ------
+        SampleIndexError
+            For an out-of-range index (an ``IndexError``).
+        ConfigTypeError
+            For indices that are not integers (a boolean mask, floats).
+        StoreWriteError
+            If the operating system refuses a write (no space left, read-only, no permission, a quota, a
+            size limit; an ``OSError`` with that errno), after the store is put back
+            (:mod:`~dali_alchemi.store.write.refusals`).
+        UnsupportedStoreError
+            If a directory inside the local store is a symbolic link: writing through it would change
+            files outside the store (:mod:`~dali_alchemi.store.write.confine`).
         """
         raw = indices.cpu().numpy() if isinstance(indices, torch.Tensor) else np.asarray(indices)
         if raw.dtype == np.bool_ or (raw.size and raw.dtype.kind not in "iuO"):
@@ -264,7 +319,7 @@ class AtomicDataZarrWriter:
             )
         if raw.size == 0:
             return
-        with self._locked("delete"):
+        with self._writing("delete"):
             root, meta = self._open()
             physical = np.unique(
                 checked_indices(raw, meta.n_physical, what="Physical index", owner="a store", negative=False)
@@ -290,7 +345,12 @@ class AtomicDataZarrWriter:
         Raises
         ------
         UnsupportedStoreError
-            If the store is not a local directory (a ``NotImplementedError``).
+            If the store is not a local directory (a ``NotImplementedError``), or a directory inside it
+            is a symbolic link (:mod:`~dali_alchemi.store.write.confine`).
+        StoreWriteError
+            If the operating system refuses a write (no space left, read-only, no permission, a quota, a
+            size limit; an ``OSError`` with that errno), after the store is put back
+            (:mod:`~dali_alchemi.store.write.refusals`).
         """
         if window < 1:
             raise ConfigError(f"window must be >= 1 sample, got {window}")
@@ -302,7 +362,7 @@ class AtomicDataZarrWriter:
             raise UnsupportedStoreError(
                 "defragment() rewrites local directory stores only; copy the store to a local path first"
             )
-        with self._locked("defragment"):
+        with self._writing("defragment"):
             root, meta = self._open()
             run_defragment(loc, root, meta, new_config, window, self._phase)
             self.config = new_config
@@ -328,17 +388,23 @@ class AtomicDataZarrWriter:
         RepairError
             If no way of storing can be determined for some samples; likewise.
         UnsupportedStoreError
-            For an in-place repair of a store that is not a local directory (use ``out``).
+            For an in-place repair of a store that is not a local directory (use ``out``), or of one in
+            which a directory is a symbolic link (:mod:`~dali_alchemi.store.write.confine`).
+        StoreWriteError
+            If the operating system refuses a write (no space left, read-only, no permission, a quota, a
+            size limit; an ``OSError`` with that errno), after the store is put back
+            (:mod:`~dali_alchemi.store.write.refusals`).
         """
         if out is not None or dry_run:  # the store is only read (it may be read-only): no lock unless recovering
             if read_journal(self._location) is not None:
                 self.recover()
             if out is not None and not dry_run:
-                return repair_copy(self._location, Path(out), self._phase, prefer=prefer)
+                with self._writing("repair", lock=False):
+                    return repair_copy(self._location, Path(out), self._phase, prefer=prefer)
             root, meta = self._open(every_array_known=False, recover_first=False)
             return run_repair(self._location, root, meta, dry_run=True, prefer=prefer, phase=self._phase)
         check_in_place(self._location)
-        with self._locked("repair"):
+        with self._writing("repair"):
             root, meta = self._open(every_array_known=False)  # only neighbor_list changes
             report = run_repair(self._location, root, meta, dry_run=False, prefer=prefer, phase=self._phase)
         if report.applied:
@@ -357,9 +423,24 @@ class AtomicDataZarrWriter:
         (:mod:`dali_alchemi.store.write.recovery`). Runs under the writer lock, so an operation whose writer
         is alive is never rolled back: that raises :class:`~dali_alchemi.errors.StoreLockedError`
         instead (after ``lock_timeout``).
+
+        Raises
+        ------
+        StoreLockedError
+            If another writer holds the store's lock past ``lock_timeout`` (a ``TimeoutError``).
+        StoreFormatError
+            If the write journal cannot be interpreted; the message names its file and the fix.
+        StoreWriteError
+            If the operating system refuses a write (no space left, read-only, no permission, a quota, a
+            size limit; an ``OSError`` with that errno), after the store is put back
+            (:mod:`~dali_alchemi.store.write.refusals`).
+        UnsupportedStoreError
+            If a directory inside the local store is a symbolic link: writing through it would change
+            files outside the store (:mod:`~dali_alchemi.store.write.confine`).
         """
         local = self._local
         if local is not None and not local.parent.is_dir():
             return None  # nothing can be there, and recovering creates no directories
-        with self._locked("recover"):
+        with self._writing("recover"):
+            check_no_linked_directories(self._location)
             return recover(self._location, self._phase)

@@ -136,13 +136,50 @@ def test_malformed_journals_are_format_errors_naming_the_store(doc: object, mess
 
 def test_an_unknown_operation_names_it_and_the_store(local: StoreLocation) -> None:
     _journal_file(local).write_text('{"op": "compact"}')
-    with pytest.raises(StoreFormatError, match=f"Unknown operation 'compact' in the write journal of {local.display}$"):
+    with pytest.raises(
+        StoreFormatError, match=f"^Unknown operation 'compact' in the write journal of {local.display} \\(in "
+    ):
         journal.read_journal(local)
 
 
 def test_a_journal_that_is_not_json_names_the_store(local: StoreLocation) -> None:
     _journal_file(local).write_text('{"op": "app')
-    with pytest.raises(StoreFormatError, match=f"Store {local.display}: the write journal is not valid JSON"):
+    with pytest.raises(StoreFormatError, match=f"^Store {local.display}: the write journal .* is not valid JSON"):
+        journal.read_journal(local)
+
+
+GARBAGE: dict[str, bytes] = {
+    "not json": b"not json",
+    "empty object": b"{}",
+    "a list": b"[1,2]",
+    "null": b"null",
+    "empty file": b"",
+    "not utf-8": b"\xff\xfe\x00garbage",
+    "nested past the parser": b"[" * 100_000,
+    "an op without its fields": b'{"op": "append"}',
+    "a huge list": json.dumps(list(range(50_000))).encode(),
+}
+
+
+@pytest.mark.parametrize("case", list(GARBAGE))
+def test_a_garbage_journal_names_its_file_and_the_fix(local: StoreLocation, case: str) -> None:
+    path = _journal_file(local)
+    path.write_bytes(GARBAGE[case])
+    with pytest.raises(StoreFormatError) as info:
+        journal.read_journal(local)
+    message = str(info.value)
+    assert message.startswith(f"Store {local.display}:") or message.startswith("Unknown operation")
+    assert str(path) in message, case
+    assert "If no writer is running on this store, move the journal file aside, then run" in message
+    assert f"`dali-alchemi verify {local.display}`" in message
+    assert len(message) < 1500, case  # a huge journal is not copied into the message
+    assert path.read_bytes() == GARBAGE[case]  # never removed or changed
+
+
+def test_a_journal_that_cannot_be_read_names_its_file(local: StoreLocation) -> None:
+    path = _journal_file(local)
+    path.mkdir()
+    with pytest.raises(StoreFormatError, match=f"the write journal {path} cannot be read .*move the journal"):
         journal.read_journal(local)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import zarr
 
-from dali_alchemi import AtomicDataZarrWriter
+from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter
 from dali_alchemi.bench.synth import synthetic_samples
 from dali_alchemi.config import ArrayConfig, WriteConfig
 from dali_alchemi.errors import StoreFormatError, StoreNotFoundError
@@ -91,7 +91,41 @@ def test_an_unfinished_append_is_read_at_the_old_state(path: Path) -> None:
     snap = open_snapshot(_loc(path))
     assert snap.n_physical == 12 and len(snap.active) == 12
     assert snap.atoms_ptr.tolist() == BASE.atoms_ptr.tolist()
-    assert snap.handles["positions"].shape[0] > int(snap.atoms_ptr[-1])  # arrays already longer
+    assert root["core/positions"].shape[0] > int(snap.atoms_ptr[-1])  # arrays already longer on disk
+    assert snap.handles["positions"].shape[0] == int(snap.atoms_ptr[-1])  # read as the old state's rows
+    assert snap.handles["positions"].codec.n_blocks == -(-int(snap.atoms_ptr[-1]) // 32)
+
+
+def test_an_append_stopped_after_its_metadata_grew_serves_the_old_state_read_whole(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """zarr grows an array's zarr.json before it writes the new chunks: the old state must not need them."""
+    import zarr.storage._local as zarr_local
+
+    with AtomicDataZarrReader(path) as reader:
+        expected = reader.read_packed(np.arange(12))
+    original = zarr_local._put
+
+    def killed(target: Path, value: object, exclusive: bool = False) -> int:
+        if "core/positions/c/" in target.as_posix():
+            raise Interrupted(str(target))  # as a writer killed right then
+        return original(target, value, exclusive)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(zarr_local, "_put", killed)
+    new_rows = synthetic_samples(30, seed=6, min_atoms=2, max_atoms=9).split()
+    extra = [dict(s, tag=np.array([9], np.int32)) for s in new_rows]
+    with pytest.raises(Interrupted):
+        AtomicDataZarrWriter(path, CONFIG).append(extra, levels={"tag": "system"})
+    monkeypatch.undo()
+    root = zarr.open_group(path, mode="r")
+    grown = root["core/positions"].shape[0]
+    assert grown > int(expected.atoms_ptr[-1]) + 32  # chunks past the old state are in the metadata, not on disk
+    with AtomicDataZarrReader(path) as reader:
+        for _ in range(3):  # the third read takes small arrays whole
+            got = reader.read_packed(np.arange(12))
+            for name, values in expected.fields.items():
+                assert np.array_equal(got.fields[name], values), name
+        assert len(reader) == 12
 
 
 def test_an_unfinished_delete_is_read_at_the_new_state(path: Path) -> None:
@@ -184,6 +218,20 @@ def test_a_journal_that_changes_while_opening_is_read_again(path: Path, monkeypa
     assert snap.samples_mask.all()  # the finished state, not a mix
 
 
+def test_a_store_whose_pointers_change_for_a_while_is_opened_once_they_settle(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append changes the pointers' metadata several times while its journal stays the same."""
+    tokens = iter([b"a", b"b", b"c", b"d", b"e", b"f", b"g", b"h"])  # changes under the first 4 attempts
+    waited: list[float] = []
+    monkeypatch.setattr(snapshot, "read_token", lambda loc: next(tokens, b"settled"))
+    monkeypatch.setattr(snapshot.time, "sleep", waited.append)
+    snap = open_snapshot(_loc(path))
+    assert snap.token == b"settled" and snap.n_physical == 12
+    assert waited == list(snapshot.RETRY_WAIT_S[:4])  # waited longer each time, not at once
+    assert sum(snapshot.RETRY_WAIT_S) > 0.5 and len(snapshot.RETRY_WAIT_S) == LOAD_ATTEMPTS - 1
+
+
 def test_a_store_that_keeps_changing_is_refused(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
 
@@ -192,6 +240,7 @@ def test_a_store_that_keeps_changing_is_refused(path: Path, monkeypatch: pytest.
         return DeleteOp(physical=(len(calls),))
 
     monkeypatch.setattr(snapshot, "read_journal", always_new)
+    monkeypatch.setattr(snapshot, "RETRY_WAIT_S", (0.0,))
     with pytest.raises(StoreFormatError, match="kept changing while it was opened; try again"):
         open_snapshot(_loc(path))
     assert len(calls) == 2 * LOAD_ATTEMPTS

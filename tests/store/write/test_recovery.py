@@ -49,6 +49,24 @@ CRAFTED = {
 }  # fmt: skip
 
 
+@pytest.mark.parametrize("garbage", [b"not json", b"{}", b"[1,2]", b"null", b"\xff"])
+def test_a_garbage_journal_is_refused_by_readers_and_writers_naming_its_file(store: Path, garbage: bytes) -> None:
+    journal = store.with_name(f".{store.name}.dali-alchemi-journal.json")
+    journal.write_bytes(garbage)
+    before = _files(store)
+    attempts = (
+        lambda: AtomicDataZarrReader(store), lambda: AtomicDataZarrWriter(store).recover(),
+        lambda: AtomicDataZarrWriter(store).append(synthetic_samples(2, seed=9)),
+    )  # fmt: skip
+    for attempt in attempts:
+        with pytest.raises(StoreFormatError, match="move the journal file aside") as info:
+            attempt()
+        assert str(journal) in str(info.value)
+        assert _files(store) == before  # nothing deleted or changed, the journal kept
+    journal.unlink()  # what the message says to do once no writer runs
+    assert len(AtomicDataZarrReader(store)) == 20
+
+
 @pytest.mark.parametrize("case", list(CRAFTED))
 def test_a_crafted_journal_is_refused_and_nothing_is_deleted(store: Path, case: str) -> None:
     journal = _journal(store, CRAFTED[case])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -87,6 +88,47 @@ def test_bad_requests_are_refused_naming_what_is_wrong(source: Path, tmp_path: P
     with pytest.raises(ConfigError, match=r"'fast'.*default, compressed, uncompressed"):
         rewrite_store(source, tmp_path / "out.zarr", "fast")
     assert not (tmp_path / "out.zarr").exists()
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("destination", "problem"),
+    [
+        ("src.zarr/inner.zarr", "the destination {dst} is inside the source store"),
+        ("src.zarr/core/deeper/new.zarr", "the destination {dst} is inside the source store"),
+        ("link.zarr/inner.zarr", "the destination {dst} is inside the source store"),
+        ("src.zarr", "the destination {dst} is the source store"),
+        (".", "the source store is inside the destination {dst}"),
+    ],
+)
+def test_a_destination_inside_around_or_at_the_source_is_refused_before_anything_is_written(
+    tmp_path: Path, destination: str, problem: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dali_alchemi.cli import main
+
+    src = write_synthetic_store(tmp_path / "src.zarr", 12)
+    (tmp_path / "link.zarr").symlink_to(src, target_is_directory=True)
+    before = _tree(tmp_path)
+    dst = tmp_path / destination
+    expected = f"Rewrite of {src} to {dst}: {problem.format(dst=dst)}, so the rewrite would change the store it copies"
+    with pytest.raises(ConfigError, match="^" + re.escape(expected)):
+        rewrite_store(src, dst)
+    assert _tree(tmp_path) == before
+    assert main(["rewrite", str(src), str(dst)]) == 2
+    printed = capsys.readouterr()
+    assert " ".join(expected.split()) in " ".join((printed.out + printed.err).split())
+    assert _tree(tmp_path) == before
+
+
+def test_a_staging_directory_that_would_be_the_source_is_refused(tmp_path: Path) -> None:
+    src = write_synthetic_store(tmp_path / ".out.zarr.dali-alchemi-rewrite-partial", 12)
+    before = _tree(src)
+    with pytest.raises(ConfigError, match=r"the staging directory .* is the source store"):
+        rewrite_store(src, tmp_path / "out.zarr")
+    assert _tree(src) == before  # the rewrite's clean-up would have removed it
 
 
 KILLED_REWRITE = """

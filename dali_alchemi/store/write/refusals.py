@@ -74,9 +74,10 @@ def roll_back(loc: StoreLocation, operation: str) -> str:
     return f"The {op.OP} had reached the point readers see, and was finished."
 
 
-def refused(store: str, operation: str, err: OSError, state: str) -> StoreWriteError:
-    """The error for ``operation`` on ``store`` (as displayed) refused with ``err``; ``state`` says how the
-    store was left."""
+def refused(loc: StoreLocation, operation: str, err: OSError, state: str) -> StoreWriteError:
+    """The error for ``operation`` on the store at ``loc`` refused with ``err``; ``state`` says how the
+    store was left. A local store is named by its absolute path, wherever the command was run from."""
+    store = str(loc.local_root.absolute()) if loc.local_root is not None else loc.display
     code = err.errno
     reason = err.strerror or (os.strerror(code) if code is not None else str(err))
     where = f" ({err.filename})" if err.filename else ""

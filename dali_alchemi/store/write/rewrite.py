@@ -120,7 +120,7 @@ def rewrite_store(
         if is_refusal(err):
             assert isinstance(err, OSError)
             state = f"Nothing was left at {target}; the source was only read."
-            raise refused(loc.display, f"rewrite to {target}", err, state) from err
+            raise refused(loc, f"rewrite to {target}", err, state) from err
         raise
     deleted = 0 if compact else int(meta.samples_mask.size - meta.samples_mask.sum())
     return RewriteReport(

@@ -154,11 +154,11 @@ class AtomicDataZarrWriter:
                 except OSError as err:
                     if not is_refusal(err):
                         raise
-                    raise refused(self._location.display, operation, err, roll_back(self._location, operation)) from err
+                    raise refused(self._location, operation, err, roll_back(self._location, operation)) from err
         except OSError as err:
             if not is_refusal(err):
                 raise
-            raise refused(self._location.display, operation, err, "The store was not changed.") from err
+            raise refused(self._location, operation, err, "The store was not changed.") from err
 
     @property
     def _local(self) -> Path | None:

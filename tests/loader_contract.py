@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from dali_alchemi import AtomicDataZarrReader, Batch, PlanError, UnknownFieldError, unpad_batch
+from dali_alchemi import AtomicDataZarrReader, Batch, ConfigTypeError, PlanError, UnknownFieldError, unpad_batch
 from dali_alchemi.plan import EpochPlan, Plan
 
 N = 300
@@ -62,6 +62,22 @@ class CyclingSizesPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "cycling", **asdict(self)}
+
+
+MALFORMED_STATES: list[tuple[str, Any, type[Exception], str]] = [
+    ("none", None, ConfigTypeError, r"needs the dict a loader's state_dict\(\) returned .*got None \(NoneType\)"),
+    ("list", [0, 0], ConfigTypeError, r"got \[0, 0\] \(list\)"),
+    ("float epoch", {"epoch": 1.5}, ConfigTypeError, r"state_dict\['epoch'\] must be an int, got 1.5 \(float\)"),
+    ("bool epoch", {"epoch": True}, ConfigTypeError, r"state_dict\['epoch'\] must be an int, got True \(bool\)"),
+    ("none epoch", {"epoch": None}, ConfigTypeError, r"state_dict\['epoch'\] must be an int, got None"),
+    ("str batch", {"batch": "3"}, ConfigTypeError, r"state_dict\['batch'\] must be an int, got '3' \(str\)"),
+    ("negative epoch", {"epoch": -1}, PlanError, r"state_dict\['epoch'\] must be >= 0, got -1"),
+    ("batch past the epoch", {"batch": 11}, PlanError, r"state_dict\['batch'\] is 11, outside epoch 0's 10 batches"),
+    ("missing plan", {"plan": None}, ConfigTypeError, r"state_dict\['plan'\] must be a dict .*got None"),
+    ("no plan", "drop plan", PlanError, r"entries are \['epoch', 'batch', 'plan'\]; this one has missing \['plan'\]"),
+    ("unknown entry", {"step": 3}, PlanError, r"this one has unknown \['step'\]"),
+]
+"""Malformed ``state_dict`` forms: ``(name, the state or the entries changed, error, message)``."""
 
 
 class LoaderContract:
@@ -201,6 +217,25 @@ class LoaderContract:
             self.close(loader)
         with pytest.raises(PlanError, match="pad=True needs max_edges"):
             self.make_loader(reader, max_atoms=400, pad=True)
+
+    @pytest.mark.parametrize(
+        ("change", "error", "message"), [s[1:] for s in MALFORMED_STATES], ids=[s[0] for s in MALFORMED_STATES]
+    )
+    def test_a_malformed_state_is_refused_naming_the_entry(
+        self, reader: AtomicDataZarrReader, change: Any, error: type[Exception], message: str
+    ) -> None:
+        loader = self.make_loader(reader, batch_size=30, seed=1)
+        try:
+            state = loader.state_dict()
+            if change == "drop plan":
+                bad: Any = {key: value for key, value in state.items() if key != "plan"}
+            else:
+                bad = {**state, **change} if isinstance(change, dict) else change
+            with pytest.raises(error, match=message):
+                loader.load_state_dict(bad)
+            assert loader.state_dict() == state  # the position did not move
+        finally:
+            self.close(loader)
 
     def test_a_plan_excludes_the_arguments_that_build_one(self, reader: AtomicDataZarrReader) -> None:
         with pytest.raises(PlanError, match="mutually exclusive with batch_size, shard_id"):

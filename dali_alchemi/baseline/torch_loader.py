@@ -170,8 +170,11 @@ class PlanDataLoader(DataLoader[Any]):
 
         Raises
         ------
+        ConfigTypeError
+            If ``state`` is not a dict or ``epoch``/``batch`` are not ints (a float, a bool).
         PlanError
-            If the state belongs to a different plan, or its batch is outside its epoch.
+            If an entry is missing or unknown, negative, the state belongs to a different plan, or its
+            batch is outside its epoch.
         """
         plan, epoch, batch = restore(self.plan, state)
         sampler = self.batch_sampler

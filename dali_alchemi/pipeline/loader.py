@@ -265,9 +265,13 @@ class DALIDataLoader:
 
         Raises
         ------
+        ConfigTypeError
+            If ``state`` is not a dict (``None``, say) or ``epoch``/``batch`` are not ints (a float, a
+            bool); the message names the entry and the value.
         PlanError
-            If the state belongs to a different plan (any setting differs), since the batches would then
-            differ, or its batch is outside its epoch.
+            If an entry is missing or unknown, ``epoch``/``batch`` are negative, the state belongs to a
+            different plan (any setting differs), since the batches would then differ, or its batch is
+            outside its epoch.
         """
         plan, epoch, batch = restore(self.plan, state)
         if plan is not self.plan:

@@ -15,7 +15,17 @@ import numpy as np
 import pytest
 import torch
 
-from dali_alchemi import AtomicDataZarrReader, Batch, ConfigTypeError, PlanError, UnknownFieldError, unpad_batch
+from dali_alchemi import (
+    AtomicDataZarrReader,
+    AtomicDataZarrWriter,
+    Batch,
+    ConfigTypeError,
+    PlanError,
+    StoreChangedError,
+    UnknownFieldError,
+    unpad_batch,
+)
+from dali_alchemi.bench.synth import synthetic_samples
 from dali_alchemi.plan import EpochPlan, Plan
 
 N = 300
@@ -236,6 +246,20 @@ class LoaderContract:
             assert loader.state_dict() == state  # the position did not move
         finally:
             self.close(loader)
+
+    def test_a_reader_refreshed_to_another_length_is_refused_at_the_next_iteration(self, tmp_path: Any) -> None:
+        store = tmp_path / "growing.zarr"
+        AtomicDataZarrWriter(store).write(synthetic_samples(10, seed=1, min_atoms=3, max_atoms=6).split())
+        with AtomicDataZarrReader(store) as reader:
+            loader = self.make_loader(reader, batch_size=2, shuffle=False)
+            try:
+                assert [b.num_graphs for b in loader] == [2] * 5
+                AtomicDataZarrWriter(store).append(synthetic_samples(10, seed=2, min_atoms=3, max_atoms=6).split())
+                reader.refresh()
+                with pytest.raises(StoreChangedError, match=r"now has 20 samples, but this \w+'s plan was made for 10"):
+                    next(iter(loader))
+            finally:
+                self.close(loader)
 
     def test_a_plan_excludes_the_arguments_that_build_one(self, reader: AtomicDataZarrReader) -> None:
         with pytest.raises(PlanError, match="mutually exclusive with batch_size, shard_id"):

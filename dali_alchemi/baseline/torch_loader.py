@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dali_alchemi.batch import Batch
 from dali_alchemi.errors import EmptyBatchError
-from dali_alchemi.loader_inputs import resolve_inputs
+from dali_alchemi.loader_inputs import check_reader_length, resolve_inputs
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.plan import PadShape, PlanArguments, restore
 from dali_alchemi.store.format.packed import PackedSamples
@@ -152,6 +152,14 @@ class PlanDataLoader(DataLoader[Any]):
     _yielded: int = 0
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # counts the batches it yields
+        """The batches of the current epoch, from where the loader stands.
+
+        Raises
+        ------
+        StoreChangedError
+            If the reader was refreshed to another length than the plan was made for; build a new loader.
+        """
+        check_reader_length(self.dataset.reader, self.plan, "plain_dataloader")  # type: ignore[attr-defined]
         sampler = self.batch_sampler
         if self._yielded >= len(sampler):
             self._yielded = 0  # a finished pass: iterate the same epoch again, as torch does
@@ -238,9 +246,20 @@ def plain_dataloader(
         weights=weights, samples_per_dataset=samples_per_dataset, epoch_policy=epoch_policy,
     )  # fmt: skip
     inputs = resolve_inputs(
-        store_or_reader, plan=plan, arguments=arguments, fields=names, cache_bytes=cache_bytes, loader="plain_dataloader"
+        store_or_reader,
+        plan=plan,
+        arguments=arguments,
+        fields=names,
+        cache_bytes=cache_bytes,
+        loader="plain_dataloader",
     )
-    reader, owns, selected, plan, shape = inputs.reader, inputs.owns_reader, inputs.fields, inputs.plan, inputs.pad_shape
+    reader, owns, selected, plan, shape = (
+        inputs.reader,
+        inputs.owns_reader,
+        inputs.fields,
+        inputs.plan,
+        inputs.pad_shape,
+    )
     specs = reader.field_specs
     extra: dict[str, Any] = {}
     if num_workers > 0:

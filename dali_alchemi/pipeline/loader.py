@@ -19,7 +19,7 @@ import torch
 from dali_alchemi.augment import apply_augmentations, check_augmentations
 from dali_alchemi.config import DEFAULT_BATCHES_PER_WINDOW, DEFAULT_NUM_WORKERS, LoaderConfig
 from dali_alchemi.errors import ConfigError, LoaderClosedError, LoaderError
-from dali_alchemi.loader_inputs import check_shareable, nvalchemi_batches, resolve_inputs
+from dali_alchemi.loader_inputs import check_reader_length, check_shareable, nvalchemi_batches, resolve_inputs
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.pipeline import lifetime
 from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline, window_bytes_hint
@@ -141,6 +141,9 @@ class DALIDataLoader:
         exception type.
     LoaderClosedError
         When iterated after :meth:`close`.
+    StoreChangedError
+        When iterated after the reader was refreshed to another length (another writer appended or
+        deleted): the plan was made for the old one; build a new loader.
     """
 
     def __init__(
@@ -283,6 +286,7 @@ class DALIDataLoader:
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise LoaderClosedError("This DALIDataLoader is closed; build a new one")
+        check_reader_length(self.reader, self.plan, "DALIDataLoader")
         if self._batch >= len(self) and self._batch:
             self._epoch, self._batch = self._epoch + 1, 0
         if not self._stop_runner():  # an abandoned iteration's runner thread must not outlive its pipeline

@@ -81,6 +81,36 @@ def test_dali_workers_deliver_the_same_batches(stores: tuple[str, str]) -> None:
     loader.close()
 
 
+def _grown_store(path: Any) -> str:
+    """10 structures written by this project's writer (which re-bases appended neighbor lists)."""
+    from dali_alchemi import AtomicDataZarrWriter
+    from dali_alchemi.bench.synth import synthetic_samples
+
+    AtomicDataZarrWriter(path).write(synthetic_samples(10, seed=1, min_atoms=3, max_atoms=6).split())
+    return str(path)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_refreshed_reader_of_a_grown_store_is_read_whole_as_nvalchemi_does(tmp_path: Any, workers: int) -> None:
+    from dali_alchemi import AtomicDataZarrWriter
+    from dali_alchemi.bench.synth import synthetic_samples
+
+    ours_store, theirs_store = _grown_store(tmp_path / "ours.zarr"), _grown_store(tmp_path / "theirs.zarr")
+    theirs = nv.DataLoader(nv.Dataset(nv.AtomicDataZarrReader(theirs_store), device="cpu"), batch_size=2)
+    ours = da.DataLoader(da.Dataset(ours_store, device="cpu", num_workers=workers), batch_size=2)
+    try:
+        assert len(list(ours)) == len(list(theirs)) == len(ours) == 5
+        for loader, store in ((ours, ours_store), (theirs, theirs_store)):
+            AtomicDataZarrWriter(store).append(synthetic_samples(10, seed=2, min_atoms=3, max_atoms=6).split())
+            loader.dataset.reader.refresh()
+        assert len(ours) == len(theirs) == 10
+        got = list(ours)
+        _assert_same(got, list(theirs))
+        assert len(got) == 10 and len(list(ours)) == 10  # and the epoch after
+    finally:
+        ours.close()
+
+
 def test_skip_validation_gives_nvalchemis_raw_batches(stores: tuple[str, str]) -> None:
     # nvalchemi's raw path keeps its reader's key order (the store's listing order); the set of keys is compared.
     ours, theirs = _pair(stores[0], dataset={"skip_validation": True}, batch_size=6)
@@ -297,7 +327,9 @@ def test_a_training_step_through_nvalchemis_neighbor_list_hook(stores: tuple[str
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
         hook = NeighborListHook(NeighborConfig(cutoff=0.6))
         losses = []
-        for batch in da.DataLoader(da.Dataset(stores[1], device="cpu", num_workers=WORKERS), batch_size=8, shuffle=True):
+        for batch in da.DataLoader(
+            da.Dataset(stores[1], device="cpu", num_workers=WORKERS), batch_size=8, shuffle=True
+        ):
             hook(HookContext(batch=batch), None)  # replaces the edges group with its own neighbor list
             sender, receiver = batch.neighbor_list[:, 0].long(), batch.neighbor_list[:, 1].long()
             cell = batch.cell[batch.batch_idx.long()[sender]]

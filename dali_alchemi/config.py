@@ -19,6 +19,7 @@ from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
 
 from dali_alchemi.bench.names import STORE_LAYOUTS
 from dali_alchemi.errors import ConfigError, ConfigTypeError
+from dali_alchemi.keywords import checks_keywords
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -363,6 +364,7 @@ LAYOUTS = ("window", "blob")
 buffer (``"blob"``: one host-to-device copy per window)."""
 
 
+@checks_keywords()
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoaderConfig:
     """How :class:`~dali_alchemi.pipeline.loader.DALIDataLoader` reads and moves data (see its docstring).

@@ -30,13 +30,8 @@ if TYPE_CHECKING:
     from dali_alchemi.types import CountArray
 
 __all__ = [
-    "LoaderInputs",
-    "LoaderSource",
-    "check_reader_length",
-    "check_shareable",
-    "nvalchemi_batches",
-    "open_source",
-    "resolve_inputs",
+    "LoaderInputs", "LoaderSource", "check_reader_length", "check_shareable", "nvalchemi_batches", "open_source",
+    "resolve_inputs"
 ]
 
 LoaderSource: TypeAlias = (

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dali_alchemi.batch import Batch
 from dali_alchemi.errors import EmptyBatchError
+from dali_alchemi.keywords import checks_keywords
 from dali_alchemi.loader_inputs import check_reader_length, resolve_inputs
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.plan import PadShape, PlanArguments, restore
@@ -202,6 +203,7 @@ class PlanDataLoader(DataLoader[Any]):
             self.dataset.reader.close()  # type: ignore[attr-defined]
 
 
+@checks_keywords({"batches_per_window": "'prefetch_factor' (torch's: batches loaded ahead by each worker)"})
 def plain_dataloader(
     store_or_reader: LoaderSource,
     *,
@@ -246,20 +248,9 @@ def plain_dataloader(
         weights=weights, samples_per_dataset=samples_per_dataset, epoch_policy=epoch_policy,
     )  # fmt: skip
     inputs = resolve_inputs(
-        store_or_reader,
-        plan=plan,
-        arguments=arguments,
-        fields=names,
-        cache_bytes=cache_bytes,
-        loader="plain_dataloader",
+        store_or_reader, plan=plan, arguments=arguments, fields=names, cache_bytes=cache_bytes, loader="plain_dataloader"
     )
-    reader, owns, selected, plan, shape = (
-        inputs.reader,
-        inputs.owns_reader,
-        inputs.fields,
-        inputs.plan,
-        inputs.pad_shape,
-    )
+    reader, owns, selected, plan, shape = inputs.reader, inputs.owns_reader, inputs.fields, inputs.plan, inputs.pad_shape
     specs = reader.field_specs
     extra: dict[str, Any] = {}
     if num_workers > 0:

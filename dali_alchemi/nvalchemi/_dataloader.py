@@ -45,6 +45,7 @@ from dali_alchemi.config import DEFAULT_NUM_WORKERS
 from dali_alchemi.errors import ConfigError, ConfigTypeError
 from dali_alchemi.interop.nvalchemi_batch import build_batch
 from dali_alchemi.interop.read_many import as_packed_reader
+from dali_alchemi.keywords import checks_keywords
 from dali_alchemi.nvalchemi._epochs import EpochFolderPlan
 from dali_alchemi.plan.recorded import RecordedPlan
 from dali_alchemi.store.read.shared import make_shared_folder, remove_shared_folder
@@ -201,6 +202,7 @@ def packed_route_applies(dataset: Any) -> bool:
     return len(skips) == 1
 
 
+@checks_keywords()
 class DataLoader:
     """nvalchemi 0.2.0's ``DataLoader``, yielding its ``Batch``, read through this project's DALI loader.
 
@@ -238,7 +240,8 @@ class DataLoader:
         At construction, for ``batch_size < 1``, ``prefetch_factor < 0`` or ``batch_sampler`` with
         ``sampler`` or ``shuffle`` (nvalchemi's messages; a ``ValueError``).
     ConfigTypeError
-        At construction, if ``batch_transforms`` is not a sequence (a ``TypeError``).
+        At construction, if ``batch_transforms`` is not a sequence, or for a keyword it does not take
+        (a ``TypeError``, naming the keyword meant).
     RuntimeError
         During iteration, when a batch transform fails (the original is its ``__cause__``).
     IndexError

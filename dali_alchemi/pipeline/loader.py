@@ -19,6 +19,7 @@ import torch
 from dali_alchemi.augment import apply_augmentations, check_augmentations
 from dali_alchemi.config import DEFAULT_BATCHES_PER_WINDOW, DEFAULT_NUM_WORKERS, LoaderConfig
 from dali_alchemi.errors import ConfigError, LoaderClosedError, LoaderError
+from dali_alchemi.keywords import checks_keywords
 from dali_alchemi.loader_inputs import check_reader_length, check_shareable, nvalchemi_batches, resolve_inputs
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.pipeline import lifetime
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from dali_alchemi.loader_inputs import LoaderSource
     from dali_alchemi.plan import BlockShuffle, EpochPlan, Plan
 
-__all__ = ["BATCH_TYPES", "KEEP_ALIVE_MARGIN", "DALIDataLoader"]
+__all__ = ["BATCH_TYPES", "KEEP_ALIVE_MARGIN", "KEYWORD_HINTS", "DALIDataLoader"]
 
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,14 @@ BATCH_TYPES = ("native", "nvalchemi")
 """What a DALIDataLoader can yield: this project's Batch, or nvalchemi's (``batch_type=``)."""
 
 
+KEYWORD_HINTS = {
+    "prefetch_factor": "'batches_per_window' (batches read together; nvalchemi's prefetch_factor)",
+    "pin_memory": "'device' (on a CUDA device DALI copies through pinned memory itself)",
+}
+"""What DALIDataLoader says for keywords of nvalchemi's and torch's loaders that it spells otherwise."""
+
+
+@checks_keywords(KEYWORD_HINTS)
 class DALIDataLoader:
     """Iterate a store (or any :class:`~dali_alchemi.store.format.protocol.PackedReader`) as Batches through DALI.
 
@@ -135,7 +144,8 @@ class DALIDataLoader:
     Raises
     ------
     PlanError, UnknownFieldError, DeviceError, ConfigError, ConfigTypeError
-        At construction, for arguments that do not fit (each message names the argument).
+        At construction, for arguments that do not fit (each message names the argument); a keyword
+        it does not take is a ``ConfigTypeError`` (a ``TypeError``) naming the keyword meant.
     LoaderError
         During iteration, for errors from the reader, the source or a worker, naming the original
         exception type.

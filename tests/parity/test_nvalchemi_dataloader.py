@@ -291,6 +291,17 @@ def test_arguments_attributes_and_errors_are_nvalchemis(stores: tuple[str, str])
         list(da.DataLoader(dataset, sampler=[0, 99]))
 
 
+def test_a_mistyped_keyword_names_the_one_meant(stores: tuple[str, str]) -> None:
+    with pytest.raises(
+        TypeError, match=r"^DataLoader got an unexpected keyword argument 'batchsize'; did you mean 'batch_size'\?$"
+    ):
+        da.DataLoader(da.Dataset(stores[0], device="cpu"), batchsize=4)
+    with pytest.raises(
+        TypeError, match=r"^Dataset got an unexpected keyword argument 'num_worker'; did you mean 'num_workers'\?$"
+    ):
+        da.Dataset(stores[0], num_worker=0)
+
+
 def test_set_epoch_step_skips_batches_once(stores: tuple[str, str]) -> None:
     dataset = da.Dataset(stores[0], device="cpu", num_workers=WORKERS)
     loader = da.DataLoader(dataset, batch_size=5)
@@ -327,9 +338,7 @@ def test_a_training_step_through_nvalchemis_neighbor_list_hook(stores: tuple[str
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
         hook = NeighborListHook(NeighborConfig(cutoff=0.6))
         losses = []
-        for batch in da.DataLoader(
-            da.Dataset(stores[1], device="cpu", num_workers=WORKERS), batch_size=8, shuffle=True
-        ):
+        for batch in da.DataLoader(da.Dataset(stores[1], device="cpu", num_workers=WORKERS), batch_size=8, shuffle=True):
             hook(HookContext(batch=batch), None)  # replaces the edges group with its own neighbor list
             sender, receiver = batch.neighbor_list[:, 0].long(), batch.neighbor_list[:, 1].long()
             cell = batch.cell[batch.batch_idx.long()[sender]]

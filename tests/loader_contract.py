@@ -116,6 +116,9 @@ class LoaderContract:
                 indices = np.concatenate([b.sample_indices for b in got])
                 assert np.array_equal(np.sort(indices), np.arange(N))  # every index exactly once
                 assert [b.num_graphs for b in got] == [16] * 18 + [12]  # the partial last batch is kept
+                assert {
+                    (type(b.sample_indices), b.sample_indices.dtype, b.sample_indices.device.type) for b in got
+                } == {(torch.Tensor, torch.int64, "cpu")}
         finally:
             self.close(loader)
 

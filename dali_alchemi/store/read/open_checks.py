@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from zarr.errors import BaseZarrError
 
-from dali_alchemi.errors import StoreFormatError, UnsupportedCodecError
+from dali_alchemi.errors import NotAStoreError, StoreFormatError, UnsupportedCodecError
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.journal import AS_IS, ReadView
 from dali_alchemi.store.format.location import open_group, root_groups
@@ -66,11 +66,20 @@ NOT_A_STORE_NEXT_STEP = (
 
 
 def open_root(loc: StoreLocation) -> Any:
-    """Open the store's root group read-only; not a zarr v3 group -> :class:`StoreFormatError`."""
+    """Open the store's root group read-only; not a zarr v3 group -> :class:`StoreFormatError`.
+
+    Raises
+    ------
+    NotAStoreError
+        If there is no group at all (no ``zarr.json``: an empty folder, say); also a ``FileNotFoundError``.
+    StoreFormatError
+        If its ``zarr.json`` is unreadable, or it is not zarr format 3.
+    """
     try:
         root = open_group(loc, mode="r")
     except (BaseZarrError, FileNotFoundError, KeyError, ValueError, TypeError) as err:
-        raise StoreFormatError(
+        kind = NotAStoreError if isinstance(err, FileNotFoundError) else StoreFormatError
+        raise kind(
             f"Store {loc.display} is not a zarr group: its zarr.json is unreadable: {type(err).__name__}: {err}. "
             f"{NOT_A_STORE_NEXT_STEP}"
         ) from err

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zarr
 
-from dali_alchemi import AtomicDataZarrReader, ChunkDecodeError, StoreFormatError
+from dali_alchemi import AtomicDataZarrReader, ChunkDecodeError, NotAStoreError, StoreFormatError, StoreNotFoundError
 
 
 @pytest.fixture()
@@ -50,6 +50,20 @@ def test_not_a_store(tmp_path: Path) -> None:
     (tmp_path / "plain" / "notes.txt").write_text("hello")
     with pytest.raises(StoreFormatError, match=r"is not a zarr group.*dali-alchemi convert INPUT"):
         AtomicDataZarrReader(tmp_path / "plain")
+
+
+def test_an_empty_folder_is_not_a_store_and_also_a_file_not_found_error_as_in_nvalchemi(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(
+        NotAStoreError, match=r"is not a zarr group.*GroupNotFoundError.*dali-alchemi convert INPUT"
+    ) as caught:
+        AtomicDataZarrReader(tmp_path / "empty")
+    assert isinstance(caught.value, StoreFormatError) and isinstance(caught.value, ValueError)
+    assert isinstance(caught.value, StoreNotFoundError) and isinstance(caught.value, FileNotFoundError)
+    (tmp_path / "empty" / "zarr.json").write_text("{not json")  # there, but unreadable: only a format error
+    with pytest.raises(StoreFormatError, match="is not a zarr group") as caught:
+        AtomicDataZarrReader(tmp_path / "empty")
+    assert not isinstance(caught.value, FileNotFoundError)
 
 
 def test_zarr_v2_store_is_rejected(tmp_path: Path) -> None:

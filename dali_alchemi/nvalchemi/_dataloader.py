@@ -350,9 +350,13 @@ class DataLoader:
 
         Raises
         ------
+        ConfigTypeError
+            If ``step`` is not an int (a float or a bool would skip another number of batches; a ``TypeError``).
         ConfigError
             If ``step`` is negative (a ``ValueError``).
         """
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+            raise ConfigTypeError(f"step must be an int, got {step!r} ({type(step).__name__})")
         if step < 0:
             raise ConfigError(f"step must be >= 0, got {step}")
         self._epoch_step_start = step

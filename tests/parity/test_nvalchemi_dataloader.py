@@ -312,6 +312,10 @@ def test_set_epoch_step_skips_batches_once(stores: tuple[str, str]) -> None:
     assert len(list(loader)) == 8
     with pytest.raises(ValueError, match="step must be >= 0"):
         loader.set_epoch_step(-1)
+    for bad in (1.5, True, None):
+        with pytest.raises(TypeError, match=rf"step must be an int, got {bad!r} \({type(bad).__name__}\)"):
+            loader.set_epoch_step(bad)
+    assert len(list(loader)) == 8  # nothing was skipped
 
 
 def test_dali_loader_yields_nvalchemi_batches(stores: tuple[str, str]) -> None:

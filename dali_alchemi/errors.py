@@ -12,11 +12,12 @@ __all__ = [
     "AmbiguousRepairError", "ChunkDecodeError", "ConfigError", "ConfigTypeError", "DaliAlchemiError",
     "DaliAlchemiWarning", "DeviceError", "EmptyBatchError", "FieldAssignmentError", "FieldLevelError",
     "FieldMismatchError", "InputNotFoundError", "LoaderClosedError", "LoaderError", "MetricInputError",
-    "NotAReaderError", "NotAStoreError", "NvalchemiNotInstalledError", "PlanError", "PlanIndexError", "PrecisionLossWarning",
-    "ReadTooLargeError", "ReaderClosedError", "ReaderOutputError", "RemoteReadError", "RepairError",
-    "RewriteMismatchError", "SampleDataError", "SampleIndexError", "SampleReadError", "SlowLayoutWarning",
-    "StoreChangedError", "StoreExistsError", "StoreFormatError", "StoreLockedError", "StoreNotFoundError",
-    "StoreSchemaWarning", "UnknownFieldError", "UnsupportedCodecError", "UnsupportedStoreError"
+    "NotAReaderError", "NotAStoreError", "NvalchemiNotInstalledError", "PlanError", "PlanIndexError",
+    "PrecisionLossWarning", "ReadTooLargeError", "ReaderClosedError", "ReaderOutputError", "RemoteReadError",
+    "RepairError", "RewriteMismatchError", "SampleDataError", "SampleIndexError", "SampleReadError",
+    "SlowLayoutWarning", "StoreChangedError", "StoreExistsError", "StoreFormatError", "StoreLockedError",
+    "StoreNotFoundError", "StoreSchemaWarning", "UnknownFieldError", "UnsupportedCodecError",
+    "UnsupportedStoreError"
 ]
 
 

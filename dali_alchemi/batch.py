@@ -20,7 +20,7 @@ import torch
 from numpy.typing import NDArray
 
 from dali_alchemi import csr
-from dali_alchemi.collate import check_window, slice_window, window_offsets
+from dali_alchemi.collate import check_window, host_indices, slice_window, window_offsets
 from dali_alchemi.csr import exclusive_cumsum
 from dali_alchemi.errors import (
     ConfigTypeError,
@@ -98,8 +98,12 @@ class Batch:
     batch_idx
         ``[V]`` int32: the structure of each atom.
     sample_indices
-        ``[B]`` int64 numpy array (host): the logical store index of each structure, when known; -1 for a
-        padding structure.
+        ``[B]`` int64 torch tensor on the CPU, whatever the batch's device: the logical store index of each
+        structure, when known (``None`` when not); -1 for a padding structure. It stays on the host, as
+        the counts ``num_nodes_list``/``num_edges_list`` do, because it is bookkeeping read on the host
+        (logging, looking samples up): on a GPU it would cost a copy per batch and a sync to read.
+        It used to be a numpy array; ``.numpy()`` gives that array (sharing memory). Anything assigned
+        to it (an array, a list, a tensor on any device) is stored as such a tensor.
     padding
         ``None``, or for a batch made by :func:`~dali_alchemi.padding.pad_batch` its
         :class:`~dali_alchemi.padding.Padding`: the masks (``atom_mask``, ``edge_mask``,
@@ -118,13 +122,13 @@ class Batch:
     __slots__ = (
         "_n_atoms",
         "_n_edges",
+        "_sample_indices",
         "batch_idx",
         "batch_ptr",
         "edge_batch_ptr",
         "fields",
         "levels",
         "padding",
-        "sample_indices",
     )
 
     def __init__(
@@ -137,7 +141,7 @@ class Batch:
         batch_idx: torch.Tensor,
         host_n_atoms: NDArray[np.int64],
         host_n_edges: NDArray[np.int64],
-        sample_indices: NDArray[np.int64] | None = None,
+        sample_indices: torch.Tensor | NDArray[np.int64] | Sequence[int] | None = None,
         padding: Padding | None = None,
     ) -> None:
         self.fields: dict[str, torch.Tensor] = dict(fields)
@@ -149,6 +153,15 @@ class Batch:
         self.padding = padding
         self._n_atoms = np.asarray(host_n_atoms, dtype=np.int64)
         self._n_edges = np.asarray(host_n_edges, dtype=np.int64)
+
+    @property
+    def sample_indices(self) -> torch.Tensor | None:
+        """``[B]`` int64 CPU tensor of the structures' store indices (-1 for padding), or ``None`` when unknown."""
+        return self._sample_indices
+
+    @sample_indices.setter
+    def sample_indices(self, value: torch.Tensor | NDArray[np.int64] | Sequence[int] | None) -> None:
+        self._sample_indices = host_indices(value)
 
     # -- constructors -------------------------------------------------------------------------------
     @classmethod
@@ -192,7 +205,7 @@ class Batch:
         if not samples:
             raise EmptyBatchError("Cannot create batch from empty data list")
         batch = cls.from_packed(PackedSamples.from_samples(samples, levels=levels), device=device)
-        batch.sample_indices = None if sample_indices is None else np.asarray(sample_indices, dtype=np.int64)
+        batch.sample_indices = sample_indices
         return batch
 
     # -- inverse ------------------------------------------------------------------------------------
@@ -272,7 +285,7 @@ class Batch:
         FieldAssignmentError
             For a value that is not a tensor with at least one dimension (also a ``TypeError``).
         """
-        if name in Batch.__slots__:
+        if name in Batch.__slots__ or name == "sample_indices":
             object.__setattr__(self, name, value)
             return
         if name in self.levels:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from dali_alchemi.types import Level, PtrArray
 
-__all__ = ["WindowOffsets", "check_window", "collate_on_host", "slice_window", "window_offsets"]
+__all__ = ["WindowOffsets", "check_window", "collate_on_host", "host_indices", "slice_window", "window_offsets"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,19 @@ class WindowOffsets:
     """``edges_ptr`` on the fields' device."""
     batch_idx: torch.Tensor
     """``[V]`` int32: each atom's structure within its own batch."""
+
+
+def host_indices(values: Any) -> torch.Tensor | None:
+    """``values`` (store indices: a tensor on any device, an array, a list) as a 1-d int64 CPU tensor.
+
+    A CPU int64 tensor is returned as it is and a contiguous int64 array is wrapped without a copy, so
+    cutting a window's indices into batches costs no copy. ``None`` (indices unknown) stays ``None``.
+    """
+    if values is None:
+        return None
+    if isinstance(values, torch.Tensor):
+        return values.to(device="cpu", dtype=torch.int64).reshape(-1)
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64).reshape(-1))
 
 
 def _exclusive_cumsum_t(counts: torch.Tensor) -> torch.Tensor:
@@ -178,6 +191,7 @@ def slice_window(
     atoms_ptr, edges_ptr = window.atoms_ptr, window.edges_ptr
     level_cuts = PerLevel(atom=atoms_ptr[cuts].tolist(), edge=edges_ptr[cuts].tolist(), system=cuts.tolist())
     kept_levels = {name: levels[name] for name in window.fields}
+    indices = host_indices(sample_indices)  # wrapped once for the window; each batch gets a view
     parts = []
     for j in range(cuts.size - 1):
         g0, g1 = int(cuts[j]), int(cuts[j + 1])
@@ -195,7 +209,7 @@ def slice_window(
                 "batch_idx": window.batch_idx[a0:a1],
                 "host_n_atoms": host_n_atoms[g0:g1],
                 "host_n_edges": host_n_edges[g0:g1],
-                "sample_indices": None if sample_indices is None else sample_indices[g0:g1],
+                "sample_indices": None if indices is None else indices[g0:g1],
             }
         )
     return parts

@@ -19,6 +19,7 @@ from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
 
 from dali_alchemi.bench.names import STORE_LAYOUTS
 from dali_alchemi.errors import ConfigError, ConfigTypeError
+from dali_alchemi.keywords import checks_keywords
 from dali_alchemi.remote_config import FetchConfig  # re-exported: `from dali_alchemi.config import FetchConfig` works
 
 if TYPE_CHECKING:
@@ -364,6 +365,7 @@ LAYOUTS = ("window", "blob")
 buffer (``"blob"``: one host-to-device copy per window)."""
 
 
+@checks_keywords()
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoaderConfig:
     """How :class:`~dali_alchemi.pipeline.loader.DALIDataLoader` reads and moves data (see its docstring).

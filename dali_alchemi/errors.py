@@ -12,12 +12,12 @@ __all__ = [
     "AmbiguousRepairError", "ChunkDecodeError", "ConfigError", "ConfigTypeError", "DaliAlchemiError",
     "DaliAlchemiWarning", "DeviceError", "EmptyBatchError", "FieldAssignmentError", "FieldLevelError",
     "FieldMismatchError", "InputNotFoundError", "LoaderClosedError", "LoaderError", "MetricInputError",
-    "NotAReaderError", "NvalchemiNotInstalledError", "PlanError", "PlanIndexError", "PrecisionLossWarning",
-    "RangeIgnoredWarning", "ReadTooLargeError", "ReaderClosedError", "ReaderOutputError", "RemoteRangeError",
-    "RemoteReadError", "RemoteRedirectError", "RepairError",
-    "RewriteMismatchError", "SampleDataError", "SampleIndexError", "SampleReadError", "SlowLayoutWarning",
-    "StoreChangedError", "StoreExistsError", "StoreFormatError", "StoreLockedError", "StoreNotFoundError",
-    "StoreSchemaWarning", "StoreWriteError", "UnknownFieldError", "UnsupportedCodecError", "UnsupportedStoreError"
+    "NotAReaderError", "NotAStoreError", "NvalchemiNotInstalledError", "PlanError", "PlanIndexError",
+    "PrecisionLossWarning", "RangeIgnoredWarning", "ReadTooLargeError", "ReaderClosedError", "ReaderOutputError",
+    "RemoteRangeError", "RemoteReadError", "RemoteRedirectError", "RepairError", "RewriteMismatchError",
+    "SampleDataError", "SampleIndexError", "SampleReadError", "SlowLayoutWarning", "StoreChangedError",
+    "StoreExistsError", "StoreFormatError", "StoreLockedError", "StoreNotFoundError", "StoreSchemaWarning",
+    "StoreWriteError", "UnknownFieldError", "UnsupportedCodecError", "UnsupportedStoreError"
 ]
 
 
@@ -43,6 +43,14 @@ class UnsupportedStoreError(DaliAlchemiError, NotImplementedError):
 
 class StoreFormatError(DaliAlchemiError, ValueError):
     """The store exists but does not follow the nvalchemi 0.2.0 layout (missing or inconsistent arrays)."""
+
+
+class NotAStoreError(StoreFormatError, StoreNotFoundError):
+    """The path exists but holds no zarr group (no ``zarr.json`` at its root: an empty folder, say).
+
+    Both a :class:`StoreFormatError` (a ``ValueError``) and a :class:`StoreNotFoundError` (a
+    ``FileNotFoundError``), as zarr's ``GroupNotFoundError``, which nvalchemi's reader raises there, is both.
+    """
 
 
 class ChunkDecodeError(StoreFormatError):

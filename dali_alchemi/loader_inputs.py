@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import numpy as np
 
-from dali_alchemi.errors import ConfigError, PlanError
+from dali_alchemi.errors import ConfigError, PlanError, StoreChangedError
 from dali_alchemi.interop.read_many import ReadManyAdapter, ReadManyReader, as_packed_reader
 from dali_alchemi.plan import PadShape, Plan, PlanArguments, pad_shape, reader_plan
 from dali_alchemi.store.format.location import StoreLike
@@ -29,7 +29,10 @@ if TYPE_CHECKING:
     from dali_alchemi.batch import Batch
     from dali_alchemi.types import CountArray
 
-__all__ = ["LoaderInputs", "LoaderSource", "check_shareable", "nvalchemi_batches", "open_source", "resolve_inputs"]
+__all__ = [
+    "LoaderInputs", "LoaderSource", "check_reader_length", "check_shareable", "nvalchemi_batches", "open_source",
+    "resolve_inputs"
+]
 
 LoaderSource: TypeAlias = (
     StoreLike | PackedReader | ReadManyReader | Sequence[StoreLike | PackedReader | ReadManyReader]
@@ -101,6 +104,26 @@ def resolve_inputs(
     return LoaderInputs(reader, owns, tuple(selected), built, shape, sizes)
 
 
+def check_reader_length(reader: PackedReader, plan: Plan, loader: str) -> None:
+    """Refuse to start an iteration whose plan was made for another length than the reader has now.
+
+    A reader refreshed after another writer appended (or deleted) changes its length, but a loader's
+    plan, and the copies of the reader its worker processes hold, keep the length the loader was built
+    with: iterating on would read only the old samples, or fail part way with an index out of range.
+
+    Raises
+    ------
+    StoreChangedError
+        If ``len(reader)`` differs from ``plan.num_samples``; names both lengths and the fix.
+    """
+    now, planned = len(reader), int(plan.num_samples)
+    if now != planned:
+        raise StoreChangedError(
+            f"The reader now has {now} samples, but this {loader}'s plan was made for {planned} (the store "
+            f"changed and the reader was refreshed); build a new {loader} over the reader to read the store "
+            "as it is now (a loader keeps the plan, and its workers the reader, it was built with)"
+        )
+
 
 def open_source(
     source: StoreLike | PackedReader | Sequence[StoreLike | PackedReader],
@@ -119,6 +142,7 @@ def open_source(
     return open_reader(
         cast("StoreLike | PackedReader", source), fields=fields, cache_bytes=cache_bytes, shared_cache=shared_cache
     )
+
 
 def _once(compute: Callable[[], Any]) -> Callable[[], Any]:
     done: list[Any] = []
@@ -160,4 +184,3 @@ def nvalchemi_batches() -> Callable[[Batch], Any]:
     from dali_alchemi.interop.nvalchemi_batch import from_batch
 
     return from_batch
-

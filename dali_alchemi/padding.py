@@ -248,7 +248,7 @@ def pad_batch(batch: Batch, *, max_atoms: int, max_edges: int, max_structures: i
         host_pad_atoms[0], host_pad_edges[0] = pad.atom, pad.edge
     sample_indices = None
     if batch.sample_indices is not None:
-        sample_indices = np.concatenate([np.asarray(batch.sample_indices, dtype=np.int64), host_pad - 1])
+        sample_indices = torch.cat([batch.sample_indices, torch.from_numpy(host_pad - 1)])
     return Batch(
         fields=_padded_fields(batch, real, pad),
         levels=batch.levels,

@@ -15,7 +15,17 @@ import numpy as np
 import pytest
 import torch
 
-from dali_alchemi import AtomicDataZarrReader, Batch, PlanError, UnknownFieldError, unpad_batch
+from dali_alchemi import (
+    AtomicDataZarrReader,
+    AtomicDataZarrWriter,
+    Batch,
+    ConfigTypeError,
+    PlanError,
+    StoreChangedError,
+    UnknownFieldError,
+    unpad_batch,
+)
+from dali_alchemi.bench.synth import synthetic_samples
 from dali_alchemi.plan import EpochPlan, Plan
 
 N = 300
@@ -64,6 +74,22 @@ class CyclingSizesPlan:
         return {"kind": "cycling", **asdict(self)}
 
 
+MALFORMED_STATES: list[tuple[str, Any, type[Exception], str]] = [
+    ("none", None, ConfigTypeError, r"needs the dict a loader's state_dict\(\) returned .*got None \(NoneType\)"),
+    ("list", [0, 0], ConfigTypeError, r"got \[0, 0\] \(list\)"),
+    ("float epoch", {"epoch": 1.5}, ConfigTypeError, r"state_dict\['epoch'\] must be an int, got 1.5 \(float\)"),
+    ("bool epoch", {"epoch": True}, ConfigTypeError, r"state_dict\['epoch'\] must be an int, got True \(bool\)"),
+    ("none epoch", {"epoch": None}, ConfigTypeError, r"state_dict\['epoch'\] must be an int, got None"),
+    ("str batch", {"batch": "3"}, ConfigTypeError, r"state_dict\['batch'\] must be an int, got '3' \(str\)"),
+    ("negative epoch", {"epoch": -1}, PlanError, r"state_dict\['epoch'\] must be >= 0, got -1"),
+    ("batch past the epoch", {"batch": 11}, PlanError, r"state_dict\['batch'\] is 11, outside epoch 0's 10 batches"),
+    ("missing plan", {"plan": None}, ConfigTypeError, r"state_dict\['plan'\] must be a dict .*got None"),
+    ("no plan", "drop plan", PlanError, r"entries are \['epoch', 'batch', 'plan'\]; this one has missing \['plan'\]"),
+    ("unknown entry", {"step": 3}, PlanError, r"this one has unknown \['step'\]"),
+]
+"""Malformed ``state_dict`` forms: ``(name, the state or the entries changed, error, message)``."""
+
+
 class LoaderContract:
     """Assertions shared by every loader; subclasses implement :meth:`make_loader` (and maybe :meth:`close`)."""
 
@@ -90,6 +116,9 @@ class LoaderContract:
                 indices = np.concatenate([b.sample_indices for b in got])
                 assert np.array_equal(np.sort(indices), np.arange(N))  # every index exactly once
                 assert [b.num_graphs for b in got] == [16] * 18 + [12]  # the partial last batch is kept
+                assert {
+                    (type(b.sample_indices), b.sample_indices.dtype, b.sample_indices.device.type) for b in got
+                } == {(torch.Tensor, torch.int64, "cpu")}
         finally:
             self.close(loader)
 
@@ -201,6 +230,39 @@ class LoaderContract:
             self.close(loader)
         with pytest.raises(PlanError, match="pad=True needs max_edges"):
             self.make_loader(reader, max_atoms=400, pad=True)
+
+    @pytest.mark.parametrize(
+        ("change", "error", "message"), [s[1:] for s in MALFORMED_STATES], ids=[s[0] for s in MALFORMED_STATES]
+    )
+    def test_a_malformed_state_is_refused_naming_the_entry(
+        self, reader: AtomicDataZarrReader, change: Any, error: type[Exception], message: str
+    ) -> None:
+        loader = self.make_loader(reader, batch_size=30, seed=1)
+        try:
+            state = loader.state_dict()
+            if change == "drop plan":
+                bad: Any = {key: value for key, value in state.items() if key != "plan"}
+            else:
+                bad = {**state, **change} if isinstance(change, dict) else change
+            with pytest.raises(error, match=message):
+                loader.load_state_dict(bad)
+            assert loader.state_dict() == state  # the position did not move
+        finally:
+            self.close(loader)
+
+    def test_a_reader_refreshed_to_another_length_is_refused_at_the_next_iteration(self, tmp_path: Any) -> None:
+        store = tmp_path / "growing.zarr"
+        AtomicDataZarrWriter(store).write(synthetic_samples(10, seed=1, min_atoms=3, max_atoms=6).split())
+        with AtomicDataZarrReader(store) as reader:
+            loader = self.make_loader(reader, batch_size=2, shuffle=False)
+            try:
+                assert [b.num_graphs for b in loader] == [2] * 5
+                AtomicDataZarrWriter(store).append(synthetic_samples(10, seed=2, min_atoms=3, max_atoms=6).split())
+                reader.refresh()
+                with pytest.raises(StoreChangedError, match=r"now has 20 samples, but this \w+'s plan was made for 10"):
+                    next(iter(loader))
+            finally:
+                self.close(loader)
 
     def test_a_plan_excludes_the_arguments_that_build_one(self, reader: AtomicDataZarrReader) -> None:
         with pytest.raises(PlanError, match="mutually exclusive with batch_size, shard_id"):

@@ -82,6 +82,37 @@ def test_from_packed_shares_memory_on_cpu() -> None:
     assert batch.positions.data_ptr() == packed.fields["positions"].ctypes.data
 
 
+def _is_host_indices(value: object, expected: list[int]) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.dtype == torch.int64
+        and value.device.type == "cpu"
+        and value.tolist() == expected
+    )
+
+
+def test_sample_indices_are_an_int64_cpu_tensor_however_they_are_made() -> None:
+    packed = synthetic_samples(5, seed=3)
+    assert _is_host_indices(Batch.from_packed(packed).sample_indices, [0, 1, 2, 3, 4])
+    assert _is_host_indices(Batch.from_samples(_two(), sample_indices=[7, 3]).sample_indices, [7, 3])
+    assert Batch.from_samples(_two()).sample_indices is None
+    batch = Batch.from_samples(_two(), sample_indices=np.array([9, 4], dtype=np.int32))
+    assert _is_host_indices(batch.sample_indices, [9, 4])
+    assert _is_host_indices(batch.to("cpu").sample_indices, [9, 4])
+    assert np.array_equal(batch.sample_indices.numpy(), [9, 4])  # the numpy array it used to be
+    batch.sample_indices = np.array([1, 2])  # anything assigned is stored as one
+    assert _is_host_indices(batch.sample_indices, [1, 2]) and "sample_indices" not in batch.fields
+    assert _is_host_indices(pickle.loads(pickle.dumps(batch)).sample_indices, [1, 2])
+    assert np.array_equal(batch.to_packed().logical_indices, [1, 2])
+
+
+@pytest.mark.gpu
+def test_sample_indices_stay_on_the_host_when_the_batch_moves() -> None:
+    batch = Batch.from_samples(_two(), device="cuda", sample_indices=[5, 6])
+    assert batch.positions.is_cuda and _is_host_indices(batch.sample_indices, [5, 6])
+    assert _is_host_indices(batch.cpu().to("cuda").sample_indices, [5, 6])
+
+
 def test_empty_batches_are_rejected() -> None:
     with pytest.raises(ValueError, match="Cannot create batch from empty data list"):
         Batch.from_samples([])

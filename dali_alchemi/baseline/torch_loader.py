@@ -24,7 +24,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dali_alchemi.batch import Batch
 from dali_alchemi.errors import EmptyBatchError
-from dali_alchemi.loader_inputs import resolve_inputs
+from dali_alchemi.keywords import checks_keywords
+from dali_alchemi.loader_inputs import check_reader_length, resolve_inputs
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.plan import PadShape, PlanArguments, restore
 from dali_alchemi.store.format.packed import PackedSamples
@@ -152,6 +153,14 @@ class PlanDataLoader(DataLoader[Any]):
     _yielded: int = 0
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # counts the batches it yields
+        """The batches of the current epoch, from where the loader stands.
+
+        Raises
+        ------
+        StoreChangedError
+            If the reader was refreshed to another length than the plan was made for; build a new loader.
+        """
+        check_reader_length(self.dataset.reader, self.plan, "plain_dataloader")  # type: ignore[attr-defined]
         sampler = self.batch_sampler
         if self._yielded >= len(sampler):
             self._yielded = 0  # a finished pass: iterate the same epoch again, as torch does
@@ -170,8 +179,11 @@ class PlanDataLoader(DataLoader[Any]):
 
         Raises
         ------
+        ConfigTypeError
+            If ``state`` is not a dict or ``epoch``/``batch`` are not ints (a float, a bool).
         PlanError
-            If the state belongs to a different plan, or its batch is outside its epoch.
+            If an entry is missing or unknown, negative, the state belongs to a different plan, or its
+            batch is outside its epoch.
         """
         plan, epoch, batch = restore(self.plan, state)
         sampler = self.batch_sampler
@@ -191,6 +203,7 @@ class PlanDataLoader(DataLoader[Any]):
             self.dataset.reader.close()  # type: ignore[attr-defined]
 
 
+@checks_keywords({"batches_per_window": "'prefetch_factor' (torch's: batches loaded ahead by each worker)"})
 def plain_dataloader(
     store_or_reader: LoaderSource,
     *,

@@ -38,6 +38,7 @@ ORDERS: dict[str, bool | str] = {"shuffle": True, "block": "block", "sequential"
 """The benchmark's orders and the ``shuffle=`` each loader gets for it."""
 
 NO_BLOCK_ORDER = ("nvalchemi", "dropin", "pyg-dynamic")
+DROPIN = ("dropin", "dropin-w0")  # the drop-in with its Dataset's default num_workers=2 (DALI workers), or 0
 """Loaders (name prefixes) with no block order of their own."""
 
 Shuffle = bool | str
@@ -204,17 +205,17 @@ def _nvalchemi(
     return _BatchLoader(loader, set_epoch, s.device, reader.close)
 
 
-def _dropin_module(store: str, shuffle: bool, s: LoaderSettings) -> Runnable:
-    """:mod:`dali_alchemi.nvalchemi` with its defaults (validation on), set up as the nvalchemi loaders are."""
+def _dropin_module(store: str, shuffle: bool, s: LoaderSettings, workers: int = DEFAULT_NUM_WORKERS) -> Runnable:
+    """:mod:`dali_alchemi.nvalchemi` with its defaults (validation on; ``Dataset(num_workers=workers)``)."""
     from dali_alchemi.nvalchemi import DataLoader, Dataset
 
     options: dict[str, Any] = {} if s.cache_bytes is None else {"cache_bytes": s.cache_bytes}
     if options:
         from dali_alchemi.nvalchemi import AtomicDataZarrReader
 
-        dataset = Dataset(AtomicDataZarrReader(store, **options), device=s.device)
+        dataset = Dataset(AtomicDataZarrReader(store, **options), device=s.device, num_workers=workers)
     else:
-        dataset = Dataset(store, device=s.device)
+        dataset = Dataset(store, device=s.device, num_workers=workers)
     loader = DataLoader(
         dataset, batch_size=s.batch_size, shuffle=shuffle, prefetch_factor=s.batches_per_window,
         pin_memory=s.device.type == "cuda",
@@ -401,8 +402,9 @@ def open_loader(name: str, store: str, shuffle: Shuffle, settings: LoaderSetting
         return _nvalchemi(store, _no_block(name, shuffle), settings, skip_validation=False)
     if name == "nvalchemi-fast":
         return _nvalchemi(store, _no_block(name, shuffle), settings)
-    if name == "dropin":
-        return _dropin_module(store, _no_block(name, shuffle), settings)
+    if name in DROPIN:
+        dataset_workers = 0 if name == "dropin-w0" else DEFAULT_NUM_WORKERS
+        return _dropin_module(store, _no_block(name, shuffle), settings, dataset_workers)
     if name == "nvalchemi-reader":
         return _NvalchemiReads(store, shuffle, settings)
     if name == "nvalchemi-dropin":
@@ -442,7 +444,7 @@ def open_loader(name: str, store: str, shuffle: Shuffle, settings: LoaderSetting
 def validate_names(names: list[str]) -> None:
     """Raise :class:`ConfigError` (a ``ValueError``) naming the first unknown loader."""
     for name in names:
-        if name not in ("nvalchemi", "nvalchemi-fast", "nvalchemi-dropin", "dropin", *LIMITS) and not (
+        if name not in ("nvalchemi", "nvalchemi-fast", "nvalchemi-dropin", *DROPIN, *LIMITS) and not (
             _PATTERN.match(name) or _READ_MANY_PATTERN.match(name)
         ):
             raise ConfigError(f"Unknown loader {name!r}; choose from: {LOADER_HELP}")

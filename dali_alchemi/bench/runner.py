@@ -186,7 +186,7 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
         result.note = "not installed"
         return result
     budget = config.max_atoms is not None or config.max_edges is not None
-    if name in ("nvalchemi", "nvalchemi-fast", "nvalchemi-dropin", "dropin") and budget:
+    if name in ("nvalchemi", "nvalchemi-fast", "nvalchemi-dropin", "dropin", "dropin-w0") and budget:
         result.note = "no atom budget"
         return result
     if order == "block" and name.startswith(NO_BLOCK_ORDER):

@@ -45,6 +45,7 @@ from dali_alchemi.config import DEFAULT_NUM_WORKERS
 from dali_alchemi.errors import ConfigError, ConfigTypeError
 from dali_alchemi.interop.nvalchemi_batch import build_batch
 from dali_alchemi.interop.read_many import as_packed_reader
+from dali_alchemi.keywords import checks_keywords
 from dali_alchemi.nvalchemi._epochs import EpochFolderPlan
 from dali_alchemi.plan.recorded import RecordedPlan
 from dali_alchemi.store.read.shared import make_shared_folder, remove_shared_folder
@@ -77,20 +78,39 @@ class _PackedRoute:
     """The fast route: one DALIDataLoader over the dataset's (or datasets') reader for every epoch.
 
     Each epoch's batches are recorded into an :class:`~dali_alchemi.nvalchemi._epochs.EpochFolderPlan`
-    before the epoch starts, so the loader's pipeline and worker processes live across epochs.
+    before the epoch starts, so the loader's pipeline and worker processes live across epochs. When the
+    dataset's length changed since (its reader was refreshed after an append or a delete), the next epoch
+    starts a new DALIDataLoader over the reader as it is now, as nvalchemi's loader reads it, so its
+    worker processes hold the refreshed reader. (A ``MultiDataset`` keeps its members' lengths from its
+    construction, in nvalchemi too.)
     """
 
     def __init__(self, dataset: Any, batches_per_window: int) -> None:
         from nvalchemi.data.datapipes import MultiDataset
-
-        from dali_alchemi.nvalchemi._atomic import AtomicDataRules
-        from dali_alchemi.store.read.multi import MultiReader
 
         children = list(dataset.datasets) if isinstance(dataset, MultiDataset) else [dataset]
         devices = {str(child.target_device) for child in children}
         if len(devices) > 1:
             raise ConfigError(f"The datasets of a MultiDataset must share one device, got {sorted(devices)}")
         self.device = children[0].target_device
+        self._children = children
+        self._follows = None if isinstance(dataset, MultiDataset) else dataset
+        self.batches_per_window = batches_per_window
+        # nvalchemi's Dataset(num_workers=) sizes its prefetch thread pool; here the prefetching workers
+        # are DALI's worker processes (0: one background thread), so the same number sizes them.
+        self._workers = int(getattr(dataset, "num_workers", DEFAULT_NUM_WORKERS))
+        self._folder = make_shared_folder()
+        self._owned: PackedReader | None = None
+        self._loader: DALIDataLoader | None = None
+        self._attach()
+        self._next_epoch = 0
+
+    def _attach(self) -> None:
+        """Read the datasets' readers as they are now: the packed reader, the validation rules, the plan."""
+        from dali_alchemi.nvalchemi._atomic import AtomicDataRules
+        from dali_alchemi.store.read.multi import MultiReader
+
+        children = self._children
         readers = [as_packed_reader(child.reader) for child in children]
         levels = [dict(getattr(child.reader, "field_levels", None) or {}) for child in children]
         self.rules: list[AtomicDataRules] = [
@@ -101,23 +121,30 @@ class _PackedRoute:
         self.uniform = len({(tuple(r.order or ()), tuple(r.casts.items()), r.fills) for r in self.rules}) <= 1
         if len(children) == 1:
             self.reader: PackedReader = readers[0]
-            self._owned: PackedReader | None = None
         else:
             shared = [name for name in readers[0].field_specs if all(name in r.field_specs for r in readers[1:])]
             self.reader = self._owned = MultiReader(readers, fields=shared)
-        self.batches_per_window = batches_per_window
-        # nvalchemi's Dataset(num_workers=) sizes its prefetch thread pool; here the prefetching workers
-        # are DALI's worker processes (0: one background thread), so the same number sizes them.
-        workers = int(getattr(dataset, "num_workers", DEFAULT_NUM_WORKERS))
-        self.num_workers = workers if workers > 0 and _pickles(self.reader) else 0
-        self._folder = make_shared_folder()
+        self.num_workers = self._workers if self._workers > 0 and _pickles(self.reader) else 0
         self.plan = EpochFolderPlan(self._folder, len(self.reader))
-        self._next_epoch = 0
-        self._loader: DALIDataLoader | None = None
+
+    def _follow_the_dataset(self) -> None:
+        """Start over on the reader as it is now if the dataset's length changed (a refresh after a write)."""
+        if self._follows is None or len(self._follows) == self.plan.num_samples:
+            return
+        logger.info(
+            "the dataset now has %d samples (%d when the loader started): reading it anew",
+            len(self._follows),
+            self.plan.num_samples,
+        )
+        if self._loader is not None:
+            self._loader.close()
+            self._loader = None
+        self._attach()
 
     def epoch(self, batches: list[list[int]]) -> Iterator[Any]:
         from dali_alchemi.pipeline.loader import DALIDataLoader
 
+        self._follow_the_dataset()
         epoch = self._next_epoch
         self._next_epoch += 1
         recorded = RecordedPlan.from_batches(batches, num_samples=len(self.reader), epoch=epoch).epoch(epoch)
@@ -175,6 +202,7 @@ def packed_route_applies(dataset: Any) -> bool:
     return len(skips) == 1
 
 
+@checks_keywords()
 class DataLoader:
     """nvalchemi 0.2.0's ``DataLoader``, yielding its ``Batch``, read through this project's DALI loader.
 
@@ -212,7 +240,8 @@ class DataLoader:
         At construction, for ``batch_size < 1``, ``prefetch_factor < 0`` or ``batch_sampler`` with
         ``sampler`` or ``shuffle`` (nvalchemi's messages; a ``ValueError``).
     ConfigTypeError
-        At construction, if ``batch_transforms`` is not a sequence (a ``TypeError``).
+        At construction, if ``batch_transforms`` is not a sequence, or for a keyword it does not take
+        (a ``TypeError``, naming the keyword meant).
     RuntimeError
         During iteration, when a batch transform fails (the original is its ``__cause__``).
     IndexError
@@ -321,9 +350,13 @@ class DataLoader:
 
         Raises
         ------
+        ConfigTypeError
+            If ``step`` is not an int (a float or a bool would skip another number of batches; a ``TypeError``).
         ConfigError
             If ``step`` is negative (a ``ValueError``).
         """
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+            raise ConfigTypeError(f"step must be an int, got {step!r} ({type(step).__name__})")
         if step < 0:
             raise ConfigError(f"step must be >= 0, got {step}")
         self._epoch_step_start = step

@@ -17,6 +17,7 @@ from nvalchemi.data.datapipes import Dataset as _NvDataset
 
 from dali_alchemi.config import DEFAULT_NUM_WORKERS
 from dali_alchemi.interop.nvalchemi_reader import NvalchemiDropInReader
+from dali_alchemi.keywords import checks_keywords
 
 if TYPE_CHECKING:
     import torch
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["Dataset"]
 
 
+@checks_keywords()
 class Dataset(_NvDataset):  # type: ignore[misc]  # nvalchemi is untyped here
     """nvalchemi's ``Dataset(reader, *, device=None, num_workers=2, skip_validation=False, transforms=None)``.
 
@@ -40,6 +42,8 @@ class Dataset(_NvDataset):  # type: ignore[misc]  # nvalchemi is untyped here
     ------
     TypeError
         As nvalchemi's: for a reader without the reader interface, or ``transforms`` that is not a sequence.
+    ConfigTypeError
+        For a keyword it does not take (a ``TypeError``, as nvalchemi's), naming the keyword meant.
     FileNotFoundError, ValueError
         For a store path that does not exist or is not an nvalchemi store (nvalchemi's messages).
     """

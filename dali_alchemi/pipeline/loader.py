@@ -19,7 +19,8 @@ import torch
 from dali_alchemi.augment import apply_augmentations, check_augmentations
 from dali_alchemi.config import DEFAULT_BATCHES_PER_WINDOW, DEFAULT_NUM_WORKERS, LoaderConfig
 from dali_alchemi.errors import ConfigError, LoaderClosedError, LoaderError
-from dali_alchemi.loader_inputs import check_shareable, nvalchemi_batches, resolve_inputs
+from dali_alchemi.keywords import checks_keywords
+from dali_alchemi.loader_inputs import check_reader_length, check_shareable, nvalchemi_batches, resolve_inputs
 from dali_alchemi.padding import pad_batch
 from dali_alchemi.pipeline import lifetime
 from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline, window_bytes_hint
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from dali_alchemi.loader_inputs import LoaderSource
     from dali_alchemi.plan import BlockShuffle, EpochPlan, Plan
 
-__all__ = ["BATCH_TYPES", "KEEP_ALIVE_MARGIN", "DALIDataLoader"]
+__all__ = ["BATCH_TYPES", "KEEP_ALIVE_MARGIN", "KEYWORD_HINTS", "DALIDataLoader"]
 
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,14 @@ BATCH_TYPES = ("native", "nvalchemi")
 """What a DALIDataLoader can yield: this project's Batch, or nvalchemi's (``batch_type=``)."""
 
 
+KEYWORD_HINTS = {
+    "prefetch_factor": "'batches_per_window' (batches read together; nvalchemi's prefetch_factor)",
+    "pin_memory": "'device' (on a CUDA device DALI copies through pinned memory itself)",
+}
+"""What DALIDataLoader says for keywords of nvalchemi's and torch's loaders that it spells otherwise."""
+
+
+@checks_keywords(KEYWORD_HINTS)
 class DALIDataLoader:
     """Iterate a store (or any :class:`~dali_alchemi.store.format.protocol.PackedReader`) as Batches through DALI.
 
@@ -135,12 +144,16 @@ class DALIDataLoader:
     Raises
     ------
     PlanError, UnknownFieldError, DeviceError, ConfigError, ConfigTypeError
-        At construction, for arguments that do not fit (each message names the argument).
+        At construction, for arguments that do not fit (each message names the argument); a keyword
+        it does not take is a ``ConfigTypeError`` (a ``TypeError``) naming the keyword meant.
     LoaderError
         During iteration, for errors from the reader, the source or a worker, naming the original
         exception type.
     LoaderClosedError
         When iterated after :meth:`close`.
+    StoreChangedError
+        When iterated after the reader was refreshed to another length (another writer appended or
+        deleted): the plan was made for the old one; build a new loader.
     """
 
     def __init__(
@@ -265,9 +278,13 @@ class DALIDataLoader:
 
         Raises
         ------
+        ConfigTypeError
+            If ``state`` is not a dict (``None``, say) or ``epoch``/``batch`` are not ints (a float, a
+            bool); the message names the entry and the value.
         PlanError
-            If the state belongs to a different plan (any setting differs), since the batches would then
-            differ, or its batch is outside its epoch.
+            If an entry is missing or unknown, ``epoch``/``batch`` are negative, the state belongs to a
+            different plan (any setting differs), since the batches would then differ, or its batch is
+            outside its epoch.
         """
         plan, epoch, batch = restore(self.plan, state)
         if plan is not self.plan:
@@ -279,6 +296,7 @@ class DALIDataLoader:
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise LoaderClosedError("This DALIDataLoader is closed; build a new one")
+        check_reader_length(self.reader, self.plan, "DALIDataLoader")
         if self._batch >= len(self) and self._batch:
             self._epoch, self._batch = self._epoch + 1, 0
         if not self._stop_runner():  # an abandoned iteration's runner thread must not outlive its pipeline

@@ -23,12 +23,16 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from dali_alchemi.errors import PlanError, PlanIndexError
+from dali_alchemi.errors import ConfigTypeError, PlanError, PlanIndexError
 
 if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray, PtrArray
 
-__all__ = ["ElasticPlan", "EpochPlan", "Plan", "Window", "restore"]
+__all__ = ["STATE_KEYS", "ElasticPlan", "EpochPlan", "Plan", "Window", "check_state", "restore", "state_int"]
+
+
+STATE_KEYS = ("epoch", "batch", "plan")
+"""The entries of a loader's ``state_dict()``, all required, no others."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,26 +175,81 @@ class ElasticPlan(Plan, Protocol):
     def resume_from(self, saved: Mapping[str, Any], epoch: int, batch: int) -> tuple[Plan, int, int]: ...
 
 
-def restore(plan: Plan, state: Mapping[str, Any]) -> tuple[Plan, int, int]:
-    """The plan and position ``(epoch, batch)`` a loader continues with after loading ``state``.
-
-    ``state`` is a loader's ``state_dict()``: ``{"epoch", "batch", "plan": plan.to_dict()}``. An
-    :class:`ElasticPlan` decides itself (it may accept another shard count); any other plan must match
-    the saved one in every setting. Both loaders call this, so they resume alike.
+def state_int(value: Any, name: str, *, minimum: int = 0) -> int:
+    """``value`` as an ``int`` if it is an integer (not a ``bool``) of at least ``minimum``.
 
     Raises
     ------
+    ConfigTypeError
+        If ``value`` is not an integer (a float, a bool, a string, ``None``); names ``name``.
     PlanError
-        If the state belongs to a different plan (naming the settings that differ), or its batch is
-        outside its epoch.
+        If it is below ``minimum``.
     """
-    saved = dict(state.get("plan", {}))
-    try:
-        epoch, batch = int(state["epoch"]), int(state["batch"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise PlanError(f"state_dict needs integer 'epoch' and 'batch' entries, got {dict(state)!r}") from err
-    if epoch < 0:
-        raise PlanError(f"state_dict epoch must be non-negative, got {epoch}")
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ConfigTypeError(
+            f"{name} must be an int, got {value!r} ({type(value).__name__}); load the dict a loader's "
+            "state_dict() returned"
+        )
+    if value < minimum:
+        raise PlanError(
+            f"{name} must be >= {minimum}, got {int(value)}; load the dict a loader's state_dict() returned"
+        )
+    return int(value)
+
+
+def check_state(state: Any) -> tuple[int, int, dict[str, Any]]:
+    """The ``(epoch, batch, plan settings)`` of a loader's ``state_dict()``, every entry checked.
+
+    Raises
+    ------
+    ConfigTypeError
+        If ``state`` is not a mapping (``None``, say), ``epoch``/``batch`` are not ints (a float, a
+        bool), or ``plan`` is not a mapping.
+    PlanError
+        If an entry is missing, an unknown entry is present, or ``epoch``/``batch`` are negative.
+    """
+    if not isinstance(state, Mapping):
+        raise ConfigTypeError(
+            f"load_state_dict needs the dict a loader's state_dict() returned ({{'epoch', 'batch', 'plan'}}), "
+            f"got {state!r} ({type(state).__name__})"
+        )
+    missing = [key for key in STATE_KEYS if key not in state]
+    unknown = sorted(repr(key) for key in state if key not in STATE_KEYS)
+    if missing or unknown:
+        problems = ([f"missing {missing}"] if missing else []) + (
+            [f"unknown [{', '.join(unknown)}]"] if unknown else []
+        )
+        raise PlanError(
+            f"state_dict entries are {list(STATE_KEYS)}; this one has {' and '.join(problems)}; "
+            "load the dict a loader's state_dict() returned"
+        )
+    epoch = state_int(state["epoch"], "state_dict['epoch']")
+    batch = state_int(state["batch"], "state_dict['batch']")
+    saved = state["plan"]
+    if not isinstance(saved, Mapping):
+        raise ConfigTypeError(
+            f"state_dict['plan'] must be a dict (the plan's to_dict()), got {saved!r} ({type(saved).__name__})"
+        )
+    return epoch, batch, dict(saved)
+
+
+def restore(plan: Plan, state: Mapping[str, Any]) -> tuple[Plan, int, int]:
+    """The plan and position ``(epoch, batch)`` a loader continues with after loading ``state``.
+
+    ``state`` is a loader's ``state_dict()``: ``{"epoch", "batch", "plan": plan.to_dict()}``, checked
+    entry by entry (:func:`check_state`). An :class:`ElasticPlan` decides itself (it may accept another
+    shard count); any other plan must match the saved one in every setting. Both loaders call this, so
+    they resume alike.
+
+    Raises
+    ------
+    ConfigTypeError
+        If ``state`` is not a mapping, or an entry has the wrong type (``epoch``/``batch`` not an int).
+    PlanError
+        If an entry is missing or unknown, ``epoch``/``batch`` are negative, the state belongs to a
+        different plan (naming the settings that differ), or its batch is outside its epoch.
+    """
+    epoch, batch, saved = check_state(state)
     if isinstance(plan, ElasticPlan):
         plan, epoch, batch = plan.resume_from(saved, epoch, batch)
     else:
@@ -204,5 +263,7 @@ def restore(plan: Plan, state: Mapping[str, Any]) -> tuple[Plan, int, int]:
             )
     num_batches = plan.epoch(epoch).num_batches
     if not 0 <= batch <= num_batches:
-        raise PlanError(f"state_dict batch {batch} is outside epoch {epoch}'s {num_batches} batches")
+        raise PlanError(
+            f"state_dict['batch'] is {batch}, outside epoch {epoch}'s {num_batches} batches (0 to {num_batches})"
+        )
     return plan, epoch, batch

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dali_alchemi.csr import concat_aranges, exclusive_cumsum
-from dali_alchemi.errors import PlanError
-from dali_alchemi.plan.base import EpochPlan
+from dali_alchemi.errors import ConfigTypeError, PlanError
+from dali_alchemi.plan.base import EpochPlan, state_int
 from dali_alchemi.plan.budget import BudgetPlan, pack_greedy
 from dali_alchemi.plan.spans import (
     StoreChunking,
@@ -112,11 +112,31 @@ class ResumePoint:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> ResumePoint | None:
+        """The resume point of a saved plan's ``resume`` entry (``None``: none), every number checked.
+
+        Raises
+        ------
+        PlanError, ConfigTypeError
+            If the entry is malformed: not ``{"epoch": int, "segments": [[num_shards, batches], ...]}``
+            with a non-negative epoch, at least one shard and non-negative batches.
+        """
         if data is None:
             return None
         try:
-            return cls(epoch=int(data["epoch"]), segments=tuple((int(w), int(b)) for w, b in data["segments"]))
+            segments = [(w, b) for w, b in data["segments"]]
+            return cls(
+                epoch=state_int(data["epoch"], "state_dict['plan']['resume']['epoch']"),
+                segments=tuple(
+                    (
+                        state_int(w, "a num_shards of state_dict['plan']['resume']['segments']", minimum=1),
+                        state_int(b, "a batch count of state_dict['plan']['resume']['segments']"),
+                    )
+                    for w, b in segments
+                ),
+            )
         except (KeyError, TypeError, ValueError) as err:
+            if isinstance(err, (PlanError, ConfigTypeError)):
+                raise
             raise PlanError(f"state_dict plan has a malformed resume entry {data!r}: {err}") from err
 
 
@@ -286,8 +306,10 @@ class BlockShufflePlan:
         Raises
         ------
         PlanError
-            If any other setting differs (the global order would differ), or the position is outside
-            the checkpointed epoch.
+            If any other setting differs (the global order would differ), the position is outside
+            the checkpointed epoch, or the saved shard or resume point is out of range.
+        ConfigTypeError
+            If the saved ``shard_id``, ``num_shards`` or resume point holds something else than ints.
         """
         mine = self.to_dict()
         differing = [k for k in sorted(set(saved) | set(mine)) if k not in ELASTIC_KEYS and saved.get(k) != mine.get(k)]
@@ -296,13 +318,17 @@ class BlockShufflePlan:
                 "state_dict belongs to a different plan: "
                 + ", ".join(f"{k}={saved.get(k)!r} (loader has {mine.get(k)!r})" for k in differing)
             )
+        saved_shards = state_int(saved.get("num_shards"), "state_dict['plan']['num_shards']", minimum=1)
+        saved_shard = state_int(saved.get("shard_id"), "state_dict['plan']['shard_id']")
+        if saved_shard >= saved_shards:
+            raise PlanError(f"state_dict['plan']['shard_id'] is {saved_shard}, outside its {saved_shards} shards")
         point = ResumePoint.from_dict(saved.get("resume"))
         if point is not None and point.epoch != epoch:
             point = None  # an earlier epoch's resume says nothing about this one
-        same_shard = (saved.get("shard_id"), saved.get("num_shards")) == (self.shard_id, self.num_shards)
+        same_shard = (saved_shard, saved_shards) == (self.shard_id, self.num_shards)
         if same_shard or batch == 0:
             return (self if point == self.resume else replace(self, resume=point)), epoch, batch
-        segments = (point.segments if point is not None else ()) + ((int(saved["num_shards"]), batch),)
+        segments = (point.segments if point is not None else ()) + ((saved_shards, batch),)
         resumed = replace(self, resume=ResumePoint(epoch=epoch, segments=segments))
         if resumed.epoch(epoch).num_batches == 0:
             return replace(self, resume=None), epoch + 1, 0

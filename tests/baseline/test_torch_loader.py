@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dali_alchemi import AtomicDataZarrReader, PlanError, ReaderClosedError
+from dali_alchemi import AtomicDataZarrReader, ConfigTypeError, PlanError, ReaderClosedError
 from dali_alchemi.baseline import plain_dataloader
 from dali_alchemi.baseline.torch_loader import PlanDataLoader
 from tests.loader_contract import LoaderContract, assert_batches_equal, reference_batches
@@ -102,3 +102,13 @@ def test_block_shuffle_with_pad_gives_one_shape_and_every_structure_once(reader:
     assert {(b.num_nodes, b.num_graphs) for b in batches} == {(400, batches[0].num_graphs)}
     real = [i for b in batches for i in b.sample_indices.tolist() if i >= 0]
     assert sorted(real) == list(range(len(reader)))
+
+
+def test_a_mistyped_keyword_names_the_one_meant(reader: AtomicDataZarrReader) -> None:
+    with pytest.raises(
+        ConfigTypeError,
+        match=r"^plain_dataloader\(\) got an unexpected keyword argument 'shufle'; did you mean 'shuffle'\?$",
+    ):
+        plain_dataloader(reader, shufle=False)
+    with pytest.raises(ConfigTypeError, match=r"'batches_per_window'; did you mean 'prefetch_factor' \(torch's"):
+        plain_dataloader(reader, batches_per_window=4)

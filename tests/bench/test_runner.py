@@ -163,8 +163,10 @@ def test_read_many_loaders_deliver_what_the_native_loader_does(small_store: Path
             10,
         )
 def test_the_nvalchemi_loaders_deliver_every_structure(small_store: Path) -> None:
-    validate_names(["nvalchemi", "nvalchemi-fast", "dropin"])
-    config = BenchConfig(loaders=("nvalchemi-fast", "dropin"), orders=("shuffle",), rounds=1, epochs=1, batch_size=32)
+    validate_names(["nvalchemi", "nvalchemi-fast", "dropin", "dropin-w0"])
+    config = BenchConfig(
+        loaders=("nvalchemi-fast", "dropin", "dropin-w0"), orders=("shuffle",), rounds=1, epochs=1, batch_size=32
+    )
     every_atom = measure("packed", "shuffle", str(small_store), config, torch.device("cpu")).unit_atoms
     for name in config.loaders:
         got = measure(name, "shuffle", str(small_store), config, torch.device("cpu"))

@@ -81,6 +81,36 @@ def test_dali_workers_deliver_the_same_batches(stores: tuple[str, str]) -> None:
     loader.close()
 
 
+def _grown_store(path: Any) -> str:
+    """10 structures written by this project's writer (which re-bases appended neighbor lists)."""
+    from dali_alchemi import AtomicDataZarrWriter
+    from dali_alchemi.bench.synth import synthetic_samples
+
+    AtomicDataZarrWriter(path).write(synthetic_samples(10, seed=1, min_atoms=3, max_atoms=6).split())
+    return str(path)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_refreshed_reader_of_a_grown_store_is_read_whole_as_nvalchemi_does(tmp_path: Any, workers: int) -> None:
+    from dali_alchemi import AtomicDataZarrWriter
+    from dali_alchemi.bench.synth import synthetic_samples
+
+    ours_store, theirs_store = _grown_store(tmp_path / "ours.zarr"), _grown_store(tmp_path / "theirs.zarr")
+    theirs = nv.DataLoader(nv.Dataset(nv.AtomicDataZarrReader(theirs_store), device="cpu"), batch_size=2)
+    ours = da.DataLoader(da.Dataset(ours_store, device="cpu", num_workers=workers), batch_size=2)
+    try:
+        assert len(list(ours)) == len(list(theirs)) == len(ours) == 5
+        for loader, store in ((ours, ours_store), (theirs, theirs_store)):
+            AtomicDataZarrWriter(store).append(synthetic_samples(10, seed=2, min_atoms=3, max_atoms=6).split())
+            loader.dataset.reader.refresh()
+        assert len(ours) == len(theirs) == 10
+        got = list(ours)
+        _assert_same(got, list(theirs))
+        assert len(got) == 10 and len(list(ours)) == 10  # and the epoch after
+    finally:
+        ours.close()
+
+
 def test_skip_validation_gives_nvalchemis_raw_batches(stores: tuple[str, str]) -> None:
     # nvalchemi's raw path keeps its reader's key order (the store's listing order); the set of keys is compared.
     ours, theirs = _pair(stores[0], dataset={"skip_validation": True}, batch_size=6)
@@ -261,6 +291,17 @@ def test_arguments_attributes_and_errors_are_nvalchemis(stores: tuple[str, str])
         list(da.DataLoader(dataset, sampler=[0, 99]))
 
 
+def test_a_mistyped_keyword_names_the_one_meant(stores: tuple[str, str]) -> None:
+    with pytest.raises(
+        TypeError, match=r"^DataLoader got an unexpected keyword argument 'batchsize'; did you mean 'batch_size'\?$"
+    ):
+        da.DataLoader(da.Dataset(stores[0], device="cpu"), batchsize=4)
+    with pytest.raises(
+        TypeError, match=r"^Dataset got an unexpected keyword argument 'num_worker'; did you mean 'num_workers'\?$"
+    ):
+        da.Dataset(stores[0], num_worker=0)
+
+
 def test_set_epoch_step_skips_batches_once(stores: tuple[str, str]) -> None:
     dataset = da.Dataset(stores[0], device="cpu", num_workers=WORKERS)
     loader = da.DataLoader(dataset, batch_size=5)
@@ -271,6 +312,10 @@ def test_set_epoch_step_skips_batches_once(stores: tuple[str, str]) -> None:
     assert len(list(loader)) == 8
     with pytest.raises(ValueError, match="step must be >= 0"):
         loader.set_epoch_step(-1)
+    for bad in (1.5, True, None):
+        with pytest.raises(TypeError, match=rf"step must be an int, got {bad!r} \({type(bad).__name__}\)"):
+            loader.set_epoch_step(bad)
+    assert len(list(loader)) == 8  # nothing was skipped
 
 
 def test_dali_loader_yields_nvalchemi_batches(stores: tuple[str, str]) -> None:

@@ -18,6 +18,7 @@ pytest.importorskip("nvidia.dali", reason="NVIDIA DALI cannot be imported")
 from dali_alchemi import (
     AtomicDataZarrReader,
     ConfigError,
+    ConfigTypeError,
     DALIDataLoader,
     LoaderClosedError,
     LoaderError,
@@ -186,6 +187,18 @@ def test_resume_yields_exactly_the_remaining_batches(reader: AtomicDataZarrReade
     assert after.sample_indices.tolist() != full[0].sample_indices.tolist()
     with DALIDataLoader(reader, batch_size=21, device="cpu") as other, pytest.raises(PlanError, match="batch_size=20"):
         other.load_state_dict(state)
+
+
+def test_a_mistyped_keyword_names_the_one_meant(reader: AtomicDataZarrReader) -> None:
+    with pytest.raises(
+        ConfigTypeError,
+        match=r"^DALIDataLoader got an unexpected keyword argument 'batchsize'; did you mean 'batch_size'\?$",
+    ):
+        DALIDataLoader(reader, batchsize=64)
+    with pytest.raises(
+        TypeError, match=r"'prefetch_factor'; did you mean 'batches_per_window' \(batches read together"
+    ):
+        DALIDataLoader(reader, prefetch_factor=4)
 
 
 def test_breaking_out_and_iterating_again_continues_the_epoch(reader: AtomicDataZarrReader) -> None:

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dali_alchemi import AtomicDataZarrReader, MultiReader
-from dali_alchemi.errors import PlanError
+from dali_alchemi.errors import ConfigTypeError, PlanError
 from dali_alchemi.interop.read_many import ReadManyAdapter
 from dali_alchemi.plan import (
     BlockShuffle,
@@ -170,6 +170,31 @@ def test_resume_refuses_another_order_or_an_impossible_position() -> None:
         restore(_plan(span=40, seed=1), state)
     with pytest.raises(PlanError, match="each of those shards had"):
         restore(_shards(_plan(seed=1), 2)[0], {**state, "batch": 10_000})
+
+
+@pytest.mark.parametrize(
+    ("entries", "error", "message"),
+    [
+        ({"num_shards": 1.5}, ConfigTypeError, r"state_dict\['plan'\]\['num_shards'\] must be an int, got 1.5"),
+        ({"num_shards": 0}, PlanError, r"state_dict\['plan'\]\['num_shards'\] must be >= 1, got 0"),
+        ({"shard_id": True}, ConfigTypeError, r"state_dict\['plan'\]\['shard_id'\] must be an int, got True \(bool\)"),
+        ({"shard_id": 2}, PlanError, r"state_dict\['plan'\]\['shard_id'\] is 2, outside its 2 shards"),
+        (
+            {"resume": {"epoch": 0.5, "segments": []}},
+            ConfigTypeError,
+            r"\['resume'\]\['epoch'\] must be an int, got 0.5",
+        ),
+        ({"resume": {"epoch": 0, "segments": [[2, True]]}}, ConfigTypeError, r"a batch count .* got True \(bool\)"),
+        ({"resume": {"epoch": 0, "segments": [[0, 3]]}}, PlanError, r"a num_shards .* must be >= 1, got 0"),
+        ({"resume": {"epoch": 0}}, PlanError, r"malformed resume entry \{'epoch': 0\}"),
+    ],
+)
+def test_resume_refuses_malformed_elastic_entries(
+    entries: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    saved = {**_shards(_plan(seed=1), 2)[0].to_dict(), **entries}
+    with pytest.raises(error, match=message):
+        restore(_shards(_plan(seed=1), 3)[0], {"epoch": 0, "batch": 3, "plan": saved})
 
 
 @settings(deadline=None, max_examples=60)

@@ -15,7 +15,7 @@ import numpy as np
 from zarr.core.sync import sync
 from zarr.errors import BaseZarrError, GroupNotFoundError
 
-from dali_alchemi.errors import StoreFormatError, UnsupportedCodecError
+from dali_alchemi.errors import NotAStoreError, StoreFormatError, UnsupportedCodecError
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.journal import AS_IS, ReadView
 from dali_alchemi.store.format.location import NOT_A_STORE_NEXT_STEP, open_group, root_groups, zarr_error_text
@@ -71,7 +71,15 @@ def holds_root_metadata(loc: StoreLocation) -> bool:
 
 
 def open_root(loc: StoreLocation) -> Any:
-    """Open the store's root group read-only; not a zarr v3 group -> :class:`StoreFormatError`."""
+    """Open the store's root group read-only; not a zarr v3 group -> :class:`StoreFormatError`.
+
+    Raises
+    ------
+    NotAStoreError
+        If there is no group at all (no ``zarr.json``: an empty folder, say); also a ``FileNotFoundError``.
+    StoreFormatError
+        If the path is a plain file, its ``zarr.json`` is unreadable, or it is not zarr format 3.
+    """
     if loc.local_root is not None and loc.local_root.exists() and not loc.local_root.is_dir():
         raise StoreFormatError(
             f"Store {loc.display} is a file, not a store: a store is a folder (a zarr v3 group). {NOT_A_STORE_NEXT_STEP}"
@@ -79,11 +87,12 @@ def open_root(loc: StoreLocation) -> Any:
     try:
         root = open_group(loc, mode="r")
     except GroupNotFoundError as err:
-        raise StoreFormatError(
+        raise NotAStoreError(
             f"Store {loc.display} is not a zarr group: there is no zarr.json at its root. {NOT_A_STORE_NEXT_STEP}"
         ) from err
     except (BaseZarrError, FileNotFoundError, KeyError, ValueError, TypeError) as err:
-        raise StoreFormatError(
+        kind = NotAStoreError if isinstance(err, FileNotFoundError) else StoreFormatError
+        raise kind(
             f"Store {loc.display} is not a zarr group: its zarr.json is unreadable: {zarr_error_text(err)}. "
             f"{NOT_A_STORE_NEXT_STEP}"
         ) from err

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zarr
 
-from dali_alchemi import AtomicDataZarrReader, ChunkDecodeError, StoreFormatError
+from dali_alchemi import AtomicDataZarrReader, ChunkDecodeError, NotAStoreError, StoreFormatError, StoreNotFoundError
 from dali_alchemi.store.format.location import resolve_store, zarr_error_text
 from dali_alchemi.store.read.open_checks import holds_root_metadata, open_root
 
@@ -89,6 +89,20 @@ def test_not_a_zarr_group_is_told_in_the_projects_terms(tmp_path: Path, root_jso
     assert message.startswith(f"Store {folder} is not a zarr group: {expected}") and "dali-alchemi convert" in message
     assert "StorePath(" not in message and "LocalStore" not in message and "file://" not in message
     assert holds_root_metadata(loc) == (root_json is not None)
+
+
+def test_an_empty_folder_is_not_a_store_and_also_a_file_not_found_error_as_in_nvalchemi(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(
+        NotAStoreError, match=r"is not a zarr group: there is no zarr.json at its root.*dali-alchemi convert INPUT"
+    ) as caught:
+        AtomicDataZarrReader(tmp_path / "empty")
+    assert isinstance(caught.value, StoreFormatError) and isinstance(caught.value, ValueError)
+    assert isinstance(caught.value, StoreNotFoundError) and isinstance(caught.value, FileNotFoundError)
+    (tmp_path / "empty" / "zarr.json").write_text("{not json")  # there, but unreadable: only a format error
+    with pytest.raises(StoreFormatError, match="is not a zarr group") as caught:
+        AtomicDataZarrReader(tmp_path / "empty")
+    assert not isinstance(caught.value, FileNotFoundError)
 
 
 def test_zarr_v2_store_is_rejected(tmp_path: Path) -> None:

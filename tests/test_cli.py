@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from dali_alchemi.cli import main
+from dali_alchemi.store.write.refusals import REFUSALS
 
 
 def test_synth_then_inspect(
@@ -258,7 +259,7 @@ def test_verify_of_a_directory_that_is_no_store_says_what_to_do(
     assert main(["verify", str(tmp_path / "not-a-store")]) == 2  # no store to check: bad input, as inspect says
     out = capsys.readouterr().out
     assert "0 structures" not in out and "checksums" not in out  # nothing was checked, so no summary
-    assert out.startswith(f"error: StoreFormatError: Store {tmp_path / 'not-a-store'} is not a zarr group")
+    assert out.startswith(f"error: NotAStoreError: Store {tmp_path / 'not-a-store'} is not a zarr group")
     assert "dali-alchemi convert INPUT... OUT.zarr" in out
 
 
@@ -375,12 +376,12 @@ EXIT_CASES: dict[str, tuple[int, Callable[[Paths], list[str]], str]] = {
     "rewrite": (OK, lambda p: ["rewrite", str(p.small), p.new(), "--quiet"], "rewrote 300 samples"),
     "rewrite missing": (BAD, lambda p: ["rewrite", p.missing(), p.new()], "error: StoreNotFoundError: "),
     "rewrite refused": (BAD, lambda p: ["rewrite", p.refused(), p.new()], "error: StoreFormatError: "),
-    "rewrite onto itself": (BAD, lambda p: ["rewrite", p.copy(), p.copy()], "error: StoreExistsError: "),
+    "rewrite onto itself": (BAD, lambda p: ["rewrite", p.copy(), p.copy()], "error: ConfigError: "),
     "rewrite bad layout": (BAD, lambda p: ["rewrite", p.copy(), p.new(), "--layout", "x"], "usage: dali-alchemi rewrite"),
     "inspect": (OK, lambda p: ["inspect", str(p.small)], "samples: 300"),
     "inspect missing": (BAD, lambda p: ["inspect", p.missing()], "error: StoreNotFoundError: "),
     "inspect a file": (BAD, lambda p: ["inspect", p.file()], "error: StoreFormatError: "),
-    "inspect an empty folder": (BAD, lambda p: ["inspect", p.empty()], "error: StoreFormatError: "),
+    "inspect an empty folder": (BAD, lambda p: ["inspect", p.empty()], "error: NotAStoreError: "),
     "inspect refused": (BAD, lambda p: ["inspect", p.refused()], "error: StoreFormatError: "),
     "inspect bad option": (BAD, lambda p: ["inspect", p.copy(), "--nope"], "error: unrecognized arguments: --nope"),
     "verify": (OK, lambda p: ["verify", str(p.small)], "ok: no problems found"),
@@ -388,7 +389,7 @@ EXIT_CASES: dict[str, tuple[int, Callable[[Paths], list[str]], str]] = {
     "verify refused": (PROBLEMS, lambda p: ["verify", p.refused()], "float64, which cannot hold atomic_numbers"),
     "verify missing": (BAD, lambda p: ["verify", p.missing()], "error: StoreNotFoundError: "),
     "verify a file": (BAD, lambda p: ["verify", p.file()], "error: StoreFormatError: "),
-    "verify an empty folder": (BAD, lambda p: ["verify", p.empty()], "error: StoreFormatError: "),
+    "verify an empty folder": (BAD, lambda p: ["verify", p.empty()], "error: NotAStoreError: "),
     "verify --max-problems 0": (BAD, lambda p: ["verify", p.copy(), "--max-problems", "0"], "error: --max-problems"),
     "verify bad option": (BAD, lambda p: ["verify", p.copy(), "--nope"], "error: unrecognized arguments: --nope"),
     "repair --dry-run, nothing": (OK, lambda p: ["repair", p.copy(), "--dry-run"], "0 samples (0 edge rows)"),
@@ -480,17 +481,13 @@ def _copied(store: str, folder: Path) -> str:
 
 
 @pytest.mark.parametrize(
-    ("code", "reason", "next_step"),
-    [
-        (errno.ENOSPC, "No space left on device", "free some space, or write somewhere else"),
-        (errno.EROFS, "Read-only file system", "that file system is mounted read-only: write somewhere else"),
-        (errno.EACCES, "Permission denied", "choose a folder you may write to, or change its permissions"),
-    ],
+    ("code", "reason"),
+    [(errno.ENOSPC, "No space left on device"), (errno.EROFS, "Read-only file system"), (errno.EACCES, "Permission denied")],
     ids=["disk full", "read-only", "no permission"],
 )
 @pytest.mark.parametrize("command", list(WRITES))
 def test_a_write_the_system_refuses_is_one_line_naming_the_path_and_the_reason(
-    command: str, code: int, reason: str, next_step: str, tmp_path: Path, small_store: Path,
+    command: str, code: int, reason: str, tmp_path: Path, small_store: Path,
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     from zarr.storage import LocalStore
@@ -505,9 +502,11 @@ def test_a_write_the_system_refuses_is_one_line_naming_the_path_and_the_reason(
     monkeypatch.setattr(LocalStore, "set", refused)  # every chunk and zarr.json zarr writes goes through it
     status = _exit_status(argv)
     out = capsys.readouterr().out
-    kind = "PermissionError" if code == errno.EACCES else "OSError"
     assert status == 2
-    assert out == f"error: {kind}: {reason} (while writing {destination}); {next_step}\n"
+    assert out.startswith("error: StoreWriteError: Store ") and out.count("\n") == 1, out
+    assert f"{destination}" in out and ".dali-alchemi-" not in out, "the store asked for, not a staging folder"
+    assert f"refused a write: {reason} [{errno.errorcode[code]}]" in out
+    assert out.rstrip().endswith(f"Next: {REFUSALS[code]}."), out
     if command != "repair in place":
         assert not destination.exists()
     assert sorted(tmp_path.rglob("*")) == before, "nothing left behind"
@@ -531,7 +530,7 @@ def test_os_error_message_names_the_class_the_reason_the_files_and_the_destinati
     err = OSError(errno.EFBIG, "File too large", "out.zarr/c/0")
     assert os_error_message(err, "out.zarr") == (
         f"OSError: File too large: out.zarr/c/0 (while writing {tmp_path / 'out.zarr'}); a file grew past the size "
-        "limit (ulimit -f, or the file system's largest file): raise it, or write somewhere else"
+        "limit (`ulimit -f`, or the file system's): raise it, then run it again"
     )
     assert os_error_message(OSError("15985 requested and 2484 written"), "out.zarr") == (
         f"OSError: 15985 requested and 2484 written (while writing {tmp_path / 'out.zarr'}); a write stopped short, "

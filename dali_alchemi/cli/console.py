@@ -60,13 +60,7 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-_NEXT_STEP = {
-    errno.ENOSPC: "free some space, or write somewhere else",
-    errno.EDQUOT: "free some space within your quota, or write somewhere else",
-    errno.EFBIG: "a file grew past the size limit (ulimit -f, or the file system's largest file): raise it, "
-    "or write somewhere else",
-    errno.EROFS: "that file system is mounted read-only: write somewhere else",
-    errno.EACCES: "choose a folder you may write to, or change its permissions",
+_NEXT_STEP = {  # and the steps for a refused write (store.write.refusals.REFUSALS), read when an error is told
     errno.EPERM: "choose a folder you may write to, or change its permissions",
     errno.ENOTDIR: "a part of the path is a file, not a folder: check the path",
     errno.EEXIST: "something is already at that path (a file where a folder was expected?): check the path",
@@ -97,7 +91,9 @@ def os_error_message(err: OSError, writing: str | None = None) -> str:
     if writing is not None:
         line += f" (while writing {os.path.abspath(writing)})"
     code = err.errno if isinstance(err.errno, int) else -1
-    step = (_NEXT_STEP_READING.get(code) if writing is None else None) or _NEXT_STEP.get(code)
+    from dali_alchemi.store.write.refusals import REFUSALS  # imported only when there is an error to tell
+
+    step = (_NEXT_STEP_READING.get(code) if writing is None else None) or REFUSALS.get(code) or _NEXT_STEP.get(code)
     if step is None and err.errno is None and writing is not None:  # numpy's short write: "N requested and M written"
         step = "a write stopped short, as on a full disk or past a file-size limit: free some space, or write elsewhere"
     if step is None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dali_alchemi.errors import ConfigError, InputNotFoundError, SampleDataError, StoreExistsError
+from dali_alchemi.errors import ConfigError, InputNotFoundError, SampleDataError, StoreExistsError, StoreWriteError
 from dali_alchemi.interop.ase_fields import Extracted, extract
 from dali_alchemi.interop.assemble import (
     DEFAULT_TOLERANCE,
@@ -178,6 +178,9 @@ def write_atoms(
     SampleDataError
         If the input is empty, or under ``missing="error"`` if the structures' fields differ: at the first
         structure whose set of fields differs from the first one's, before the rest is read.
+    StoreWriteError
+        If the operating system refuses a write (a full disk, a read-only file system, no permission),
+        naming the store asked for; nothing is left at its path.
     """
     if chunk < 1:
         raise ConfigError(f"chunk must be >= 1, got {chunk}")
@@ -238,6 +241,11 @@ def _convert(
                 if local.exists():
                     raise StoreExistsError(f"Zarr store already exists at {location.display}")
                 os.rename(build, local)
+        except StoreWriteError as err:
+            if build is None:
+                raise
+            shutil.rmtree(build, ignore_errors=True)
+            raise _refused_convert(err, build, location) from err
         except BaseException:
             if build is not None:
                 shutil.rmtree(build, ignore_errors=True)
@@ -248,6 +256,14 @@ def _convert(
     if report.dropped:
         logger.info("conversion dropped keys it could not store: %s", report.dropped_reasons)
     return report
+
+
+def _refused_convert(err: StoreWriteError, build: Path, location: StoreLocation) -> StoreWriteError:
+    """``err`` (a write refused while the store was built beside its path) told of the store asked for."""
+    assert location.local_root is not None
+    store = str(location.local_root.absolute())
+    message = str(err).replace(str(build.absolute()), store).replace(": write failed:", ": convert failed:", 1)
+    return StoreWriteError(err.errno, message, store=store, operation="convert")
 
 
 def _spool_input(

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from dali_alchemi.errors import DaliAlchemiError, StoreWriteError
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
     from dali_alchemi.store.format.journal import Operation
     from dali_alchemi.store.format.location import StoreLocation
 
-__all__ = ["REFUSALS", "is_refusal", "refused", "roll_back"]
+__all__ = ["REFUSALS", "is_refusal", "refused", "roll_back", "told_as_refused"]
 
 
 REFUSALS: dict[int, str] = {
@@ -32,7 +34,8 @@ REFUSALS: dict[int, str] = {
     errno.EACCES: "check the permissions of the store, its files and its parent directory",
     errno.EFBIG: "a file grew past the size limit (`ulimit -f`, or the file system's): raise it, then run it again",
 }
-"""The errno values that mean the OS refused a write, with the next step for each."""
+"""The errno values that mean the operating system refused a write, with the next step for each: one table
+for :class:`~dali_alchemi.errors.StoreWriteError` and the command line's one-line errors."""
 
 
 def is_refusal(err: BaseException) -> bool:
@@ -89,3 +92,15 @@ def refused(loc: StoreLocation, operation: str, err: OSError, state: str) -> Sto
         f"[{name}]{where}. {state} Next: {fix}.",
         store=store, operation=operation,
     )  # fmt: skip
+
+
+@contextmanager
+def told_as_refused(loc: StoreLocation, operation: str, state: Callable[[], str]) -> Iterator[None]:
+    """A write the OS refuses inside the block becomes :func:`refused`'s error; ``state()`` puts the store
+    back if it must (:func:`roll_back`) and says how it was left."""
+    try:
+        yield
+    except OSError as err:
+        if not is_refusal(err):
+            raise
+        raise refused(loc, operation, err, state()) from err

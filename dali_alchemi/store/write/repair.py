@@ -49,6 +49,7 @@ from dali_alchemi.store.read.open_checks import MetaInfo, check_meta, open_root
 from dali_alchemi.store.write.arrays import complete
 from dali_alchemi.store.write.lock import WriterLock
 from dali_alchemi.store.write.recovery import finish_repair_swap, recover, remove_staging
+from dali_alchemi.store.write.refusals import roll_back, told_as_refused
 
 __all__ = [
     "COPY_CONCURRENCY", "REWRITE_WINDOW_ROWS", "RepairReport", "check_in_place", "repair_copy",
@@ -269,18 +270,24 @@ def repair_store(
         If some samples cannot be repaired (not for a dry run, which lists them in its plan).
     UnsupportedStoreError
         For an in-place repair of a store that is not a local directory.
+    StoreWriteError
+        If the operating system refuses a write (a full disk, a read-only file system, no permission), after
+        an in-place repair is rolled back; a copy leaves nothing at ``out``.
     """
     if out is None and not dry_run:
         loc = resolve_store(store, read_only=False, must_exist=True, storage_options=storage_options)
         check_in_place(loc)
-        with WriterLock(loc, "repair"):
-            recover(loc)
-            open_root(loc)  # a zarr v3 group
-            root = open_group(loc, mode="r+")
-            return run_repair(loc, root, check_meta(root, store=loc.display), dry_run=False, prefer=prefer)
+        with told_as_refused(loc, "repair", lambda: "The store was not changed."), WriterLock(loc, "repair"):
+            with told_as_refused(loc, "repair", lambda: roll_back(loc, "repair")):
+                recover(loc)
+                open_root(loc)  # a zarr v3 group
+                root = open_group(loc, mode="r+")
+                return run_repair(loc, root, check_meta(root, store=loc.display), dry_run=False, prefer=prefer)
     loc = resolve_store(store, read_only=True, must_exist=True, storage_options=storage_options)
     if out is not None and not dry_run:
-        return repair_copy(loc, Path(out), prefer=prefer)
+        left = f"Nothing was left at {Path(out).absolute()}; the store was only read."
+        with told_as_refused(loc, f"repair to {Path(out).absolute()}", lambda: left):
+            return repair_copy(loc, Path(out), prefer=prefer)
     if read_journal(loc) is not None:
         raise StoreFormatError(
             f"Store {loc.display} has an unfinished write operation; open it with a writer to finish it first"

@@ -154,7 +154,10 @@ def resolve_store(
         path = Path(text.removeprefix("file://")).expanduser()
         if must_exist and not path.exists():
             raise store_not_found(path)
-        return StoreLocation(store=LocalStore(path, read_only=read_only), prefix="", display=str(path), local_root=path)
+        # the real folder: a store reached by two paths (one through a link) has one lock, one journal and one
+        # set of staging folders beside it, and a defragment swaps the folder itself, not the link
+        real = path.resolve()
+        return StoreLocation(store=LocalStore(real, read_only=read_only), prefix="", display=str(path), local_root=real)
     raise ConfigTypeError(
         f"store must be a path, a URL, a zarr Store, a StorePath or a dict, got {type(store).__name__}"
     )

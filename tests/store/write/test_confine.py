@@ -7,15 +7,18 @@ linked chunk file is replaced as a link, so what it points to stays as it was; r
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter, UnsupportedStoreError
+from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter, StoreLockedError, UnsupportedStoreError
 from dali_alchemi.bench.synth import synthetic_samples
 from dali_alchemi.config import ArrayConfig, WriteConfig
+from dali_alchemi.store.format.location import resolve_store
+from dali_alchemi.store.write.lock import WriterLock
 
 CONFIG = WriteConfig(core=ArrayConfig(chunk_size=32), meta=ArrayConfig(chunk_size=16))
 
@@ -88,6 +91,34 @@ def test_a_store_reached_through_a_linked_path_is_written(pristine: Path, tmp_pa
     AtomicDataZarrWriter(link).delete([0])
     with AtomicDataZarrReader(real) as reader:
         assert len(reader) == 19
+
+
+def test_a_store_reached_by_two_paths_has_one_lock_and_a_defragment_keeps_the_link(
+    pristine: Path, tmp_path: Path
+) -> None:
+    real, link = tmp_path / "real.zarr", tmp_path / "link.zarr"
+    shutil.copytree(pristine, real)
+    link.symlink_to(real, target_is_directory=True)
+    refused: list[BaseException] = []
+
+    def delete_by_the_real_path() -> None:  # another thread: the lock is re-entrant within one
+        try:
+            AtomicDataZarrWriter(real).delete([0])
+        except StoreLockedError as err:
+            refused.append(err)
+
+    with WriterLock(resolve_store(link, read_only=False, must_exist=True), "append"):
+        other = threading.Thread(target=delete_by_the_real_path)
+        other.start()
+        other.join(timeout=30)
+    assert len(refused) == 1 and "(append, since" in str(refused[0])  # one lock, whichever path took it
+    writer = AtomicDataZarrWriter(link)
+    writer.delete([0, 5])
+    writer.defragment()
+    assert link.is_symlink() and link.resolve() == real.resolve()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.zarr", "real.zarr"]  # nothing left beside either
+    with AtomicDataZarrReader(real) as reader:
+        assert len(reader) == 18
 
 
 def test_links_beside_the_store_are_removed_as_links(pristine: Path, tmp_path: Path) -> None:

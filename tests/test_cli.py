@@ -579,3 +579,36 @@ def test_a_bare_value_error_is_one_line_that_names_the_store_by_its_path(
     monkeypatch.setattr(summary, "summarize", raises)
     assert main(["inspect", "/data/s.zarr"]) == 2
     assert capsys.readouterr().out == "error: ValueError: No array found in store /data/s.zarr/core\n"
+
+
+def test_an_os_error_no_user_can_act_on_is_a_bug_shown_with_its_traceback(
+    small_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dali_alchemi.store.read.summary as summary
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    monkeypatch.setattr(summary, "summarize", broken)
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        main(["inspect", str(small_store)])
+
+
+def test_a_problem_message_with_brackets_is_printed_as_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    import zarr
+
+    store = tmp_path / "bad.zarr"
+    from dali_alchemi.bench.synth import write_synthetic_store
+
+    write_synthetic_store(store, 20, seed=1)
+    positions = zarr.open_array(store / "core" / "positions", mode="r")
+    values = positions[...]
+    shutil.rmtree(store / "core" / "positions")
+    zarr.create_array(store / "core" / "positions", data=values[:, :2].copy(), zarr_format=3)
+    assert main(["verify", str(store)]) == 1
+    out = capsys.readouterr().out
+    assert "has shape (" in out and "expected [rows, 3]; the reader refuses it" in " ".join(out.split()), out

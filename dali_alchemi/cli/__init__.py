@@ -26,7 +26,7 @@ from rich.markup import escape
 
 from dali_alchemi import __version__
 from dali_alchemi.cli import bench, repair, store, verify
-from dali_alchemi.cli.console import EXIT_BAD_INPUT, CommandError, make_console, os_error_message
+from dali_alchemi.cli.console import EXIT_BAD_INPUT, CommandError, is_told_os_error, make_console, os_error_message
 from dali_alchemi.errors import DaliAlchemiError
 
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
@@ -60,7 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = f"{type(err).__name__}: {err}"
     except OSError as err:  # the system refused: a full disk, a read-only folder, a file where a folder goes
         writes = getattr(args, "writes", None)
-        message = os_error_message(err, writing=writes(args) if writes is not None else None)
+        writing = writes(args) if writes is not None else None
+        if not is_told_os_error(err, writing):
+            raise
+        message = os_error_message(err, writing=writing)
     except ValueError as err:  # raised past the project's checks, perhaps by zarr: its names for a store go
         from dali_alchemi.store.format.location import zarr_error_text
 

@@ -75,6 +75,18 @@ _NEXT_STEP_READING = {
 """What to do instead, where the command was not writing anything."""
 
 
+def is_told_os_error(err: OSError, writing: str | None = None) -> bool:
+    """Whether ``err`` is one the system gives a user to act on (a full disk, no permission, a path that is a
+    file), told in one line; any other (a bad file descriptor, say) is a bug, shown with its traceback."""
+    from dali_alchemi.store.write.refusals import REFUSALS
+
+    if isinstance(err, (ConnectionError, TimeoutError)):  # a server or the network
+        return True
+    if isinstance(err.errno, int):
+        return err.errno in REFUSALS or err.errno in _NEXT_STEP or err.errno in _NEXT_STEP_READING
+    return writing is not None and "requested and" in str(err)  # numpy's short write: "N requested and M written"
+
+
 def os_error_message(err: OSError, writing: str | None = None) -> str:
     """One line for an error the operating system gave: the error's class, the OS's reason and the path it was
     about, what the command was writing (``writing``), and what to do.

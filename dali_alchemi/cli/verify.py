@@ -66,7 +66,8 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
         return EXIT_OK
     table = make_table("kind", "array", "chunk", "structure", "problem")
     for p in report.problems:
-        table.add_row(p.kind, p.array or "-", p.chunk or "-", "-" if p.sample is None else str(p.sample), p.message)
+        cells = (p.kind, p.array or "-", p.chunk or "-", "-" if p.sample is None else str(p.sample), p.message)
+        table.add_row(*map(escape, cells))  # "[V, 3]" in a message is text, not rich markup
     print_table(console, table)
     more = f" (and {report.problems_left_out:,} more not listed)" if report.problems_left_out else ""
     n = len(report.problems) + report.problems_left_out

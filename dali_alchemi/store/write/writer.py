@@ -211,7 +211,8 @@ class AtomicDataZarrWriter:
             If the store exists (for a local path: anything at that path, an empty directory too); a
             ``FileExistsError``.
         SampleDataError
-            If there are no samples, or they are inconsistent (a ``ValueError``).        StoreWriteError
+            If there are no samples, or they are inconsistent (a ``ValueError``).
+        StoreWriteError
             If the operating system refuses a write (no space left, read-only, no permission, a quota, a
             size limit; an ``OSError`` with that errno), after the store is put back
             (:mod:`~dali_alchemi.store.write.refusals`).
@@ -237,7 +238,8 @@ class AtomicDataZarrWriter:
         StoreNotFoundError
             If the store does not exist (a ``FileNotFoundError``).
         SampleDataError
-            If fields are missing or extra, or shapes or dtypes do not fit the stored arrays.        StoreWriteError
+            If fields are missing or extra, or shapes or dtypes do not fit the stored arrays.
+        StoreWriteError
             If the operating system refuses a write (no space left, read-only, no permission, a quota, a
             size limit; an ``OSError`` with that errno), after the store is put back
             (:mod:`~dali_alchemi.store.write.refusals`).
@@ -274,7 +276,8 @@ class AtomicDataZarrWriter:
             If ``data.shape[0]`` is not the physical size of that level (deleted samples included),
             ``key`` is already a core field or no usable name, the array breaks the rules the reader
             checks, or holds NaN or inf without ``allow_nonfinite`` (a ``ValueError``); all before
-            anything is written.        StoreWriteError
+            anything is written.
+        StoreWriteError
             If the operating system refuses a write (no space left, read-only, no permission, a quota, a
             size limit; an ``OSError`` with that errno), after the store is put back
             (:mod:`~dali_alchemi.store.write.refusals`).

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zarr
 
-from dali_alchemi import AtomicDataZarrWriter, StoreNotFoundError
+from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter, StoreFormatError, StoreNotFoundError
 from dali_alchemi.bench.http_server import StoreServer
 from dali_alchemi.cli import main
 from dali_alchemi.store.check.verify import VerifyReport, verify_store
@@ -265,7 +265,9 @@ def test_what_else_makes_the_reader_refuse_the_store_is_a_problem(store: Path) -
 
 
 def test_a_refusal_already_reported_is_not_reported_twice(store: Path) -> None:
-    _rewrite(store, "meta/atoms_ptr", lambda v: v.__setitem__(0, 1))  # the reader: "starts at 1; expected 0"
+    _rewrite(store, "meta/atoms_ptr", lambda v: v.__setitem__(0, 1))
+    with pytest.raises(StoreFormatError, match="atoms_ptr"):  # the reader refuses it, so verify's open check does too
+        AtomicDataZarrReader(store)
     report = verify_store(store)
     assert "open" not in [p.kind for p in report.problems] and ("pointer", "meta/atoms_ptr", None) in _kinds(report)
 

@@ -612,3 +612,20 @@ def test_a_problem_message_with_brackets_is_printed_as_written(
     assert main(["verify", str(store)]) == 1
     out = capsys.readouterr().out
     assert "has shape (" in out and "expected [rows, 3]; the reader refuses it" in " ".join(out.split()), out
+
+
+@pytest.mark.parametrize(("samples", "status"), [((3, 7), 1), ((), 2)], ids=["samples refused", "cannot run"])
+def test_repair_exits_1_for_samples_it_refuses_and_2_when_it_cannot_run(
+    small_store: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    samples: tuple[int, ...], status: int,
+) -> None:  # fmt: skip
+    from dali_alchemi.errors import RepairError
+    from dali_alchemi.store.write import repair
+
+    def refusing(*args: object, **kwargs: object) -> None:
+        raise RepairError("Store S: neighbor_list is a custom array here; repair rewrites core/neighbor_list", samples)
+
+    monkeypatch.setattr(repair, "repair_store", refusing)
+    assert main(["repair", str(small_store), "--dry-run"]) == status
+    out = capsys.readouterr().out
+    assert out.startswith("refused: RepairError: " if samples else "error: RepairError: Store S: neighbor_list"), out

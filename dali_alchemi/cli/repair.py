@@ -24,7 +24,10 @@ def cmd_repair(args: argparse.Namespace, console: Console) -> int:
 
     try:
         report = repair_store(args.store, out=args.out, dry_run=args.dry_run, prefer=args.prefer)
-    except RepairError as err:  # the store was read and has damage repair cannot undo: a finding, not bad input
+    except RepairError as err:
+        if not err.samples:  # repair could not run on this store at all (a custom neighbor_list, say): bad input
+            raise
+        # the store was read and has samples repair cannot re-base: a finding, not bad input
         console.print(f"[red]refused:[/red] {type(err).__name__}: {escape(str(err))}", highlight=False)
         if isinstance(err, AmbiguousRepairError):
             console.print(

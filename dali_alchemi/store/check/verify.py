@@ -48,7 +48,7 @@ from dali_alchemi.store.read.codecs import ArrayCodec
 from dali_alchemi.store.read.engine import default_threads
 from dali_alchemi.store.read.fetch import ByteFetcher, LocalFetcher, StoreFetcher
 from dali_alchemi.store.read.open_checks import check_chunk_size, holds_root_metadata, memory_budget, open_root
-from dali_alchemi.store.read.snapshot import open_snapshot
+from dali_alchemi.store.read.snapshot import KEPT_CHANGING, open_snapshot
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -250,7 +250,8 @@ def verify_store(
         If there is nothing at ``store``.
     StoreFormatError
         If ``store`` holds no store at all: no ``zarr.json`` at its root (an empty or unrelated folder) or a
-        plain file. Every finding in a store is a :class:`Problem` of the report.
+        plain file, or if a writer changed the store at every attempt to open it (no finding: verify it
+        again once the writer is done). Every finding in a store is a :class:`Problem` of the report.
     """
     if max_problems < 1:
         raise ConfigError(f"max_problems must be >= 1, got {max_problems}")
@@ -406,6 +407,8 @@ def _reader_refusal(loc: StoreLocation, found: Findings) -> None:
         open_snapshot(loc)
     except (ValueError, TypeError, KeyError) as err:  # StoreFormatError and ChunkDecodeError are ValueErrors
         message = str(err)
+        if message.endswith(KEPT_CHANGING):  # a writer is at work: no finding about the store, verify again later
+            raise
         said = message.removeprefix(f"Store {loc.display}").removeprefix(":").strip()  # what, without where
         for p in found.problems:
             named = p.array is not None and re.search(rf"(?<![\w/]){re.escape(p.array)}(?![\w/])", message)

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray, Level, PtrArray
 
 __all__ = [
-    "LOAD_ATTEMPTS", "RETRY_WAIT_S", "ArrayHandle", "Snapshot", "SnapshotIdentity", "identify", "incompatibility",
+    "KEPT_CHANGING", "LOAD_ATTEMPTS", "RETRY_WAIT_S", "ArrayHandle", "Snapshot", "SnapshotIdentity", "identify", "incompatibility",
     "open_snapshot", "read_through_zarr", "served_as"
 ]
 
@@ -100,6 +100,10 @@ class Snapshot:
         return {name: handle.level for name, handle in self.handles.items()}
 
 
+KEPT_CHANGING = "kept changing while it was opened; try again"
+"""How a store that a writer changed at every attempt to open it is told (no damage: it was busy)."""
+
+
 def open_snapshot(requested: StoreLocation) -> Snapshot:
     """Open the store at ``requested`` as one consistent state while a writer may be working.
 
@@ -133,7 +137,7 @@ def open_snapshot(requested: StoreLocation) -> Snapshot:
             raise StoreFormatError(f"Store {loc.display}: unreadable metadata: {zarr_error_text(err)}") from err
         if read_journal(requested) == op and read_token(requested) == token:
             return _freeze(loc, meta, handles, token, rewritten, skipped)
-    raise StoreFormatError(f"Store {requested.display} kept changing while it was opened; try again")
+    raise StoreFormatError(f"Store {requested.display} {KEPT_CHANGING}")
 
 
 def _freeze(

@@ -286,3 +286,17 @@ def test_a_path_that_holds_no_store_is_an_error_not_a_report(tmp_path: Path, wha
     expected = "is a file, not a store" if what == "a plain file" else "is not a zarr group: there is no zarr.json"
     with pytest.raises(StoreFormatError, match=f"Store {path} {expected}.*dali-alchemi convert INPUT"):
         verify_store(path)
+
+
+def test_a_store_a_writer_keeps_changing_is_an_error_not_a_finding(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dali_alchemi.store.check.verify as verify
+    from dali_alchemi.store.read.snapshot import KEPT_CHANGING
+
+    def busy(loc: object) -> None:
+        raise StoreFormatError(f"Store {store} {KEPT_CHANGING}")
+
+    monkeypatch.setattr(verify, "open_snapshot", busy)
+    with pytest.raises(StoreFormatError, match="kept changing while it was opened; try again"):
+        verify_store(store)

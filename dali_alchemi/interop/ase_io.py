@@ -260,9 +260,8 @@ def _convert(
 
 def _refused_convert(err: StoreWriteError, build: Path, location: StoreLocation) -> StoreWriteError:
     """``err`` (a write refused while the store was built beside its path) told of the store asked for."""
-    assert location.local_root is not None
-    store = str(location.local_root.absolute())
-    message = str(err).replace(str(build.absolute()), store).replace(": write failed:", ": convert failed:", 1)
+    store = location.display
+    message = str(err).replace(str(build), store).replace(": write failed:", ": convert failed:", 1)
     return StoreWriteError(err.errno, message, store=store, operation="convert")
 
 

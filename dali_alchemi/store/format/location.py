@@ -157,7 +157,9 @@ def resolve_store(
         # the real folder: a store reached by two paths (one through a link) has one lock, one journal and one
         # set of staging folders beside it, and a defragment swaps the folder itself, not the link
         real = path.resolve()
-        return StoreLocation(store=LocalStore(real, read_only=read_only), prefix="", display=str(path), local_root=real)
+        # messages name a local store by its absolute path as given (links kept), wherever the command ran
+        shown = str(path.absolute())
+        return StoreLocation(store=LocalStore(real, read_only=read_only), prefix="", display=shown, local_root=real)
     raise ConfigTypeError(
         f"store must be a path, a URL, a zarr Store, a StorePath or a dict, got {type(store).__name__}"
     )

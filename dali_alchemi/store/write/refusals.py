@@ -79,8 +79,8 @@ def roll_back(loc: StoreLocation, operation: str) -> str:
 
 def refused(loc: StoreLocation, operation: str, err: OSError, state: str) -> StoreWriteError:
     """The error for ``operation`` on the store at ``loc`` refused with ``err``; ``state`` says how the
-    store was left. A local store is named by its absolute path, wherever the command was run from."""
-    store = str(loc.local_root.absolute()) if loc.local_root is not None else loc.display
+    store was left."""
+    store = loc.display
     code = err.errno
     reason = err.strerror or (os.strerror(code) if code is not None else str(err))
     where = f" ({err.filename})" if err.filename else ""

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXIT_BAD_INPUT", "EXIT_OK", "EXIT_PROBLEMS", "LOG_WIDTH", "CommandError", "CountColumn", "at_least",
-    "cuda_device", "fmt", "fold_columns", "human_bytes", "make_console", "make_table", "os_error_message",
-    "parse_device", "print_table"
+    "cuda_device", "fmt", "fold_columns", "human_bytes", "is_told_os_error", "make_console", "make_table",
+    "os_error_message", "parse_device", "print_table"
 ]
 
 EXIT_OK = 0

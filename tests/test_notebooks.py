@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,15 +21,20 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
         ("03_train_with_dali.ipynb", ["structures,", "edges; fields:", "batches per epoch", "loss: first"]),
     ],
 )
-def test_notebook_executes(name: str, expected: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_notebook_executes(
+    name: str, expected: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     monkeypatch.setenv("NB_STRUCTURES", "400")
     monkeypatch.setenv("NB_ROUNDS", "1")
     monkeypatch.setenv("NB_STEPS", "30")
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    monkeypatch.setenv("TMPDIR", str(scratch))  # where the kernel's tempfile.mkdtemp() writes
+    # where the kernel's tempfile.mkdtemp() writes: a short path of its own, since multiprocessing puts the
+    # AF_UNIX sockets that pass tensors between processes (a DataLoader's workers) under it, and a socket
+    # path over 107 bytes cannot be bound (pytest's own tmp_path under xdist is long enough to reach it)
+    scratch = Path(tempfile.mkdtemp(prefix="nb-"))
+    request.addfinalizer(lambda: shutil.rmtree(scratch, ignore_errors=True))
+    monkeypatch.setenv("TMPDIR", str(scratch))
     # torch's own compile cache (importing torch._dynamo, as an optimizer step does, creates it under
     # TMPDIR) is not something the notebook wrote: keep it out of the folder checked for leftovers.
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "torch-cache"))

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dali_alchemi import DALIDataLoader
 from dali_alchemi.bench.memory import MB, TreeMemorySampler, tree_pss
 
 BATCH_SIZE = 64
@@ -63,9 +64,7 @@ def cmd_write(args: argparse.Namespace) -> dict[str, float]:
     }
 
 
-def _loader(store: str, rank: int, ranks: int, cache_mb: int):  # noqa: ANN202 - a DALIDataLoader
-    from dali_alchemi import DALIDataLoader
-
+def _loader(store: str, rank: int, ranks: int, cache_mb: int) -> DALIDataLoader:
     return DALIDataLoader(
         store, batch_size=BATCH_SIZE, shuffle=True, seed=0, shard_id=rank, num_shards=ranks, device="cpu",
         cache_bytes=cache_mb * MB,

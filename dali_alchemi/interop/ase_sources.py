@@ -102,7 +102,7 @@ def read_structures(path: str | Path, *, index: str = ":", format: str | None = 
     return _named(path, iread(str(path), index=index, format=format), first)
 
 
-def count_structures(path: str | Path, *, format: str | None = None) -> int:
+def count_structures(path: str | Path) -> int:
     """The number of structures :func:`read_structures` yields for ``path`` with ``index=":"``.
 
     An xyz file's frames are counted by :func:`check_xyz_counts` (no parsing), a database's rows by the
@@ -116,7 +116,7 @@ def count_structures(path: str | Path, *, format: str | None = None) -> int:
         If an xyz frame claims more atoms than the rest of the file can hold, a structure cannot be read,
         or a database file is not one.
     """
-    kind = _kind(path, format)
+    kind = _kind(path, None)
     if kind in XYZ_FORMATS and not _compressed(path):
         return check_xyz_counts(path)
     if kind in DATABASE_FORMATS:
@@ -125,7 +125,7 @@ def count_structures(path: str | Path, *, format: str | None = None) -> int:
                 return int(db.count())
             except Exception as err:  # sqlite3.DatabaseError, lmdb.Error, ...
                 raise SampleDataError(f"{path}: its rows cannot be counted: {type(err).__name__}: {err}") from err
-    return sum(1 for _ in read_structures(path, format=format))
+    return sum(1 for _ in read_structures(path))
 
 
 def check_xyz_counts(path: str | Path) -> int:
@@ -133,13 +133,14 @@ def check_xyz_counts(path: str | Path) -> int:
 
     One pass over the lines at C speed (no parsing), before ASE's: a count that ``MIN_ATOM_LINE_BYTES``
     bytes per atom line could not fit in the rest of the file (a header claiming 10^12 atoms) is refused,
-    where ASE would go on reading for ever. A frame that does not start with a count is left for ASE
-    to report. Compressed files are not checked.
+    where ASE would go on reading for ever, and so is a blank line between frames (where ASE's parser
+    stops without a word, leaving out the frames after it). A frame that does not start with a count
+    is left for ASE to report. Compressed files are not checked.
 
     Raises
     ------
     SampleDataError
-        Naming the file, the frame and the claimed count.
+        Naming the file, the frame and the claimed count (or the blank line before the frame).
     """
     if _compressed(path):
         return 0
@@ -150,6 +151,7 @@ def _xyz_frame_starts(path: str | Path) -> Iterator[int]:
     """The byte offset of each frame of an xyz file, each frame's count checked (see :func:`check_xyz_counts`)."""
     size = os.path.getsize(path)
     frames = 0
+    blank = False
     with open(path, "rb") as fh:
         while True:
             start = fh.tell()
@@ -157,11 +159,17 @@ def _xyz_frame_starts(path: str | Path) -> Iterator[int]:
             if not line:
                 return
             if not line.strip():
+                blank = frames > 0
                 continue
             try:
                 count = int(line.split()[0])
             except ValueError:
                 return  # not a count: ASE's parser reports it
+            if blank:
+                raise SampleDataError(
+                    f"{path}: a blank line before frame {frames} ends the file for ASE's extxyz parser, which would "
+                    f"leave out frame {frames} and every frame after it; remove the blank line"
+                )
             fh.readline()  # the comment line
             left = size - fh.tell()
             if count < 0 or count * MIN_ATOM_LINE_BYTES > left:
@@ -286,8 +294,8 @@ def _named(path: str | Path, structures: Iterator[Atoms], first: int) -> Iterato
             raise
         except Exception as err:  # ASE's parsers raise many kinds
             raise SampleDataError(
-                f"{path}: frame {frame} cannot be read: {type(err).__name__}: {err}; fix or leave out that "
-                "file (the frames before it were read)"
+                f"{path}: frame {frame} (counted from 0) cannot be read: {type(err).__name__}: {err}; fix that "
+                "frame or leave the file out"
             ) from err
         yield atoms
         frame += 1

@@ -167,12 +167,22 @@ def test_a_failure_names_the_file_and_the_frame(tmp_path: Path) -> None:
     third = sum(2 + len(a) for a in _structures(2))  # the header of frame 2
     lines[third + 2] = "O 0.0 oops 0.0\n"
     bad.write_text("".join(lines))
-    with pytest.raises(SampleDataError, match=rf"^{bad}: frame 2 cannot be read: ValueError: .*oops"):
+    with pytest.raises(
+        SampleDataError,
+        match=rf"^{bad}: frame 2 \(counted from 0\) cannot be read: ValueError: .*oops.*; fix that frame or leave the file out",
+    ):
         convert([good, bad], tmp_path / "out.zarr")
     assert not (tmp_path / "out.zarr").exists()
-    with pytest.raises(SampleDataError, match=rf"^{bad}: frame 2 cannot be read"):
+    with pytest.raises(SampleDataError, match=rf"^{bad}: frame 2 \(counted from 0\) cannot be read"):
         list(read_structures(bad, index="1:3"))
     assert check_xyz_counts(bad) == 4
+    gap = tmp_path / "gap.extxyz"
+    gap.write_text("1\nfirst\nH 0 0 0\n\n1\nsecond\nH 1 1 1\n\n")  # ASE's parser stops at the blank line
+    for read in (check_xyz_counts, count_structures, lambda path: list(read_structures(path))):
+        with pytest.raises(SampleDataError, match=rf"^{gap}: a blank line before frame 1 ends the file .* leave out"):
+            read(gap)
+    gap.write_text("1\nfirst\nH 0 0 0\n\n\n")  # blank lines at the end are no frames
+    assert count_structures(gap) == len(list(read_structures(gap))) == 1
 
 
 def test_missing_inputs_and_corrupt_databases_are_named(tmp_path: Path) -> None:

@@ -264,9 +264,7 @@ def _connect(path: str | Path, kind: str) -> Any:
     name = str(path)
     try:
         if kind == "aselmdb":
-            import lmdb
-
-            lmdb.open(name, subdir=False, readonly=True, lock=False).close()  # not ase-db-backends' (which fails again)
+            _check_lmdb_size(name)
             return ase.db.connect(name, type="aselmdb", readonly=True)
         if kind == "db" and _head(name, len(SQLITE_MAGIC)) not in (b"", SQLITE_MAGIC):
             raise SampleDataError(f"{path} is not an SQLite database (it does not start with {SQLITE_MAGIC!r})")
@@ -279,6 +277,24 @@ def _connect(path: str | Path, kind: str) -> Any:
         raise SampleDataError(
             f"{path} cannot be opened as an ASE {kind} database: {type(err).__name__}: {err}"
         ) from err
+
+
+def _check_lmdb_size(name: str) -> None:
+    """Refuse a LMDB file shorter than its own pages say (a download cut short), which LMDB would read as
+    empty or crash the process on; opened here, not by ase-db-backends (which fails again on closing)."""
+    import lmdb
+
+    env = lmdb.open(name, subdir=False, readonly=True, lock=False)
+    try:
+        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    finally:
+        env.close()
+    size = os.path.getsize(name)
+    if size < needed:
+        raise SampleDataError(
+            f"{name} is truncated: its pages need {needed:,} bytes, the file holds {size:,} (a download or copy "
+            "cut short?); fetch it again"
+        )
 
 
 def _named(path: str | Path, structures: Iterator[Atoms], first: int) -> Iterator[Atoms]:

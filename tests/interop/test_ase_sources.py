@@ -208,3 +208,13 @@ def test_missing_inputs_and_corrupt_databases_are_named(tmp_path: Path) -> None:
         with pytest.raises(SampleDataError, match=rf"^{tmp_path / name} {says}"):
             convert([tmp_path / name], tmp_path / "out.zarr")
     assert not (tmp_path / "out.zarr").exists()
+
+
+def test_a_truncated_aselmdb_file_is_refused_not_read_as_empty(tmp_path: Path) -> None:
+    whole = _write(tmp_path / "whole.aselmdb", _structures(60)).read_bytes()
+    cut = tmp_path / "cut.aselmdb"
+    cut.write_bytes(whole[: len(whole) // 2])  # LMDB read this as an empty database (or crashed on it)
+    says = rf"^{cut} is truncated: its pages need {len(whole):,} bytes, the file holds {len(whole) // 2:,}"
+    for read in (lambda path: list(read_structures(path)), count_structures):
+        with pytest.raises(SampleDataError, match=says):
+            read(cut)

@@ -22,6 +22,7 @@ from dali_alchemi.interop.ase_sources import count_structures  # noqa: E402
 
 N = 12
 KINDS = ("extxyz", "db", "aselmdb")
+READ_KINDS = (*KINDS, "json", "traj")
 
 
 def _structures(n: int, first: int = 0) -> list[ase.Atoms]:
@@ -44,7 +45,7 @@ def _structures(n: int, first: int = 0) -> list[ase.Atoms]:
 def _write(path: Path, structures: list[ase.Atoms]) -> Path:
     """``structures`` written by ASE (extxyz: ``info`` in the comment line) or by ``ase.db`` (SQLite, or
     ase-db-backends' ASE-LMDB writer): ``step`` as a key-value pair, ``charges`` as data."""
-    if path.suffix == ".extxyz":
+    if path.suffix in (".extxyz", ".traj"):
         write(path, structures)
         return path
     with ase.db.connect(str(path)) as db:
@@ -56,7 +57,7 @@ def _write(path: Path, structures: list[ase.Atoms]) -> Path:
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("sources")
-    return {kind: _write(folder / f"in.{kind}", _structures(N)) for kind in KINDS}
+    return {kind: _write(folder / f"in.{kind}", _structures(N)) for kind in READ_KINDS}
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -83,7 +84,7 @@ def test_each_format_converts_field_for_field(kind: str, sources: dict[str, Path
             assert np.array_equal(got["charges"].numpy()[0], np.arange(3.0) + i)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", READ_KINDS)
 @pytest.mark.parametrize("index", ["3:7", "0:2", "9:", ":4", "10:40", "5:5", "40:50"])
 def test_a_range_is_the_slice_of_the_whole_read(kind: str, index: str, sources: dict[str, Path]) -> None:
     whole = list(read_structures(sources[kind]))
@@ -98,11 +99,11 @@ def test_a_range_is_the_slice_of_the_whole_read(kind: str, index: str, sources: 
 
 
 def _step(atoms: ase.Atoms) -> int:
-    """The structure's ``step``: in ``info`` from extxyz, among the key-value pairs from a database."""
+    """The structure's ``step``: in ``info`` from extxyz and trajectories, among the key-value pairs from a database."""
     return int(atoms.info["step"] if "step" in atoms.info else atoms.info["key_value_pairs"]["step"])
 
 
-@pytest.mark.parametrize("kind", [*KINDS, "traj", "extxyz.gz"])
+@pytest.mark.parametrize("kind", [*READ_KINDS, "extxyz.gz"])
 def test_count_structures_is_the_number_read(kind: str, sources: dict[str, Path], tmp_path: Path) -> None:
     path = sources.get(kind)
     if path is None:

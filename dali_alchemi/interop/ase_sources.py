@@ -266,7 +266,7 @@ def _connect(path: str | Path, kind: str) -> Any:
         if kind == "aselmdb":
             _check_lmdb_size(name)
             return ase.db.connect(name, type="aselmdb", readonly=True)
-        if kind == "db" and _head(name, len(SQLITE_MAGIC)) not in (b"", SQLITE_MAGIC):
+        if kind == "db" and _head(name, len(SQLITE_MAGIC)) != SQLITE_MAGIC:
             raise SampleDataError(f"{path} is not an SQLite database (it does not start with {SQLITE_MAGIC!r})")
         if kind in ("db", "json"):
             return ase.db.connect(name, type=kind, serial=True)
@@ -333,9 +333,14 @@ def _kind(path: str | Path, format: str | None) -> str:
 
 
 def _exists(path: str | Path) -> None:
+    """Refuse a local input that does not exist, or is an empty file (which SQLite would make a database of)."""
     name = str(path)
-    if not name.startswith(("postgres", "mysql", "mariadb")) and not os.path.exists(name):
+    if name.startswith(("postgresql://", "postgres://", "mysql://", "mariadb://")):
+        return
+    if not os.path.exists(name):
         raise InputNotFoundError(f"Input {path} does not exist")
+    if os.path.isfile(name) and os.path.getsize(name) == 0:
+        raise SampleDataError(f"{path} is empty: it holds no structures; leave it out")
 
 
 def _frame_range(index: str) -> tuple[int, int | None] | None:

@@ -140,7 +140,6 @@ def test_an_aselmdb_file_is_read_a_row_at_a_time(sources: dict[str, Path], monke
     assert next(stream).get_potential_energy() == -100.0 - 4 / 7
     assert decoded == [5]  # ids start at 1: only the row yielded was decoded, none before it
     assert len(list(stream)) == N - 5 and decoded == list(range(5, N + 1))
-    assert not list(sources["aselmdb"].parent.glob("*.aselmdb-lock-*"))
 
 
 def test_many_files_and_a_folder_of_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -150,8 +149,12 @@ def test_many_files_and_a_folder_of_them(tmp_path: Path, capsys: pytest.CaptureF
     _write(folder / "a.extxyz", _structures(4))
     _write(folder / "c.aselmdb", _structures(4, first=8))
     (folder / "notes.txt").write_text("not an input")
+    for lock in folder.glob("*-lock"):  # the LMDB writer's; a reader makes none
+        lock.unlink()
+    before = sorted(p.name for p in folder.iterdir())
     report = convert([folder], tmp_path / "folder.zarr", chunk=3)
     assert report.structures == 12
+    assert sorted(p.name for p in folder.iterdir()) == before == ["a.extxyz", "b.db", "c.aselmdb", "notes.txt"]
     with AtomicDataZarrReader(tmp_path / "folder.zarr") as reader:
         assert [int(reader.read(i)[0]["step"]) for i in range(12)] == list(range(12))  # a, b, c in name order
     report = convert([folder / "c.aselmdb", folder / "a.extxyz"], tmp_path / "two.zarr")
@@ -195,6 +198,14 @@ def test_missing_inputs_and_corrupt_databases_are_named(tmp_path: Path) -> None:
         with pytest.raises(InputNotFoundError, match=rf"^Input {missing} does not exist"):
             convert([missing], tmp_path / "out.zarr")
     assert not (tmp_path / "gone.db").exists()  # not created by sqlite on the way
+    for kind in KINDS:
+        (tmp_path / f"empty.{kind}").touch()
+        for read in (read_structures, count_structures):
+            with pytest.raises(
+                SampleDataError, match=rf"^{tmp_path / f'empty.{kind}'} is empty: it holds no structures"
+            ):
+                read(tmp_path / f"empty.{kind}")
+        assert (tmp_path / f"empty.{kind}").stat().st_size == 0  # not made a database of
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputNotFoundError, match=r"folder .*empty holds no \*\.extxyz, \*\.xyz, \*\.aselmdb, \*\.db"):
         convert([tmp_path / "empty"], tmp_path / "out.zarr")

@@ -14,9 +14,9 @@ from __future__ import annotations
 import itertools
 import os
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from dali_alchemi.errors import DaliAlchemiError, InputNotFoundError, SampleDataError
 
@@ -147,7 +147,7 @@ def check_xyz_counts(path: str | Path) -> int:
     return sum(1 for _ in _xyz_frame_starts(path))
 
 
-def _xyz_frame_starts(path: str | Path) -> Iterator[int]:
+def _xyz_frame_starts(path: str | Path) -> Generator[int, None, None]:
     """The byte offset of each frame of an xyz file, each frame's count checked (see :func:`check_xyz_counts`)."""
     size = os.path.getsize(path)
     frames = 0
@@ -195,7 +195,7 @@ def _xyz_range(path: str | Path, kind: str, start: int, stop: int | None) -> Ite
     end = None if stop is None else next(itertools.islice(offsets, stop - start - 1, None), None)
     offsets.close()
     with open(path, "rb") as fh:
-        yield from iread(_Window(fh, begin, end), index=":", format=kind)
+        yield from iread(cast(IO[str], _Window(fh, begin, end)), index=":", format=kind)
 
 
 class _Window:

@@ -215,9 +215,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     inspect.set_defaults(func=cmd_inspect)
 
     conv = sub.add_parser(
-        "convert", help="convert extxyz files, ASE databases or trajectories into a store (needs ase)"
+        "convert", help="convert extxyz files, ASE databases (.db, .aselmdb) or trajectories into a store (needs ase)"
     )
-    conv.add_argument("inputs", nargs="+", help="files ASE can read (extxyz, .db, .traj, ...)")
+    conv.add_argument(
+        "inputs", nargs="+",
+        help="files ASE can read (extxyz, .db, fairchem's .aselmdb, .traj, ...), read one after the other; a folder "
+        "gives its *.extxyz, *.xyz, *.aselmdb and *.db files in sorted order of their names",
+    )  # fmt: skip
     conv.add_argument("out", help="path of the new store")
     conv.add_argument("--cutoff", type=float, help="compute a radius neighbor list (periodic images included)")
     width = conv.add_mutually_exclusive_group()

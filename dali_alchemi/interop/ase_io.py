@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,8 +28,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dali_alchemi.errors import ConfigError, InputNotFoundError, SampleDataError, StoreExistsError, StoreWriteError
+from dali_alchemi.errors import ConfigError, SampleDataError, StoreExistsError, StoreWriteError
 from dali_alchemi.interop.ase_fields import Extracted, extract
+from dali_alchemi.interop.ase_sources import (
+    DATABASE_FORMATS,
+    MIN_ATOM_LINE_BYTES,
+    XYZ_FORMATS,
+    check_xyz_counts,
+    count_structures,
+    input_files,
+    read_structures,
+)
 from dali_alchemi.interop.assemble import (
     DEFAULT_TOLERANCE,
     MISSING_POLICIES,
@@ -58,8 +67,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DATABASE_FORMATS", "DEFAULT_CHUNK", "MIN_ATOM_LINE_BYTES", "XYZ_FORMATS", "ConversionReport",
-    "batch_to_atoms", "check_xyz_counts", "convert", "read_structures", "refuse_differing_fields",
-    "write_atoms"
+    "batch_to_atoms", "check_xyz_counts", "convert", "count_structures", "input_files", "read_structures",
+    "refuse_differing_fields", "write_atoms"
 ]  # fmt: skip
 
 
@@ -67,8 +76,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CHUNK = 1000
 """Structures converted and written per step."""
-DATABASE_FORMATS = frozenset({"db", "json", "postgresql", "mysql"})
-"""ASE formats read row by row through ``ase.db``, so that key-value pairs and data come along."""
 
 
 @dataclass(slots=True)
@@ -306,82 +313,6 @@ def _write_chunks(
             progress("written", report.structures)
 
 
-def read_structures(path: str | Path, *, index: str = ":", format: str | None = None) -> Iterator[Atoms]:
-    """Stream ``ase.Atoms`` from any file ASE reads (extxyz, ``.db``, ``.traj``, ...) without loading it whole.
-
-    An ASE database (``.db``, ``.json``) is read row by row with each row's key-value pairs and data
-    in ``atoms.info`` (``ase.io`` leaves them out). The frame headers of an (ext)xyz file are checked
-    first (:func:`check_xyz_counts`), so a header claiming more atoms than the file holds is refused
-    before ASE starts parsing.
-
-    Raises
-    ------
-    SampleDataError
-        If an xyz frame claims more atoms than the rest of the file can hold.
-    """
-    from ase.io import iread
-    from ase.io.formats import filetype
-
-    kind = format or filetype(str(path))
-    if kind in DATABASE_FORMATS and index == ":":
-        return _database_rows(path)
-    if kind in XYZ_FORMATS:
-        check_xyz_counts(path)
-    return iter(iread(str(path), index=index, format=format))
-
-
-XYZ_FORMATS = ("xyz", "extxyz")
-"""Formats whose frames start with an atom count (checked against the file's size before parsing)."""
-MIN_ATOM_LINE_BYTES = 8
-"""The shortest line an atom can have in an xyz file (``"H 0 0 0\\n"``)."""
-
-
-def check_xyz_counts(path: str | Path) -> int:
-    """Check every frame's atom count against what is left of the file; return the number of frames.
-
-    One pass over the lines at C speed (no parsing), before ASE's: a count that ``MIN_ATOM_LINE_BYTES``
-    bytes per atom line could not fit in the rest of the file (a header claiming 10^12 atoms) is refused,
-    where ASE would go on reading for ever. A frame that does not start with a count is left for ASE
-    to report. Compressed files are not checked.
-
-    Raises
-    ------
-    SampleDataError
-        Naming the file, the frame and the claimed count.
-    """
-    size = os.path.getsize(path)
-    frames = 0
-    with open(path, "rb") as fh:
-        if fh.read(2) in (b"\x1f\x8b", b"BZ"):  # gzip, bzip2: sizes say nothing
-            return 0
-        fh.seek(0)
-        while line := fh.readline():
-            if not line.strip():
-                continue
-            try:
-                count = int(line.split()[0])
-            except ValueError:
-                return frames  # not a count: ASE's parser reports it
-            fh.readline()  # the comment line
-            left = size - fh.tell()
-            if count < 0 or count * MIN_ATOM_LINE_BYTES > left:
-                raise SampleDataError(
-                    f"{path}: frame {frames} claims {count:,} atoms, but only {left:,} bytes follow its header "
-                    f"(at least {MIN_ATOM_LINE_BYTES} per atom line); the file is truncated or its header is wrong"
-                )
-            deque(itertools.islice(fh, count), maxlen=0)
-            frames += 1
-    return frames
-
-
-def _database_rows(path: str | Path) -> Iterator[Atoms]:
-    import ase.db
-
-    with ase.db.connect(str(path), serial=True) as db:
-        for row in db.select():
-            yield row.toatoms(add_additional_information=True)
-
-
 def convert(
     inputs: Iterable[str | Path],
     store: StoreLike,
@@ -395,12 +326,19 @@ def convert(
     config: WriteConfig | None = None,
     progress: Callable[[str, int], None] | None = None,
 ) -> ConversionReport:
-    """Convert one or more ASE-readable files into a new store (see :func:`write_atoms`)."""
-    paths = [Path(p) for p in inputs]
-    for path in paths:
-        if not path.exists():
-            raise InputNotFoundError(f"Input {path} does not exist")
-    structures = itertools.chain.from_iterable(read_structures(p) for p in paths)
+    """Convert one or more ASE-readable files, or folders of them, into a new store (see :func:`write_atoms`).
+
+    The files are read one after the other, each streamed (:func:`read_structures`); a folder gives its
+    ``*.extxyz``, ``*.xyz``, ``*.aselmdb`` and ``*.db`` files in sorted order of their names.
+
+    Raises
+    ------
+    InputNotFoundError
+        If an input does not exist, or a folder holds none of those files.
+    SampleDataError
+        If a structure cannot be read (naming the file and the frame), and as :func:`write_atoms` says.
+    """
+    structures = itertools.chain.from_iterable(read_structures(p) for p in input_files(inputs))
     return write_atoms(
         structures, store, cutoff=cutoff, float_dtype=float_dtype, system_float_dtype=system_float_dtype,
         missing=missing, tolerance=tolerance, chunk=chunk, config=config, progress=progress,

@@ -97,8 +97,10 @@ def stream_batches(
         stop = min(start + block, n)
         values = values_at(np.arange(start, stop, dtype=np.int64))
         ptr = pack_greedy(
-            n_atoms[values], n_edges[values], max_atoms=max_atoms, max_edges=max_edges, max_structures=max_structures
-        )
+            n_atoms[values] if max_atoms is not None else values,  # only the sizes a budget bounds are gathered
+            n_edges[values] if max_edges is not None else None,
+            max_atoms=max_atoms, max_edges=max_edges, max_structures=max_structures,
+        )  # fmt: skip
         if stop < n:
             if ptr.size <= 2:  # one batch runs through the whole block: pack a longer one
                 block *= 2
@@ -123,7 +125,7 @@ def _positive(name: str, value: int | None) -> None:
 
 def pack_greedy(
     n_atoms: NDArray[np.integer[Any]],
-    n_edges: NDArray[np.integer[Any]],
+    n_edges: NDArray[np.integer[Any]] | None,
     *,
     max_atoms: int | None,
     max_edges: int | None,
@@ -132,22 +134,24 @@ def pack_greedy(
     """Offsets ``[b + 1]`` of greedy batches over structures of these sizes, in the order given.
 
     A batch takes structures while its atoms stay within ``max_atoms``, its edges within ``max_edges``
-    and its count within ``max_structures`` (``None``: unbounded). A structure that alone breaks a
-    budget still gets a batch (of one): callers decide beforehand whether that is allowed.
+    and its count within ``max_structures`` (``None``: unbounded; ``n_edges`` may then be ``None``).
+    A structure that alone breaks a budget still gets a batch (of one): callers decide beforehand
+    whether that is allowed.
     """
     n = int(n_atoms.size)
     if n == 0:
         return np.zeros(1, dtype=np.int64)
-    atoms_cum = exclusive_cumsum(n_atoms.astype(np.int64, copy=False))
-    edges_cum = exclusive_cumsum(n_edges.astype(np.int64, copy=False))
+    cums = [  # running sums only of the budgets that bound the batches
+        (exclusive_cumsum(sizes.astype(np.int64, copy=False)), budget)
+        for sizes, budget in ((n_atoms, max_atoms), (n_edges, max_edges))
+        if budget is not None and sizes is not None
+    ]
     bounds = [0]
     start = 0
     while start < n:  # one iteration per batch
         end = n
-        if max_atoms is not None:
-            end = min(end, int(np.searchsorted(atoms_cum, atoms_cum[start] + max_atoms, side="right")) - 1)
-        if max_edges is not None:
-            end = min(end, int(np.searchsorted(edges_cum, edges_cum[start] + max_edges, side="right")) - 1)
+        for cum, budget in cums:
+            end = min(end, int(cum.searchsorted(cum[start] + budget, side="right")) - 1)
         if max_structures is not None:
             end = min(end, start + max_structures)
         end = max(end, start + 1)

@@ -121,7 +121,10 @@ def keyed_shard(n: int, *, seed: int, epoch: int, shuffle: bool, shard_id: int, 
     :func:`~dali_alchemi.plan.order.shard` takes of the whole order, computed for this shard alone.
     """
     per_shard = math.ceil(n / num_shards) if n else 0
-    positions = np.arange(shard_id, per_shard * num_shards, num_shards, dtype=np.int64)
-    if n:
+    out = np.empty(per_shard, dtype=np.int64)
+    for lo in range(0, per_shard, KEYED_BLOCK):  # positions made a block at a time: only the shard's order is held
+        hi = min(lo + KEYED_BLOCK, per_shard)
+        positions = np.arange(shard_id + lo * num_shards, shard_id + hi * num_shards, num_shards, dtype=np.int64)
         positions %= n
-    return keyed_order(positions, n, seed=seed, epoch=epoch) if shuffle else positions
+        out[lo:hi] = keyed_order(positions, n, seed=seed, epoch=epoch) if shuffle else positions
+    return out

@@ -258,7 +258,7 @@ class BlockShufflePlan:
             return np.minimum(np.arange(count + 1, dtype=np.int64) * self.batch_size, n)
         b = self.budget
         _, _, _, counts = stream_batches(
-            n, lambda positions: keyed.values(int(positions[0]), int(positions[-1]) + 1), b.n_atoms, b.n_edges,
+            n, lambda positions: keyed.values(positions.start, positions.stop), b.n_atoms, b.n_edges,
             max_atoms=b.max_atoms, max_edges=b.max_edges, max_structures=b.max_structures, shard_id=0, num_shards=1,
         )  # fmt: skip
         return exclusive_cumsum(counts)

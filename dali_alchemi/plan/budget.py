@@ -24,6 +24,7 @@ this field), so a 110 M-structure dataset costs 220 MB per count, not 880 MB.
 
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
 from collections.abc import Callable
@@ -73,7 +74,7 @@ def compact_sizes(sizes: NDArray[Any], name: str) -> NDArray[np.integer[Any]]:
 
 def stream_batches(
     n: int,
-    values_at: Callable[[NDArray[np.int64]], NDArray[np.int64]],
+    values_at: Callable[[range], NDArray[np.int64]],
     n_atoms: NDArray[np.integer[Any]],
     n_edges: NDArray[np.integer[Any]],
     *,
@@ -85,7 +86,7 @@ def stream_batches(
 ) -> tuple[int, NDArray[np.int64], PtrArray, NDArray[np.int64]]:
     """The greedy batches of an order of ``n`` structures, packed :data:`STREAM_BLOCK` positions at a time.
 
-    ``values_at(positions)`` gives the order at ``positions``. Returns the batch count and, for the
+    ``values_at(range(start, stop))`` gives the order at those positions. Returns the batch count and, for the
     batches this shard can be dealt (those numbered ``shard_id`` modulo ``num_shards``, and the first
     ``num_shards``, which wrap-around padding repeats), their numbers, first positions and lengths.
     The batches are exactly :func:`pack_greedy`'s over the whole order: a block's last batch, which
@@ -95,7 +96,7 @@ def stream_batches(
     kept: list[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]] = []
     while start < n:
         stop = min(start + block, n)
-        values = values_at(np.arange(start, stop, dtype=np.int64))
+        values = values_at(range(start, stop))
         ptr = pack_greedy(
             n_atoms[values] if max_atoms is not None else values,  # only the sizes a budget bounds are gathered
             n_edges[values] if max_edges is not None else None,
@@ -264,16 +265,16 @@ class BudgetPlan:
         """Structures in the reader the plan was made for."""
         return int(self.n_atoms.size)
 
-    def values_at(self, epoch: int) -> Callable[[NDArray[np.int64]], NDArray[np.int64]]:
+    def values_at(self, epoch: int) -> Callable[[NDArray[np.int64] | range], NDArray[np.int64]]:
         """The epoch's order as a function of positions (keyed, or ``arange`` without shuffle)."""
         if not self.shuffle:
-            return lambda positions: positions
+            return lambda p: np.arange(p.start, p.stop, dtype=np.int64) if isinstance(p, range) else p
         return lambda positions: keyed_order(positions, self.num_samples, seed=self.seed, epoch=epoch)
 
     def global_batches(self, epoch: int) -> tuple[NDArray[np.int64], PtrArray]:
         """The epoch's order over every structure and the offsets of all its batches, before sharding."""
         if self.permutation == "keyed":
-            order = self.values_at(epoch)(np.arange(self.num_samples, dtype=np.int64))
+            order = self.values_at(epoch)(range(self.num_samples))
         else:
             order = epoch_order(self.num_samples, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
         ptr = pack_greedy(
@@ -300,8 +301,12 @@ class BudgetPlan:
         if total:
             mine %= total
         at = np.searchsorted(ids, mine)
-        order = values_at(concat_aranges(starts[at], counts[at]))
-        return EpochPlan(epoch=epoch, order=order, batch_ptr=exclusive_cumsum(counts[at]))
+        ptr = exclusive_cumsum(counts[at])
+        order = np.empty(int(ptr[-1]), dtype=np.int64)
+        cuts = np.unique(np.searchsorted(ptr, np.arange(0, order.size, STREAM_BLOCK), side="right") - 1)
+        for lo, hi in itertools.pairwise([*cuts.tolist(), at.size]):  # the shard's order a block of batches at a time
+            order[ptr[lo] : ptr[hi]] = values_at(concat_aranges(starts[at[lo:hi]], counts[at[lo:hi]]))
+        return EpochPlan(epoch=epoch, order=order, batch_ptr=ptr)
 
     def fingerprint(self) -> str:
         """A checksum of the sizes (as int32, whatever their dtype): plans over different stores of one length differ."""

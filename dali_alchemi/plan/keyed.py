@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 __all__ = ["KEYED_BLOCK", "KEYED_ROUNDS", "KEYED_STREAM", "keyed_order", "keyed_shard"]
 
 
-KEYED_ROUNDS = 6
-"""Feistel rounds: enough that positions and values are uncorrelated (see the plan tests)."""
+KEYED_ROUNDS = 4
+"""Feistel rounds: four make a pseudorandom permutation of a good round function (Luby and Rackoff);
+positions and values come out uncorrelated (see the plan tests)."""
 
 KEYED_STREAM = 0xFE15
 """Mixed into the seed so the keyed permutation's keys are not the drawn permutation's stream."""
@@ -37,8 +38,8 @@ KEYED_STREAM = 0xFE15
 KEYED_BLOCK = 1 << 15
 """Positions evaluated at once: bounds the temporaries (a few arrays of this many, cache-sized)."""
 
-_FINALISERS = {  # the shifts and multipliers of murmur3's fmix32 and splitmix64's finaliser
-    np.dtype(np.uint32): ((16, 0x85EBCA6B), (13, 0xC2B2AE35), (16, None)),
+_FINALISERS = {  # (shift, multiplier) steps: a shortened murmur3 fmix32, and splitmix64's finaliser
+    np.dtype(np.uint32): ((0, 0x85EBCA6B), (13, 0xC2B2AE35), (16, None)),
     np.dtype(np.uint64): ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, None)),
 }
 
@@ -58,7 +59,8 @@ def _round_value(z: NDArray[np.unsignedinteger], key: np.unsignedinteger, modulu
     kind = z.dtype.type
     z ^= key
     for shift, multiplier in _FINALISERS[z.dtype]:
-        z ^= z >> kind(shift)
+        if shift:
+            z ^= z >> kind(shift)
         if multiplier is not None:
             z *= kind(multiplier)
     if z.dtype == np.uint32:
@@ -88,11 +90,14 @@ def _encrypt(x: NDArray[np.unsignedinteger], keys: list[np.unsignedinteger], a: 
     return x
 
 
-def keyed_order(positions: NDArray[np.integer], n: int, *, seed: int, epoch: int, stream: int = 0) -> IndexArray:
+def keyed_order(
+    positions: NDArray[np.integer] | range, n: int, *, seed: int, epoch: int, stream: int = 0
+) -> IndexArray:
     """``order[positions]`` of the keyed permutation of ``range(n)`` for ``(seed, epoch, stream)``, as int64.
 
-    ``positions`` must lie in ``[0, n)``. The same ``(n, seed, epoch, stream)`` always gives the same
-    permutation; evaluating it at every position of ``range(n)`` gives every value exactly once.
+    ``positions`` must lie in ``[0, n)``; a ``range`` (of step 1) is never made into an int64 array.
+    The same ``(n, seed, epoch, stream)`` always gives the same permutation; evaluating it at every
+    position of ``range(n)`` gives every value exactly once.
     """
     out = np.empty(len(positions), dtype=np.int64)
     if n == 0 or out.size == 0:
@@ -103,7 +108,11 @@ def keyed_order(positions: NDArray[np.integer], n: int, *, seed: int, epoch: int
     ua, ub, limit = dtype.type(a), dtype.type(b), dtype.type(n)
     keys = _keys(seed, epoch, stream, dtype)
     for lo in range(0, out.size, KEYED_BLOCK):
-        x = _encrypt(np.asarray(positions[lo : lo + KEYED_BLOCK]).astype(dtype), keys, ua, ub)
+        if isinstance(positions, range):
+            chunk = np.arange(positions.start + lo, positions.start + min(lo + KEYED_BLOCK, out.size), dtype=dtype)
+        else:
+            chunk = np.asarray(positions[lo : lo + KEYED_BLOCK]).astype(dtype)
+        x = _encrypt(chunk, keys, ua, ub)
         outside = np.flatnonzero(x >= limit)
         while outside.size:  # cycle walking: fewer than a of the a * b values lie outside [0, n)
             walked = _encrypt(x[outside], keys, ua, ub)

@@ -52,7 +52,17 @@ if TYPE_CHECKING:
 
     from dali_alchemi.types import CountArray, IndexArray, PtrArray
 
-__all__ = ["BLOCK_STREAM", "DEFAULT_SPAN_SIZE", "ELASTIC_KEYS", "BlockShuffle", "BlockShufflePlan", "ResumePoint", "block_plan", "block_sizes", "deal"]
+__all__ = [
+    "BLOCK_STREAM",
+    "DEFAULT_SPAN_SIZE",
+    "ELASTIC_KEYS",
+    "BlockShuffle",
+    "BlockShufflePlan",
+    "ResumePoint",
+    "block_plan",
+    "block_sizes",
+    "deal",
+]
 
 
 DEFAULT_SPAN_SIZE = UNCHUNKED_SPAN_SIZE
@@ -240,7 +250,9 @@ class BlockShufflePlan:
     def keyed_order(self, epoch: int) -> KeyedBlockOrder:
         """The keyed block order of ``epoch`` (whatever :attr:`permutation` says), built buffer by buffer."""
         key = self._key(epoch)
-        return KeyedBlockOrder(self.span_bounds, self.buffer_spans, np.random.Generator(np.random.PCG64(np.random.SeedSequence(key))), key)
+        return KeyedBlockOrder(
+            self.span_bounds, self.buffer_spans, np.random.Generator(np.random.PCG64(np.random.SeedSequence(key))), key
+        )
 
     def global_order(self, epoch: int) -> IndexArray:
         """Every structure of ``epoch`` in block order, before batching and sharding (any shard count)."""

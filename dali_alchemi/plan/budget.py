@@ -44,7 +44,15 @@ if TYPE_CHECKING:
 
     from dali_alchemi.types import PtrArray
 
-__all__ = ["OVERSIZED_POLICIES", "STREAM_BLOCK", "BudgetPlan", "compact_sizes", "deal_batches", "pack_greedy", "stream_batches"]
+__all__ = [
+    "OVERSIZED_POLICIES",
+    "STREAM_BLOCK",
+    "BudgetPlan",
+    "compact_sizes",
+    "deal_batches",
+    "pack_greedy",
+    "stream_batches",
+]
 
 
 OVERSIZED_POLICIES = ("error", "alone")

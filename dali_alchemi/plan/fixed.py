@@ -57,7 +57,11 @@ class FixedBatchPlan:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise PlanError(f"{name} must be a positive integer, got {value!r}")
-        if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, (int, np.integer)) or self.num_samples < 0:
+        if (
+            isinstance(self.num_samples, bool)
+            or not isinstance(self.num_samples, (int, np.integer))
+            or self.num_samples < 0
+        ):
             raise PlanError(f"num_samples must be a non-negative integer, got {self.num_samples!r}")
         if not isinstance(self.shard_id, (int, np.integer)) or not 0 <= self.shard_id < self.num_shards:
             raise PlanError(f"shard_id must be in [0, {self.num_shards}), got {self.shard_id}")

@@ -71,7 +71,9 @@ def _round_value(z: NDArray[np.unsignedinteger], key: np.unsignedinteger, modulu
         z %= modulus
 
 
-def _encrypt(x: NDArray[np.unsignedinteger], keys: list[np.unsignedinteger], a: np.unsignedinteger, b: np.unsignedinteger) -> NDArray[np.unsignedinteger]:
+def _encrypt(
+    x: NDArray[np.unsignedinteger], keys: list[np.unsignedinteger], a: np.unsignedinteger, b: np.unsignedinteger
+) -> NDArray[np.unsignedinteger]:
     """One pass of the network over ``[0, a * b)``, in place: rounds alternate the radix ``a`` and ``b``."""
     high, scratch = np.empty_like(x), np.empty_like(x)
     for j, key in enumerate(keys):

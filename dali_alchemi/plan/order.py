@@ -26,7 +26,12 @@ if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray
 
 __all__ = [
-    "KEYED_MIN_SAMPLES", "PERMUTATIONS", "epoch_order", "resolve_permutation", "resolve_shard", "shard",
+    "KEYED_MIN_SAMPLES",
+    "PERMUTATIONS",
+    "epoch_order",
+    "resolve_permutation",
+    "resolve_shard",
+    "shard",
     "shard_order",
 ]
 

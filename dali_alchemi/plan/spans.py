@@ -24,8 +24,15 @@ if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray
 
 __all__ = [
-    "BUFFER_CACHE_FRACTION", "KeyedBlockOrder", "StoreChunking", "block_order", "check_span_bounds",
-    "default_buffer_spans", "fixed_spans", "local_spans", "store_chunking"
+    "BUFFER_CACHE_FRACTION",
+    "KeyedBlockOrder",
+    "StoreChunking",
+    "block_order",
+    "check_span_bounds",
+    "default_buffer_spans",
+    "fixed_spans",
+    "local_spans",
+    "store_chunking",
 ]
 
 

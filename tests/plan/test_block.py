@@ -104,7 +104,9 @@ def test_keyed_shards_take_their_runs_of_the_whole_orders_batches(
             )  # fmt: skip
             order, ptr = plan.global_batches(3)
             if budgeted:
-                assert np.array_equal(ptr, pack_greedy(n_atoms[order], None, max_atoms=120, max_edges=None, max_structures=None))
+                assert np.array_equal(
+                    ptr, pack_greedy(n_atoms[order], None, max_atoms=120, max_edges=None, max_structures=None)
+                )
             mine = deal(np.arange(ptr.size - 1), shards, drop_last)[r]
             expected = order[concat_aranges(ptr[mine], ptr[mine + 1] - ptr[mine])]
             assert np.array_equal(plan.epoch(3).order, expected)

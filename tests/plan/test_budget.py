@@ -175,7 +175,10 @@ def test_a_keyed_order_packs_fresh_batches_each_epoch_and_names_itself(monkeypat
 
     n_atoms, n_edges = _sizes(2000)
     plan = BudgetPlan(n_atoms=n_atoms, n_edges=n_edges, max_atoms=300, seed=1, permutation="keyed")
-    first, again = plan.epoch(0), BudgetPlan(n_atoms=n_atoms, n_edges=n_edges, max_atoms=300, seed=1, permutation="keyed").epoch(0)
+    first, again = (
+        plan.epoch(0),
+        BudgetPlan(n_atoms=n_atoms, n_edges=n_edges, max_atoms=300, seed=1, permutation="keyed").epoch(0),
+    )
     assert np.array_equal(first.order, again.order) and np.array_equal(first.batch_ptr, again.batch_ptr)
     assert not np.array_equal(first.order, plan.epoch(1).order)
     assert abs(np.corrcoef(np.arange(2000), first.order)[0, 1]) < 0.1

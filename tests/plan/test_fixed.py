@@ -72,8 +72,6 @@ def test_to_dict_names_the_kind_and_every_setting() -> None:
     assert plan.epoch(1).batch_ptr.tolist() == [0, 3, 5]
 
 
-
-
 @pytest.mark.parametrize(("n", "shards"), [(1001, 8), (10, 3), (3, 5), (0, 2)])
 def test_a_keyed_order_visits_every_structure_once_padded_like_distributed_sampler(n: int, shards: int) -> None:
     plans = [

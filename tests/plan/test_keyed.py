@@ -55,7 +55,9 @@ def test_a_domain_past_32_bits_uses_64_bit_digits() -> None:
 
 @pytest.mark.parametrize(("n", "shards"), [(10, 3), (9, 3), (1, 4), (0, 2), (100, 7), (5, 8)])
 @pytest.mark.parametrize("shuffle", [True, False])
-def test_keyed_shard_is_the_shard_of_the_whole_order(n: int, shards: int, shuffle: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_keyed_shard_is_the_shard_of_the_whole_order(
+    n: int, shards: int, shuffle: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(keyed, "KEYED_BLOCK", 4)
     whole = keyed_order(np.arange(n), n, seed=9, epoch=3) if shuffle else np.arange(n)
     parts = [keyed_shard(n, seed=9, epoch=3, shuffle=shuffle, shard_id=r, num_shards=shards) for r in range(shards)]

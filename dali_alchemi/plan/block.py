@@ -23,6 +23,7 @@ shards and resumed on ``M`` deals the batches no shard had delivered over the ``
 
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
 from collections.abc import Callable, Mapping
@@ -333,10 +334,15 @@ class BlockShufflePlan:
             return EpochPlan(
                 epoch=epoch, order=order[concat_aranges(ptr[mine], counts)], batch_ptr=exclusive_cumsum(counts)
             )
-        cuts = np.flatnonzero(np.diff(mine) != 1) + 1
-        runs = [keyed.values(int(ptr[run[0]]), int(ptr[run[-1] + 1])) for run in np.split(mine, cuts) if run.size]
-        mine_order = np.concatenate(runs) if runs else np.zeros(0, dtype=np.int64)
-        return EpochPlan(epoch=epoch, order=mine_order, batch_ptr=exclusive_cumsum(counts))
+        batch_ptr = exclusive_cumsum(counts)
+        mine_order = np.empty(int(batch_ptr[-1]), dtype=np.int64)
+        cuts = (np.flatnonzero(np.diff(mine) != 1) + 1).tolist() if mine.size else []
+        for first, stop in itertools.pairwise(
+            [0, *cuts, mine.size] if mine.size else []
+        ):  # a run of consecutive batches
+            lo, hi = int(ptr[mine[first]]), int(ptr[mine[stop - 1] + 1])
+            keyed.values(lo, hi, out=mine_order[int(batch_ptr[first]) : int(batch_ptr[stop])])
+        return EpochPlan(epoch=epoch, order=mine_order, batch_ptr=batch_ptr)
 
     def fingerprint(self) -> str:
         """A checksum of the span offsets: plans over differently chunked stores differ."""

@@ -146,17 +146,16 @@ class KeyedBlockOrder:
         self._last = (k, structures)
         return structures
 
-    def values(self, start: int, stop: int) -> IndexArray:
-        """The order at positions ``[start, stop)``."""
+    def values(self, start: int, stop: int, out: IndexArray | None = None) -> IndexArray:
+        """The order at positions ``[start, stop)``, written into ``out`` when given (``stop - start`` long)."""
         offsets = self.buffer_offsets
-        first = int(np.searchsorted(offsets, start, side="right")) - 1
-        pieces = []
-        k = first
+        result = np.empty(stop - start, dtype=np.int64) if out is None else out
+        k = int(np.searchsorted(offsets, start, side="right")) - 1
         while k < offsets.size - 1 and int(offsets[k]) < stop:
             lo, hi = max(start, int(offsets[k])), min(stop, int(offsets[k + 1]))
-            pieces.append(self.buffer(k)[lo - int(offsets[k]) : hi - int(offsets[k])])
+            result[lo - start : hi - start] = self.buffer(k)[lo - int(offsets[k]) : hi - int(offsets[k])]
             k += 1
-        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+        return result
 
 
 def local_spans(span_bounds: IndexArray, start: int, stop: int) -> IndexArray:

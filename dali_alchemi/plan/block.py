@@ -53,17 +53,7 @@ if TYPE_CHECKING:
 
     from dali_alchemi.types import CountArray, IndexArray, PtrArray
 
-__all__ = [
-    "BLOCK_STREAM",
-    "DEFAULT_SPAN_SIZE",
-    "ELASTIC_KEYS",
-    "BlockShuffle",
-    "BlockShufflePlan",
-    "ResumePoint",
-    "block_plan",
-    "block_sizes",
-    "deal",
-]
+__all__ = ["BLOCK_STREAM", "DEFAULT_SPAN_SIZE", "ELASTIC_KEYS", "BlockShuffle", "BlockShufflePlan", "ResumePoint", "block_plan", "block_sizes", "deal"]  # fmt: skip
 
 
 DEFAULT_SPAN_SIZE = UNCHUNKED_SPAN_SIZE

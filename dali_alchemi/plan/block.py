@@ -437,8 +437,9 @@ def block_sizes(
     if buffer_spans is None:
         n_atoms, n_edges = sample_sizes()
         atom_b, edge_b, system_b = (1, 0, 0) if info is None else (info.atom_bytes, info.edge_bytes, info.system_bytes)
-        structure_bytes = n_atoms.astype(np.int64) * atom_b + n_edges.astype(np.int64) * edge_b + system_b
+        total = int(n_atoms.sum(dtype=np.int64)) * atom_b + int(n_edges.sum(dtype=np.int64)) * edge_b
+        total += system_b * int(n_atoms.size)  # the bytes of every structure, without a per-structure copy
         buffer_spans = default_buffer_spans(
-            bounds, structure_bytes, DEFAULT_CACHE_BYTES if info is None else info.cache_bytes
+            bounds, np.array([total], dtype=np.int64), DEFAULT_CACHE_BYTES if info is None else info.cache_bytes
         )
     return bounds, buffer_spans

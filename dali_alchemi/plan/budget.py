@@ -76,7 +76,11 @@ def compact_sizes(sizes: NDArray[Any], name: str) -> NDArray[np.integer[Any]]:
         array = array.astype(np.int32)
     array = np.ascontiguousarray(array)
     if array.size and np.issubdtype(array.dtype, np.signedinteger) and int(array.min()) < 0:
-        raise PlanError("n_atoms and n_edges must be non-negative")
+        worst = int(np.argmin(array))
+        raise PlanError(
+            f"n_atoms and n_edges must be non-negative: {name} of structure {worst} is {int(array[worst])}; "
+            "pass the counts the reader's sample_sizes() returns"
+        )
     return array
 
 

@@ -199,5 +199,7 @@ def test_compact_sizes_are_kept_and_checksummed_as_int32() -> None:
 
     old = zlib.crc32(n_edges.astype(np.int32).tobytes(), zlib.crc32(n_atoms.astype(np.int32).tobytes()))
     assert wide.fingerprint() == f"{old:08x}"  # the checksum saved states hold, unchanged
-    with pytest.raises(PlanError, match="n_atoms and n_edges must be non-negative"):
+    with pytest.raises(PlanError, match="n_atoms and n_edges must be non-negative: n_atoms of structure 1 is -1"):
         BudgetPlan(n_atoms=np.array([1, -1], np.int16), n_edges=np.ones(2, np.int16), max_atoms=5)
+    with pytest.raises(PlanError, match="n_edges of structure 0 is -3"):
+        BudgetPlan(n_atoms=np.ones(2), n_edges=np.array([-3.0, 1.0]), max_atoms=5)

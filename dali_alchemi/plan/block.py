@@ -23,6 +23,7 @@ shards and resumed on ``M`` deals the batches no shard had delivered over the ``
 
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
 from collections.abc import Callable, Mapping
@@ -34,8 +35,10 @@ import numpy as np
 from dali_alchemi.csr import concat_aranges, exclusive_cumsum
 from dali_alchemi.errors import ConfigTypeError, PlanError
 from dali_alchemi.plan.base import EpochPlan, state_int
-from dali_alchemi.plan.budget import BudgetPlan, pack_greedy
+from dali_alchemi.plan.budget import BudgetPlan, pack_greedy, stream_batches
+from dali_alchemi.plan.order import resolve_permutation
 from dali_alchemi.plan.spans import (
+    KeyedBlockOrder,
     StoreChunking,
     block_order,
     check_span_bounds,
@@ -50,7 +53,7 @@ if TYPE_CHECKING:
 
     from dali_alchemi.types import CountArray, IndexArray, PtrArray
 
-__all__ = ["BLOCK_STREAM", "DEFAULT_SPAN_SIZE", "ELASTIC_KEYS", "BlockShuffle", "BlockShufflePlan", "ResumePoint", "block_plan", "block_sizes", "deal"]
+__all__ = ["BLOCK_STREAM", "DEFAULT_SPAN_SIZE", "ELASTIC_KEYS", "BlockShuffle", "BlockShufflePlan", "ResumePoint", "block_plan", "block_sizes", "deal"]  # fmt: skip
 
 
 DEFAULT_SPAN_SIZE = UNCHUNKED_SPAN_SIZE
@@ -177,6 +180,13 @@ class BlockShufflePlan:
     resume
         Set by :meth:`resume_from`: the checkpoints taken earlier in ``resume.epoch``, whose batches
         this plan leaves out of that epoch.
+    permutation
+        ``"auto"`` (default), ``"drawn"`` or ``"keyed"``. Drawn: the buffers are shuffled one after
+        the other from one random stream, so every shard builds the whole order. Keyed: each buffer
+        by a generator of its own (:class:`~dali_alchemi.plan.spans.KeyedBlockOrder`), so a shard
+        builds only the buffers its batches touch (with a budget, the batches are still packed over
+        every buffer, one block at a time). ``"auto"`` keys from
+        :data:`~dali_alchemi.plan.order.KEYED_MIN_SAMPLES` structures on.
 
     Raises
     ------
@@ -193,6 +203,7 @@ class BlockShufflePlan:
     shard_id: int = 0
     num_shards: int = 1
     resume: ResumePoint | None = None
+    permutation: str = "auto"
 
     def __post_init__(self) -> None:
         bounds = np.asarray(self.span_bounds)
@@ -213,6 +224,7 @@ class BlockShufflePlan:
             raise PlanError(f"shard_id must be in [0, {self.num_shards}), got {self.shard_id!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
             raise PlanError(f"seed must be a non-negative integer, got {self.seed!r}")
+        object.__setattr__(self, "permutation", resolve_permutation(self.permutation, n, True))
 
     @property
     def num_samples(self) -> int:
@@ -223,15 +235,42 @@ class BlockShufflePlan:
     def num_spans(self) -> int:
         return int(self.span_bounds.size - 1)
 
+    def _key(self, epoch: int) -> list[int]:
+        return [self.seed & 0xFFFFFFFF, self.seed >> 32, epoch, BLOCK_STREAM]
+
+    def keyed_order(self, epoch: int) -> KeyedBlockOrder:
+        """The keyed block order of ``epoch`` (whatever :attr:`permutation` says), built buffer by buffer."""
+        key = self._key(epoch)
+        return KeyedBlockOrder(
+            self.span_bounds, self.buffer_spans, np.random.Generator(np.random.PCG64(np.random.SeedSequence(key))), key
+        )
+
     def global_order(self, epoch: int) -> IndexArray:
         """Every structure of ``epoch`` in block order, before batching and sharding (any shard count)."""
-        rng = np.random.Generator(
-            np.random.PCG64(np.random.SeedSequence([self.seed & 0xFFFFFFFF, self.seed >> 32, epoch, BLOCK_STREAM]))
-        )
+        if self.permutation == "keyed":
+            return self.keyed_order(epoch).values(0, self.num_samples)
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(self._key(epoch))))
         return block_order(self.span_bounds, self.buffer_spans, rng)
+
+    def _keyed_ptr(self, keyed: KeyedBlockOrder) -> PtrArray:
+        """The offsets of every batch of a keyed order, packed block by block with a budget."""
+        n = self.num_samples
+        if self.budget is None:
+            assert self.batch_size is not None
+            count = n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+            return np.minimum(np.arange(count + 1, dtype=np.int64) * self.batch_size, n)
+        b = self.budget
+        _, _, _, counts = stream_batches(
+            n, lambda positions: keyed.values(positions.start, positions.stop), b.n_atoms, b.n_edges,
+            max_atoms=b.max_atoms, max_edges=b.max_edges, max_structures=b.max_structures, shard_id=0, num_shards=1,
+        )  # fmt: skip
+        return exclusive_cumsum(counts)
 
     def global_batches(self, epoch: int) -> tuple[IndexArray, PtrArray]:
         """The global order and the offsets of all its batches, the same for every shard count."""
+        if self.permutation == "keyed":
+            keyed = self.keyed_order(epoch)
+            return keyed.values(0, self.num_samples), self._keyed_ptr(keyed)
         order = self.global_order(epoch)
         n = int(order.size)
         if self.budget is None:
@@ -269,13 +308,31 @@ class BlockShufflePlan:
         return ids
 
     def epoch(self, epoch: int) -> EpochPlan:
-        """This shard's batches of ``epoch``: its contiguous run of the (not yet delivered) global batches."""
-        order, ptr = self.global_batches(epoch)
+        """This shard's batches of ``epoch``: its contiguous run of the (not yet delivered) global batches.
+
+        With a keyed order only the buffers under this shard's batches are built: the batches are
+        taken as runs of consecutive ones, each run one stretch of the order.
+        """
+        if self.permutation == "keyed":
+            keyed = self.keyed_order(epoch)
+            ptr = self._keyed_ptr(keyed)
+        else:
+            order, ptr = self.global_batches(epoch)
         mine = deal(self.undelivered(epoch, int(ptr.size - 1)), self.num_shards, self.drop_last)[self.shard_id]
         counts = ptr[mine + 1] - ptr[mine]
-        return EpochPlan(
-            epoch=epoch, order=order[concat_aranges(ptr[mine], counts)], batch_ptr=exclusive_cumsum(counts)
-        )
+        if self.permutation != "keyed":
+            return EpochPlan(
+                epoch=epoch, order=order[concat_aranges(ptr[mine], counts)], batch_ptr=exclusive_cumsum(counts)
+            )
+        batch_ptr = exclusive_cumsum(counts)
+        mine_order = np.empty(int(batch_ptr[-1]), dtype=np.int64)
+        cuts = (np.flatnonzero(np.diff(mine) != 1) + 1).tolist() if mine.size else []
+        for first, stop in itertools.pairwise(
+            [0, *cuts, mine.size] if mine.size else []
+        ):  # a run of consecutive batches
+            lo, hi = int(ptr[mine[first]]), int(ptr[mine[stop - 1] + 1])
+            keyed.values(lo, hi, out=mine_order[int(batch_ptr[first]) : int(batch_ptr[stop])])
+        return EpochPlan(epoch=epoch, order=mine_order, batch_ptr=batch_ptr)
 
     def fingerprint(self) -> str:
         """A checksum of the span offsets: plans over differently chunked stores differ."""
@@ -292,7 +349,7 @@ class BlockShufflePlan:
             "oversized": None if b is None else b.oversized, "sizes_crc32": None if b is None else b.fingerprint(),
             "seed": self.seed, "drop_last": self.drop_last, "shard_id": self.shard_id, "num_shards": self.num_shards,
             "resume": None if self.resume is None else self.resume.to_dict(),
-        }  # fmt: skip
+        } | ({"permutation": "keyed"} if self.permutation == "keyed" else {})  # fmt: skip
 
     def resume_from(self, saved: Mapping[str, Any], epoch: int, batch: int) -> tuple[BlockShufflePlan, int, int]:
         """This plan, resuming a checkpoint taken at ``(epoch, batch)`` by a plan whose ``to_dict()`` is ``saved``.
@@ -380,8 +437,9 @@ def block_sizes(
     if buffer_spans is None:
         n_atoms, n_edges = sample_sizes()
         atom_b, edge_b, system_b = (1, 0, 0) if info is None else (info.atom_bytes, info.edge_bytes, info.system_bytes)
-        structure_bytes = n_atoms.astype(np.int64) * atom_b + n_edges.astype(np.int64) * edge_b + system_b
+        total = int(n_atoms.sum(dtype=np.int64)) * atom_b + int(n_edges.sum(dtype=np.int64)) * edge_b
+        total += system_b * int(n_atoms.size)  # the bytes of every structure, without a per-structure copy
         buffer_spans = default_buffer_spans(
-            bounds, structure_bytes, DEFAULT_CACHE_BYTES if info is None else info.cache_bytes
+            bounds, np.array([total], dtype=np.int64), DEFAULT_CACHE_BYTES if info is None else info.cache_bytes
         )
     return bounds, buffer_spans

@@ -24,8 +24,15 @@ if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray
 
 __all__ = [
-    "BUFFER_CACHE_FRACTION", "StoreChunking", "block_order", "check_span_bounds", "default_buffer_spans",
-    "fixed_spans", "local_spans", "store_chunking"
+    "BUFFER_CACHE_FRACTION",
+    "KeyedBlockOrder",
+    "StoreChunking",
+    "block_order",
+    "check_span_bounds",
+    "default_buffer_spans",
+    "fixed_spans",
+    "local_spans",
+    "store_chunking",
 ]
 
 
@@ -107,6 +114,48 @@ def block_order(span_bounds: IndexArray, buffer_spans: int, rng: np.random.Gener
     for lo, hi in itertools.pairwise(edges):  # once per buffer: an in-place shuffle, linear in its size
         rng.shuffle(structures[lo:hi])
     return structures
+
+
+class KeyedBlockOrder:
+    """A block order whose buffers are shuffled each by a generator of its own, keyed by its number.
+
+    :func:`block_order` shuffles the buffers one after the other from one stream, so a buffer's order
+    needs every buffer before it. Here the span order is drawn as there (from ``rng``, the same
+    spans in the same order), but buffer ``k`` is shuffled by a generator seeded by ``key + [k]``:
+    any run of the order, :meth:`values`, is built from the buffers it touches alone.
+    """
+
+    def __init__(self, span_bounds: IndexArray, buffer_spans: int, rng: np.random.Generator, key: list[int]) -> None:
+        self._spans = rng.permutation(span_bounds.size - 1)
+        self._starts = span_bounds[:-1][self._spans]
+        self._lengths = np.diff(span_bounds)[self._spans]
+        self._buffer_spans = buffer_spans
+        offsets = exclusive_cumsum(self._lengths)
+        self.buffer_offsets: IndexArray = np.append(offsets[:-1:buffer_spans], offsets[-1])
+        """``[B + 1]`` positions where each buffer of the order starts, then the structure count."""
+        self._key = key
+        self._last: tuple[int, IndexArray] | None = None  # the buffer built last (runs often share one)
+
+    def buffer(self, k: int) -> IndexArray:
+        """The structures of buffer ``k`` in their shuffled order."""
+        if self._last is not None and self._last[0] == k:
+            return self._last[1]
+        cut = slice(k * self._buffer_spans, (k + 1) * self._buffer_spans)
+        structures = concat_aranges(self._starts[cut], self._lengths[cut])
+        np.random.Generator(np.random.PCG64(np.random.SeedSequence([*self._key, k]))).shuffle(structures)
+        self._last = (k, structures)
+        return structures
+
+    def values(self, start: int, stop: int, out: IndexArray | None = None) -> IndexArray:
+        """The order at positions ``[start, stop)``, written into ``out`` when given (``stop - start`` long)."""
+        offsets = self.buffer_offsets
+        result = np.empty(stop - start, dtype=np.int64) if out is None else out
+        k = int(np.searchsorted(offsets, start, side="right")) - 1
+        while k < offsets.size - 1 and int(offsets[k]) < stop:
+            lo, hi = max(start, int(offsets[k])), min(stop, int(offsets[k + 1]))
+            result[lo - start : hi - start] = self.buffer(k)[lo - int(offsets[k]) : hi - int(offsets[k])]
+            k += 1
+        return result
 
 
 def local_spans(span_bounds: IndexArray, start: int, stop: int) -> IndexArray:

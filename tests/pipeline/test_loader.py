@@ -358,7 +358,15 @@ class SizesOnlyReader(AtomicDataZarrReader):
         return super().read_packed(indices, fields=fields)
 
 
-def test_a_budget_plan_reads_no_data_and_resumes_exactly(small_store: Path) -> None:
+@pytest.mark.parametrize("keyed", [False, True])
+def test_a_budget_plan_reads_no_data_and_resumes_exactly(
+    small_store: Path, keyed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dali_alchemi.plan import order
+
+    if keyed:  # the order large datasets get, forced on a small store
+        monkeypatch.setattr(order, "KEYED_MIN_SAMPLES", 1)
+    monkeypatch.setattr(SizesOnlyReader, "reads", 0)  # counted per run of the test
     counting = SizesOnlyReader(small_store)
     options = dict(max_atoms=500, batch_size=20, seed=6, num_workers=0, device="cpu")
     with DALIDataLoader(counting, **options) as loader:
@@ -374,15 +382,26 @@ def test_a_budget_plan_reads_no_data_and_resumes_exactly(small_store: Path) -> N
                 break
         state = loader.state_dict()
     assert state["plan"]["kind"] == "budget" and state["batch"] == 4
+    assert state["plan"].get("permutation") == ("keyed" if keyed else None)
     with DALIDataLoader(counting, **options) as resumed:
         resumed.load_state_dict(state)
         assert_batches_equal(list(resumed), full[4:])
-    with DALIDataLoader(counting, **{**options, "max_atoms": 499}) as other, pytest.raises(PlanError, match="max_atoms"):
+    with (
+        DALIDataLoader(counting, **{**options, "max_atoms": 499}) as other,
+        pytest.raises(PlanError, match="max_atoms"),
+    ):
         other.load_state_dict(state)
     counting.close()
 
 
-def test_block_shuffle_resumes_on_another_number_of_shards(reader: AtomicDataZarrReader) -> None:
+@pytest.mark.parametrize("keyed", [False, True])
+def test_block_shuffle_resumes_on_another_number_of_shards(
+    reader: AtomicDataZarrReader, keyed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dali_alchemi.plan import order
+
+    if keyed:  # the order large datasets get, forced on a small store
+        monkeypatch.setattr(order, "KEYED_MIN_SAMPLES", 1)
     options: dict[str, Any] = dict(batch_size=15, seed=2, shuffle="block", num_workers=0, device="cpu")
     seen: list[int] = []
     states = []
@@ -394,6 +413,7 @@ def test_block_shuffle_resumes_on_another_number_of_shards(reader: AtomicDataZar
                     break
             states.append(loader.state_dict())
     assert states[0]["plan"]["kind"] == "block" and states[0]["batch"] == 4
+    assert states[0]["plan"].get("permutation") == ("keyed" if keyed else None)
     for rank in range(3):
         with DALIDataLoader(reader, shard_id=rank, num_shards=3, **options) as loader:
             loader.load_state_dict(states[rank % 2])

@@ -42,10 +42,11 @@ def _shards(plan: BlockShufflePlan, num_shards: int) -> list[BlockShufflePlan]:
     return [replace(plan, shard_id=r, num_shards=num_shards) for r in range(num_shards)]
 
 
-def test_every_structure_exactly_once_per_epoch_in_buffers_of_whole_spans() -> None:
+@pytest.mark.parametrize("permutation", ["drawn", "keyed"])
+def test_every_structure_exactly_once_per_epoch_in_buffers_of_whole_spans(permutation: str) -> None:
     span, k, buffers = 37, 3, 9
     n = span * k * buffers
-    plan = _plan(n, span, k)
+    plan = _plan(n, span, k, permutation=permutation)
     order = plan.epoch(0).order
     assert np.array_equal(np.sort(order), np.arange(n))
     # the order is buffer after buffer, and each buffer is exactly k whole spans
@@ -60,11 +61,55 @@ def test_structures_inside_a_buffer_are_shuffled_not_left_in_order() -> None:
     assert (steps == 1).mean() < 0.05  # a buffer read in sequence would step by one almost everywhere
 
 
-def test_same_seed_same_order_new_epoch_or_seed_new_order() -> None:
-    a, b = _plan(seed=3).epoch(2), _plan(seed=3).epoch(2)
+@pytest.mark.parametrize("permutation", ["drawn", "keyed"])
+def test_same_seed_same_order_new_epoch_or_seed_new_order(permutation: str) -> None:
+    a, b = _plan(seed=3, permutation=permutation).epoch(2), _plan(seed=3, permutation=permutation).epoch(2)
     assert np.array_equal(a.order, b.order) and np.array_equal(a.batch_ptr, b.batch_ptr)
-    assert not np.array_equal(a.order, _plan(seed=3).epoch(3).order)
-    assert not np.array_equal(a.order, _plan(seed=4).epoch(2).order)
+    assert not np.array_equal(a.order, _plan(seed=3, permutation=permutation).epoch(3).order)
+    assert not np.array_equal(a.order, _plan(seed=4, permutation=permutation).epoch(2).order)
+
+
+def test_a_keyed_block_order_draws_the_same_spans_and_shuffles_each_buffer_alone() -> None:
+    drawn, keyed = _plan(2000, 50, 4, seed=6), _plan(2000, 50, 4, seed=6, permutation="keyed")
+    a, b = drawn.global_order(1), keyed.global_order(1)
+    buffers_a = [set(chunk.tolist()) for chunk in a.reshape(10, 200)]
+    buffers_b = [set(chunk.tolist()) for chunk in b.reshape(10, 200)]
+    assert buffers_a == buffers_b  # the same span order, so the same buffers ...
+    assert not np.array_equal(a, b)  # ... shuffled by other generators
+    assert keyed.to_dict()["permutation"] == "keyed" and "permutation" not in drawn.to_dict()
+    assert (np.abs(np.diff(b)) == 1).mean() < 0.05
+    with pytest.raises(PlanError, match=r"different plan: permutation=None \(loader has 'keyed'\)"):
+        restore(keyed, {"epoch": 1, "batch": 2, "plan": drawn.to_dict()})
+
+
+@pytest.mark.parametrize("budgeted", [False, True])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_keyed_shards_take_their_runs_of_the_whole_orders_batches(
+    budgeted: bool, drop_last: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dali_alchemi.csr import concat_aranges
+    from dali_alchemi.plan import budget as budget_module
+    from dali_alchemi.plan.block import deal
+    from dali_alchemi.plan.budget import pack_greedy
+
+    monkeypatch.setattr(budget_module, "STREAM_BLOCK", 11)  # packing crosses blocks and buffers
+    n = 700
+    n_atoms = np.random.default_rng(1).integers(1, 30, size=n)
+    budget = BudgetPlan(n_atoms=n_atoms, n_edges=2 * n_atoms, max_atoms=120, shuffle=False) if budgeted else None
+    for shards in (1, 3, 8):
+        for r in range(shards):
+            plan = BlockShufflePlan(
+                span_bounds=fixed_spans(n, 23), buffer_spans=3, batch_size=None if budgeted else 9, budget=budget,
+                seed=2, drop_last=drop_last, shard_id=r, num_shards=shards, permutation="keyed",
+            )  # fmt: skip
+            order, ptr = plan.global_batches(3)
+            if budgeted:
+                assert np.array_equal(
+                    ptr, pack_greedy(n_atoms[order], None, max_atoms=120, max_edges=None, max_structures=None)
+                )
+            mine = deal(np.arange(ptr.size - 1), shards, drop_last)[r]
+            expected = order[concat_aranges(ptr[mine], ptr[mine + 1] - ptr[mine])]
+            assert np.array_equal(plan.epoch(3).order, expected)
 
 
 @pytest.mark.parametrize("num_shards", [1, 2, 3, 5])
@@ -108,10 +153,13 @@ def _consume(plans: list[BlockShufflePlan], epoch: int, batches: int) -> list[np
     return [p.epoch(epoch).order[: int(p.epoch(epoch).batch_ptr[batches])] for p in plans]
 
 
+@pytest.mark.parametrize("permutation", ["drawn", "keyed"])
 @pytest.mark.parametrize(("before", "after", "stop"), [(2, 3, 7), (4, 2, 3), (3, 3, 5), (1, 4, 10)])
-def test_elastic_resume_across_shard_counts_skips_and_repeats_nothing(before: int, after: int, stop: int) -> None:
+def test_elastic_resume_across_shard_counts_skips_and_repeats_nothing(
+    before: int, after: int, stop: int, permutation: str
+) -> None:
     n, epoch = 1000, 4
-    base = _plan(n, 37, 3, seed=11)
+    base = _plan(n, 37, 3, seed=11, permutation=permutation)
     old = _shards(base, before)
     seen = _consume(old, epoch, stop)
     states = [{"epoch": epoch, "batch": stop, "plan": p.to_dict()} for p in old]
@@ -137,9 +185,10 @@ def test_elastic_resume_across_shard_counts_skips_and_repeats_nothing(before: in
     assert np.array_equal(nxt, fresh)
 
 
-def test_two_resumes_in_one_epoch_chain_their_checkpoints() -> None:
+@pytest.mark.parametrize("permutation", ["drawn", "keyed"])
+def test_two_resumes_in_one_epoch_chain_their_checkpoints(permutation: str) -> None:
     n, epoch = 1200, 0
-    base = _plan(n, 50, 2, batch_size=10)
+    base = _plan(n, 50, 2, batch_size=10, permutation=permutation)
     first = _shards(base, 2)
     seen = _consume(first, epoch, 9)
     second = [restore(p, {"epoch": epoch, "batch": 9, "plan": first[0].to_dict()})[0] for p in _shards(base, 3)]

@@ -143,3 +143,63 @@ def test_numpy_integers_are_integers() -> None:
         n_atoms=np.ones(4), n_edges=np.ones(4), max_atoms=2, shard_id=np.int64(1), num_shards=2, seed=np.int64(3)
     )
     assert plan.epoch(0).num_batches == 1
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("block", [1, 6, 1 << 21])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_batches_packed_block_by_block_are_the_whole_orders_batches_dealt(
+    shuffle: bool, block: int, drop_last: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dali_alchemi.plan import budget
+    from dali_alchemi.plan.budget import deal_batches
+
+    monkeypatch.setattr(budget, "STREAM_BLOCK", block)  # batches cross block ends, and outgrow a block
+    n_atoms, n_edges = _sizes(300, seed=2)
+    for shards in (1, 3, 8):
+        for r in range(shards):
+            plan = BudgetPlan(
+                n_atoms=n_atoms, n_edges=n_edges, max_atoms=150, max_edges=700, seed=4, shard_id=r, num_shards=shards,
+                drop_last=drop_last, shuffle=shuffle, permutation="keyed",
+            )  # fmt: skip
+            order, ptr = plan.global_batches(2)
+            if shuffle:
+                assert np.array_equal(np.sort(order), np.arange(300))
+            expected = deal_batches(2, order, ptr, shard_id=r, num_shards=shards, drop_last=drop_last)
+            got = plan.epoch(2)
+            assert np.array_equal(got.order, expected.order) and np.array_equal(got.batch_ptr, expected.batch_ptr)
+
+
+def test_a_keyed_order_packs_fresh_batches_each_epoch_and_names_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dali_alchemi.plan import order
+
+    n_atoms, n_edges = _sizes(2000)
+    plan = BudgetPlan(n_atoms=n_atoms, n_edges=n_edges, max_atoms=300, seed=1, permutation="keyed")
+    first, again = (
+        plan.epoch(0),
+        BudgetPlan(n_atoms=n_atoms, n_edges=n_edges, max_atoms=300, seed=1, permutation="keyed").epoch(0),
+    )
+    assert np.array_equal(first.order, again.order) and np.array_equal(first.batch_ptr, again.batch_ptr)
+    assert not np.array_equal(first.order, plan.epoch(1).order)
+    assert abs(np.corrcoef(np.arange(2000), first.order)[0, 1]) < 0.1
+    assert plan.to_dict()["permutation"] == "keyed"
+    drawn = BudgetPlan(n_atoms=n_atoms, n_edges=n_edges, max_atoms=300, seed=1)
+    assert "permutation" not in drawn.to_dict()  # the identity saved before keyed orders existed
+    monkeypatch.setattr(order, "KEYED_MIN_SAMPLES", 2000)
+    assert BudgetPlan(n_atoms=n_atoms, n_edges=n_edges, max_atoms=300).permutation == "keyed"
+
+
+def test_compact_sizes_are_kept_and_checksummed_as_int32() -> None:
+    n_atoms, n_edges = _sizes(100)
+    small = BudgetPlan(n_atoms=n_atoms.astype(np.uint16), n_edges=n_edges.astype(np.uint16), max_atoms=100)
+    wide = BudgetPlan(n_atoms=n_atoms, n_edges=n_edges, max_atoms=100)
+    assert small.n_atoms.dtype == np.uint16 and wide.n_atoms.dtype == np.int32  # int64 is narrowed, uint16 kept
+    assert small.fingerprint() == wide.fingerprint()
+    import zlib
+
+    old = zlib.crc32(n_edges.astype(np.int32).tobytes(), zlib.crc32(n_atoms.astype(np.int32).tobytes()))
+    assert wide.fingerprint() == f"{old:08x}"  # the checksum saved states hold, unchanged
+    with pytest.raises(PlanError, match="n_atoms and n_edges must be non-negative: n_atoms of structure 1 is -1"):
+        BudgetPlan(n_atoms=np.array([1, -1], np.int16), n_edges=np.ones(2, np.int16), max_atoms=5)
+    with pytest.raises(PlanError, match="n_edges of structure 0 is -3"):
+        BudgetPlan(n_atoms=np.ones(2), n_edges=np.array([-3.0, 1.0]), max_atoms=5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -71,3 +72,36 @@ def test_to_dict_names_the_kind_and_every_setting() -> None:
     assert plan.epoch(1).batch_ptr.tolist() == [0, 3, 5]
 
 
+@pytest.mark.parametrize(("n", "shards"), [(1001, 8), (10, 3), (3, 5), (0, 2)])
+def test_a_keyed_order_visits_every_structure_once_padded_like_distributed_sampler(n: int, shards: int) -> None:
+    plans = [
+        FixedBatchPlan(num_samples=n, batch_size=7, seed=2, shard_id=r, num_shards=shards, permutation="keyed")
+        for r in range(shards)
+    ]
+    epochs = [p.epoch(4) for p in plans]
+    assert len({e.num_batches for e in epochs}) == 1 and len({e.order.size for e in epochs}) == 1
+    interleaved = np.stack([e.order for e in epochs], axis=1).reshape(-1)  # back to the padded global order
+    assert np.array_equal(np.sort(interleaved[:n]), np.arange(n))  # every structure exactly once
+    assert np.array_equal(interleaved[n:], interleaved[: interleaved.size - n])  # padding wraps to the start
+    again = FixedBatchPlan(num_samples=n, batch_size=7, seed=2, shard_id=0, num_shards=shards, permutation="keyed")
+    assert np.array_equal(again.epoch(4).order, epochs[0].order)
+    if n > 100:
+        assert not np.array_equal(plans[0].epoch(5).order, epochs[0].order)
+        assert abs(np.corrcoef(np.arange(n), interleaved[:n])[0, 1]) < 0.1  # far from the identity
+
+
+def test_auto_keys_large_datasets_and_the_identity_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dali_alchemi.plan import order, restore
+
+    drawn = FixedBatchPlan(num_samples=1000, batch_size=10, seed=1)
+    assert drawn.permutation == "drawn" and "permutation" not in drawn.to_dict()
+    monkeypatch.setattr(order, "KEYED_MIN_SAMPLES", 1000)
+    keyed = FixedBatchPlan(num_samples=1000, batch_size=10, seed=1)
+    assert keyed.permutation == "keyed" and keyed.to_dict()["permutation"] == "keyed"
+    assert FixedBatchPlan(num_samples=1000, batch_size=10, shuffle=False).permutation == "drawn"
+    # a state saved with the drawn order (as every state before keyed orders) is refused, not resumed elsewhere
+    with pytest.raises(PlanError, match=r"different plan: permutation=None \(loader has 'keyed'\)"):
+        restore(keyed, {"epoch": 0, "batch": 2, "plan": drawn.to_dict()})
+    assert restore(keyed, {"epoch": 0, "batch": 2, "plan": keyed.to_dict()}) == (keyed, 0, 2)
+    with pytest.raises(PlanError, match="permutation must be one of"):
+        FixedBatchPlan(num_samples=10, batch_size=2, permutation="random")

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DistributedSampler
 
 from dali_alchemi.plan import epoch_order, resolve_shard, shard
+from dali_alchemi.plan.order import resolve_permutation, shard_order
 
 
 @given(st.integers(0, 300), st.integers(0, 2**40), st.integers(0, 50))
@@ -53,3 +54,28 @@ def test_resolve_shard_explicit_default_and_half_given() -> None:
     assert resolve_shard(None, None) == (0, 1)  # no process group here
     with pytest.raises(ValueError, match="must be given together"):
         resolve_shard(1, None)
+
+
+def test_permutation_choices_auto_by_size_and_unknown_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dali_alchemi.errors import PlanError
+    from dali_alchemi.plan import order
+
+    assert order.KEYED_MIN_SAMPLES == 2**23
+    assert resolve_permutation("auto", 2**23 - 1, True) == "drawn"
+    assert resolve_permutation("auto", 2**23, True) == "keyed"
+    assert resolve_permutation("keyed", 10, False) == "drawn"  # no shuffle: arange either way
+    assert resolve_permutation("keyed", 10, True) == "keyed"
+    monkeypatch.setattr(order, "KEYED_MIN_SAMPLES", 100)
+    assert resolve_permutation("auto", 100, True) == "keyed"
+    with pytest.raises(PlanError, match=r"permutation must be one of \('auto', 'drawn', 'keyed'\), got 'feistel'"):
+        resolve_permutation("feistel", 10, True)
+
+
+@pytest.mark.parametrize(("n", "shards"), [(10, 3), (1, 4), (0, 2), (100, 7)])
+def test_shard_order_of_a_drawn_permutation_is_the_padded_shard_as_before(n: int, shards: int) -> None:
+    for r in range(shards):
+        padded = shard(epoch_order(n, seed=4, epoch=2, shuffle=True), shard_id=r, num_shards=shards)
+        got = shard_order(n, seed=4, epoch=2, shuffle=True, shard_id=r, num_shards=shards, permutation="drawn")
+        assert got.dtype == np.int64 and np.array_equal(got, padded)
+        ordered = shard_order(n, seed=4, epoch=2, shuffle=False, shard_id=r, num_shards=shards, permutation="drawn")
+        assert np.array_equal(ordered, shard(np.arange(n), shard_id=r, num_shards=shards))

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ CUTS = (0, 301, 302, 777, 900)  # parts that align with no chunk or shard
 
 
 def _parts(packed: PackedSamples = PACKED, cuts: tuple[int, ...] = CUTS) -> Iterator[PackedSamples]:
-    return (packed.take(np.arange(a, b)) for a, b in zip(cuts, cuts[1:], strict=False))
+    return (packed.take(np.arange(a, b)) for a, b in itertools.pairwise(cuts))
 
 
 def _files(root: Path) -> list[tuple[str, bytes]]:

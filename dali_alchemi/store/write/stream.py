@@ -112,9 +112,23 @@ def stream_store(
     SampleDataError
         If there are no samples in any part, a part breaks the rules a one-shot write checks, or a part's
         fields, levels, dtypes or trailing shapes differ from the first part's (naming the part and
-        field); a local store is then left as it was: nothing at its path.
+        field); nothing is left at ``loc`` then (as after any failure).
     """
-    build_store(loc, lambda root: _fill(root, iter(parts), levels, frozenset(custom), config, allow_nonfinite), phase)
+    build_store(
+        loc, lambda root: _fill_or_clear(root, iter(parts), levels, frozenset(custom), config, allow_nonfinite), phase
+    )
+
+
+def _fill_or_clear(root: Any, *args: Any) -> None:
+    """:func:`_fill`, or on failure no group left in ``root`` (a store not staged, a URL or a ``dict``, is
+    written where it is; a staged one is removed whole anyway)."""
+    try:
+        _fill(root, *args)
+    except BaseException:
+        for name in (layout.META_GROUP, layout.CORE_GROUP, layout.CUSTOM_GROUP):
+            if name in root:
+                del root[name]
+        raise
 
 
 def _fill(

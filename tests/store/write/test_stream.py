@@ -186,3 +186,17 @@ def test_a_column_writes_whole_shards_once_and_the_rest_at_the_end(chunks: int, 
     assert all(start % unit == 0 for start in starts) and len(set(starts)) == len(starts)  # each row written once
     assert all((stop - start) % unit == 0 for start, stop, _ in arr.writes[:-1])
     assert arr.writes[-1][1] == 50 and all(stop == shape[0] for _, stop, shape in arr.writes)
+
+
+def test_a_failed_streamed_write_to_a_store_that_is_not_staged_leaves_it_empty() -> None:
+    from zarr.storage import MemoryStore
+
+    store = MemoryStore()
+    parts = list(_parts())
+    parts[1] = _with(parts[1], "spin", np.zeros((int(parts[1].n_atoms.sum()), 2), dtype=np.float32))
+    with pytest.raises(SampleDataError, match=r"^Part 1 has fields"):
+        AtomicDataZarrWriter(store).write(iter(parts))
+    assert sorted(store._store_dict) == ["zarr.json"]  # the empty root group, nothing in it
+    AtomicDataZarrWriter(store).write(_parts())  # nothing was there
+    with AtomicDataZarrReader(store) as reader:
+        assert len(reader) == len(PACKED)

@@ -21,7 +21,7 @@ one-shot write's layout. A local store is staged beside its path and renamed int
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from dali_alchemi.errors import SampleDataError
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.packed import PackedSamples, SupportsPacked
 from dali_alchemi.store.write.arrays import create_array
-from dali_alchemi.store.write.create import build_store, checked_new_samples, root_attributes
+from dali_alchemi.store.write.create import build_store, checked_new_samples, create_store, root_attributes
 from dali_alchemi.store.write.encode import Samples, checked_disk, to_packed
 
 if TYPE_CHECKING:
@@ -37,15 +37,16 @@ if TYPE_CHECKING:
 
     from dali_alchemi.config import ArrayConfig, WriteConfig
     from dali_alchemi.store.format.location import StoreLocation
+    from dali_alchemi.types import Level
 
-__all__ = ["Parts", "ShardedColumn", "is_parts", "stream_store"]
+__all__ = ["Parts", "ShardedColumn", "is_parts", "stream_store", "write_new_store"]
 
 
 Parts = Iterable[Samples]
 """Parts of a new store, each samples as one write takes them (an iterator or a generator of them)."""
 
 
-def is_parts(samples: object) -> bool:
+def is_parts(samples: object) -> TypeGuard[Parts]:
     """Whether ``samples`` is an iterable of parts (an iterator, a generator) rather than one set of samples.
 
     A sequence (a list of per-sample dicts), a PackedSamples, a Batch and a mapping are one set.
@@ -96,6 +97,30 @@ class ShardedColumn:
         self.written = end
 
 
+def write_new_store(
+    loc: StoreLocation,
+    samples: Samples | Parts,
+    levels: Mapping[str, str] | None,
+    custom: Collection[str],
+    config: WriteConfig,
+    allow_nonfinite: bool | frozenset[str],
+    phase: Callable[[str], None],
+) -> None:
+    """The writer's ``write``: one set of samples checked and written whole, an iterator of parts streamed.
+
+    Raises
+    ------
+    SampleDataError
+        If there are no samples, or they (or two parts) are inconsistent; nothing is written.
+    """
+    if is_parts(samples):
+        stream_store(loc, samples, levels, custom, config, allow_nonfinite, phase)
+        return
+    one = cast("Samples", samples)
+    packed, disk = checked_new_samples(one, levels, custom, allow_nonfinite=allow_nonfinite)
+    create_store(loc, packed, disk, config, frozenset(custom), phase)
+
+
 def stream_store(
     loc: StoreLocation,
     parts: Parts,
@@ -143,19 +168,22 @@ def _fill(
     if first is None:
         raise SampleDataError("No data provided to write (the parts held no samples).")
     packed, disk = checked_new_samples(first, None, custom, allow_nonfinite=allow_nonfinite)
+    levels_of: dict[str, Level] = dict(packed.levels)
     forms = {name: _form(packed.levels[name], values) for name, values in disk.items()}
     columns, configs = _create(root, packed, disk, config, custom)
     n_samples = n_atoms = n_edges = 0
     number = 0
-    while packed is not None:
+    part: PackedSamples | None = packed
+    del first, packed  # only ``part`` holds a part: one at a time
+    while part is not None:
         if number:
-            disk = checked_disk(packed, n_atoms, allow_nonfinite=allow_nonfinite)
-            _check_agrees(number, packed, disk, forms)
-        atoms_ptr, edges_ptr = packed.atoms_ptr, packed.edges_ptr
+            disk = checked_disk(part, n_atoms, allow_nonfinite=allow_nonfinite)
+            _check_agrees(number, part, disk, forms)
+        atoms_ptr, edges_ptr = part.atoms_ptr, part.edges_ptr
         meta = {
             layout.ATOMS_PTR: atoms_ptr[1 if number else 0 :] + n_atoms,
             layout.EDGES_PTR: edges_ptr[1 if number else 0 :] + n_edges,
-            layout.SAMPLES_MASK: np.ones(len(packed), dtype=np.bool_),
+            layout.SAMPLES_MASK: np.ones(len(part), dtype=np.bool_),
             layout.ATOMS_MASK: np.ones(int(atoms_ptr[-1]), dtype=np.bool_),
             layout.EDGES_MASK: np.ones(int(edges_ptr[-1]), dtype=np.bool_),
         }
@@ -163,14 +191,15 @@ def _fill(
             columns[layout.META_GROUP, name].push(values)
         for name, values in disk.items():
             columns[layout.CUSTOM_GROUP if name in custom else layout.CORE_GROUP, name].push(values)
-        n_samples += len(packed)
+        n_samples += len(part)
         n_atoms, n_edges = n_atoms + int(atoms_ptr[-1]), n_edges + int(edges_ptr[-1])
         del disk, meta, atoms_ptr, edges_ptr
         number += 1
-        packed = _next_part(parts, levels)
+        part = None  # so that the next part is made while this one is no longer held
+        part = _next_part(parts, levels)
     for column in columns.values():
         column.finish()
-    root.attrs.update(root_attributes(n_samples, {n: f[0] for n, f in forms.items()}, custom, configs))
+    root.attrs.update(root_attributes(n_samples, levels_of, custom, configs))
 
 
 def _next_part(parts: Iterator[Samples], levels: Mapping[str, str] | None) -> PackedSamples | None:

@@ -45,7 +45,6 @@ from dali_alchemi.store.format.packed import PackedSamples, SupportsPacked
 from dali_alchemi.store.read.open_checks import MetaInfo, check_every_array_known, check_meta, open_root
 from dali_alchemi.store.write.append import append_rows, checked_new_rows
 from dali_alchemi.store.write.confine import check_no_linked_directories
-from dali_alchemi.store.write.create import checked_new_samples, create_store
 from dali_alchemi.store.write.custom import checked_custom, write_custom
 from dali_alchemi.store.write.defragment import DEFAULT_DEFRAGMENT_WINDOW
 from dali_alchemi.store.write.defragment import defragment as run_defragment
@@ -54,7 +53,7 @@ from dali_alchemi.store.write.lock import WriterLock
 from dali_alchemi.store.write.recovery import apply_delete, recover
 from dali_alchemi.store.write.refusals import is_refusal, refused, roll_back
 from dali_alchemi.store.write.repair import RepairReport, check_in_place, repair_copy, run_repair
-from dali_alchemi.store.write.stream import Parts, is_parts, stream_store
+from dali_alchemi.store.write.stream import Parts, write_new_store
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -218,11 +217,7 @@ class AtomicDataZarrWriter:
         with self._writing("write"):
             if self._exists():
                 raise StoreExistsError(f"Zarr store already exists at {self._location.display}")
-            if is_parts(samples):
-                stream_store(self._location, samples, levels, custom, self.config, self.allow_nonfinite, self._phase)
-            else:
-                packed, disk = checked_new_samples(samples, levels, custom, allow_nonfinite=self.allow_nonfinite)
-                create_store(self._location, packed, disk, self.config, frozenset(custom), self._phase)
+            write_new_store(self._location, samples, levels, custom, self.config, self.allow_nonfinite, self._phase)
             self._phase("done")
 
     # -- append -------------------------------------------------------------------------------------

@@ -295,22 +295,23 @@ def _write_chunks(
     chunks: Iterable[PackedSamples], target: StoreLike, decision: Decision, config: WriteConfig | None,
     report: ConversionReport, progress: Callable[[str, int], None] | None,
 ) -> None:  # fmt: skip
-    """Write the spooled chunks to ``target``: the first creates the store, the others append."""
+    """Write the spooled chunks to ``target`` in one write, streamed chunk by chunk in bounded memory."""
     custom = {**decision.custom, **{f"{name}{PRESENT_SUFFIX}": "system" for name in decision.filled}}
     # a filled field holds NaN where its structure had no value (its *_present mask says where)
     writer = AtomicDataZarrWriter(target, config, allow_nonfinite=set(decision.filled))
-    for packed in chunks:
-        if report.structures == 0:
-            writer.write(packed, levels=custom, custom=sorted(custom))
-            report.fields = dict(packed.levels)
-            report.custom = sorted(custom)
-        else:
-            writer.append(packed, levels=custom)
-        report.structures += len(packed)
-        report.atoms += int(packed.n_atoms.sum())
-        report.edges += int(packed.n_edges.sum())
-        if progress is not None:
-            progress("written", report.structures)
+
+    def counted() -> Iterator[PackedSamples]:
+        for packed in chunks:
+            report.fields = report.fields or dict(packed.levels)
+            yield packed  # the writer asks for the next chunk once this one is written or buffered
+            report.structures += len(packed)
+            report.atoms += int(packed.n_atoms.sum())
+            report.edges += int(packed.n_edges.sum())
+            if progress is not None:
+                progress("written", report.structures)
+
+    writer.write(counted(), levels=custom, custom=sorted(custom))
+    report.custom = sorted(custom)
 
 
 def convert(

@@ -58,3 +58,43 @@ def test_synthetic_config_follows_the_named_layout_with_or_without_checksums() -
     compressed = synthetic_config(layout="compressed")
     assert compressed.for_array("core", "positions").chunk_size is None  # 4 MiB chunks, as before
     assert synthetic_config("none").for_array("core", "atomic_numbers").compressors == ()
+
+
+def test_synthetic_parts_follow_size_plan_and_start_as_synthetic_samples() -> None:
+    from dali_alchemi.bench.synth import synthetic_parts
+
+    parts = list(synthetic_parts(50, seed=5, min_atoms=1, max_atoms=4, structures=16))
+    assert [len(p) for p in parts] == [16, 16, 16, 2]
+    atoms, edges = size_plan(50, 5, 1, 4)
+    assert np.array_equal(np.concatenate([p.n_atoms for p in parts]), atoms)
+    assert np.array_equal(np.concatenate([p.n_edges for p in parts]), edges)
+    first = synthetic_samples(16, seed=5, min_atoms=1, max_atoms=4)
+    assert all(np.array_equal(parts[0].fields[k], first.fields[k]) for k in first.fields)
+    again = list(synthetic_parts(50, seed=5, min_atoms=1, max_atoms=4, structures=16))
+    assert all(np.array_equal(a.fields[k], b.fields[k]) for a, b in zip(parts, again, strict=True) for k in a.fields)
+    with pytest.raises(ValueError, match=r"^parts need at least one structure, got structures=0$"):
+        next(synthetic_parts(5, structures=0))
+
+
+def test_a_part_holds_at_most_part_bytes() -> None:
+    from dali_alchemi.bench.synth import PART_BYTES, part_structures, synthetic_parts
+
+    structures = part_structures(4)
+    assert structures > 50_000
+    part = next(synthetic_parts(structures, seed=1, min_atoms=4, max_atoms=4))
+    assert len(part) == structures and sum(v.nbytes for v in part.fields.values()) <= PART_BYTES
+
+
+def test_write_synthetic_store_writes_the_store_part_by_part(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dali_alchemi import AtomicDataZarrReader
+    from dali_alchemi.bench import synth
+
+    monkeypatch.setattr(synth, "part_structures", lambda max_atoms: 7)
+    synth.write_synthetic_store(tmp_path / "s.zarr", 30, seed=2, min_atoms=1, max_atoms=5)
+    parts = list(synth.synthetic_parts(30, seed=2, min_atoms=1, max_atoms=5, structures=7))
+    want = np.concatenate([p.fields["positions"] for p in parts])
+    assert not np.array_equal(want, synthetic_samples(30, seed=2, min_atoms=1, max_atoms=5).fields["positions"])
+    with AtomicDataZarrReader(tmp_path / "s.zarr") as reader:
+        got = reader.read_packed(range(30))
+        assert np.array_equal(got.fields["positions"], want)
+        assert np.array_equal(got.n_atoms, np.concatenate([p.n_atoms for p in parts]))

@@ -203,12 +203,12 @@ def test_what_a_killed_convert_left_is_removed_by_the_next(tmp_path: Path) -> No
 
 
 def test_a_failure_while_writing_leaves_no_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dali_alchemi.store.write.writer import AtomicDataZarrWriter
+    from dali_alchemi.store.write import stream
 
-    def fail(self: AtomicDataZarrWriter, *args: object, **kwargs: object) -> None:
+    def fail(*args: object, **kwargs: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(AtomicDataZarrWriter, "append", fail)
+    monkeypatch.setattr(stream, "checked_disk", fail)  # the second chunk of the one streamed write fails
     with pytest.raises(OSError, match="disk full"):
         write_atoms(_structures(7), tmp_path / "out.zarr", chunk=3)
     assert _leftovers(tmp_path) == []
@@ -427,3 +427,25 @@ def test_cli_convert_missing_drop_says_the_structures_are_kept(
     report = write_atoms(_water(12, forces=9), tmp_path / "api.zarr", missing="drop")
     assert report.lacking == {"forces": 3} and report.dropped == {"forces": 9}
     assert write_atoms(_water(4, forces=4), tmp_path / "all.zarr", missing="drop").lacking == {}
+
+
+def test_convert_writes_its_chunks_in_one_streamed_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dali_alchemi.store.write.writer import AtomicDataZarrWriter
+
+    calls: list[str] = []
+    write, append = AtomicDataZarrWriter.write, AtomicDataZarrWriter.append
+
+    def recorded(name: str, method: object) -> object:
+        def call(self: AtomicDataZarrWriter, *args: object, **kwargs: object) -> object:
+            calls.append(name)
+            return method(self, *args, **kwargs)  # type: ignore[operator]
+
+        return call
+
+    monkeypatch.setattr(AtomicDataZarrWriter, "write", recorded("write", write))
+    monkeypatch.setattr(AtomicDataZarrWriter, "append", recorded("append", append))
+    structures = _structures(7)
+    report = write_atoms(structures, tmp_path / "out.zarr", chunk=3)
+    assert calls == ["write"] and (report.structures, report.atoms) == (7, sum(len(a) for a in structures))
+    with AtomicDataZarrReader(tmp_path / "out.zarr") as reader:
+        assert reader.read_packed(range(7)).n_atoms.tolist() == [len(a) for a in structures]

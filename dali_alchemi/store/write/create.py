@@ -26,10 +26,11 @@ from dali_alchemi.store.write.encode import Samples, checked_disk, to_packed
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-    from dali_alchemi.config import WriteConfig
+    from dali_alchemi.config import ArrayConfig, WriteConfig
     from dali_alchemi.store.format.packed import PackedSamples
+    from dali_alchemi.types import Level
 
-__all__ = ["checked_new_samples", "create_store"]
+__all__ = ["build_store", "checked_new_samples", "create_store", "root_attributes"]
 
 
 def checked_new_samples(
@@ -75,19 +76,39 @@ def create_store(
     ``phase`` hears ``staged`` (local stores only) once the staged store is complete. A failure
     leaves no staging directory behind.
     """
+    build_store(loc, lambda root: _write_new(root, packed, disk, config, custom), phase)
+
+
+def build_store(loc: StoreLocation, fill: Callable[[Any], None], phase: Callable[[str], None]) -> None:
+    """Have ``fill`` write every group, array and attribute of a new store into an empty group.
+
+    A local store is filled in a staging directory beside its path, which ``phase`` hears as ``staged``
+    and which is then renamed into place; a failure removes it. Any other store is filled where it is.
+    """
     local = loc.local_root
     if local is None:
-        root = open_group(loc, mode="a")  # "w" would clear the store, the writer lock with it
-        _write_new(root, packed, disk, config, custom)
+        fill(open_group(loc, mode="a"))  # "w" would clear the store, the writer lock with it
         return
     staging = sibling(loc, f"{CREATE_PREFIX}{uuid.uuid4().hex[:8]}")
     try:
-        _write_new(zarr.open_group(str(staging), mode="w"), packed, disk, config, custom)
+        fill(zarr.open_group(str(staging), mode="w"))
         phase("staged")
         os.rename(staging, local)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def root_attributes(
+    num_samples: int, levels: Mapping[str, Level], custom: Collection[str], configs: list[ArrayConfig]
+) -> dict[str, Any]:
+    """The root attributes of a new store: its schema and what its arrays' configs promise."""
+    schema = layout.StoreSchema(
+        num_samples=num_samples,
+        core={k: v for k, v in levels.items() if k not in custom},
+        custom={k: v for k, v in levels.items() if k in custom},
+    )
+    return {**schema.to_attributes(), **promise(configs).to_attributes()}
 
 
 def _write_new(
@@ -116,9 +137,4 @@ def _write_new(
         for name, cfg in config.for_arrays(group, arrays).items():
             configs.append(cfg)
             write_array(target, name, arrays[name], cfg)
-    schema = layout.StoreSchema(
-        num_samples=len(packed),
-        core={k: v for k, v in packed.levels.items() if k not in custom},
-        custom={k: v for k, v in packed.levels.items() if k in custom},
-    )
-    root.attrs.update({**schema.to_attributes(), **promise(configs).to_attributes()})
+    root.attrs.update(root_attributes(len(packed), packed.levels, custom, configs))

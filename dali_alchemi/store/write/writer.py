@@ -4,21 +4,15 @@ The writer owns the pointer arrays and masks, and keeps every data array consist
 ``neighbor_list`` is stored store-global (``local + atoms_ptr[i]``) on write and append, and re-based
 whenever rows move (defragment), which fixes the reference implementation's defects listed in the
 store-format notes. Arrays are always created with explicit chunk shapes that keep trailing dims whole.
+Each operation takes the lock, opens the store (``write``: checks that none exists yet) and hands the
+work to its module: ``write`` to :mod:`~dali_alchemi.store.write.create` (or, given parts,
+:mod:`~dali_alchemi.store.write.stream`), ``append``, ``add_custom``, ``defragment``, ``repair`` to theirs.
 
-Each operation here takes the lock, opens the store (``write``: checks that none exists yet), and
-hands the work to its module: ``write`` to :mod:`~dali_alchemi.store.write.create`, ``append`` to
-:mod:`~dali_alchemi.store.write.append`, ``add_custom`` to :mod:`~dali_alchemi.store.write.custom`,
-``defragment`` and ``repair`` to theirs.
-
-Interrupted writes (a killed process) leave a local store readable at its old or its new state:
-``write`` builds the store beside its path and renames it into place; ``append``, ``delete`` and
-``add_custom`` record a journal first (:mod:`dali_alchemi.store.format.journal`) and order their changes so
-that the old state stays valid until the commit point; ``defragment`` builds the compacted store
-beside the old one and swaps the directories (:mod:`dali_alchemi.store.write.defragment`). The next writer
-operation finishes or rolls back an interrupted one (:mod:`dali_alchemi.store.write.recovery`). ``repair``
-re-bases the neighbor lists of stores grown by nvalchemi's append (:mod:`dali_alchemi.store.check.repair_plan`).
-One writer operation at a time per store: each holds the store's writer lock
-(:mod:`dali_alchemi.store.write.lock`) from before it reads the journal until it is done.
+Interrupted writes (a killed process) leave a local store readable at its old or its new state: ``write``
+builds the store beside its path and renames it into place; ``append``, ``delete`` and ``add_custom`` record
+a journal first (:mod:`dali_alchemi.store.format.journal`) and order their changes so that the old state
+stays valid until the commit point; ``defragment`` builds the compacted store beside the old one and swaps
+the directories. The next writer operation finishes or rolls back an interrupted one (:mod:`.recovery`).
 """
 
 from __future__ import annotations
@@ -51,7 +45,6 @@ from dali_alchemi.store.format.packed import PackedSamples, SupportsPacked
 from dali_alchemi.store.read.open_checks import MetaInfo, check_every_array_known, check_meta, open_root
 from dali_alchemi.store.write.append import append_rows, checked_new_rows
 from dali_alchemi.store.write.confine import check_no_linked_directories
-from dali_alchemi.store.write.create import checked_new_samples, create_store
 from dali_alchemi.store.write.custom import checked_custom, write_custom
 from dali_alchemi.store.write.defragment import DEFAULT_DEFRAGMENT_WINDOW
 from dali_alchemi.store.write.defragment import defragment as run_defragment
@@ -60,6 +53,7 @@ from dali_alchemi.store.write.lock import WriterLock
 from dali_alchemi.store.write.recovery import apply_delete, recover
 from dali_alchemi.store.write.refusals import is_refusal, refused, roll_back
 from dali_alchemi.store.write.repair import RepairReport, check_in_place, repair_copy, run_repair
+from dali_alchemi.store.write.stream import Parts, write_new_store
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -196,14 +190,17 @@ class AtomicDataZarrWriter:
         return root, meta
 
     # -- write --------------------------------------------------------------------------------------
-    def write(self, samples: Samples, *, levels: Mapping[str, str] | None = None, custom: Sequence[str] = ()) -> None:
-        """Create the store from ``samples`` (dicts of numpy arrays or torch tensors, or a Batch).
+    def write(
+        self, samples: Samples | Parts, *, levels: Mapping[str, str] | None = None, custom: Sequence[str] = ()
+    ) -> None:
+        """Create the store from ``samples`` (dicts of numpy arrays or torch tensors, or a Batch), or from parts.
 
         Per-sample shapes follow nvalchemi: atom fields ``[V, *t]``, edge fields ``[E, *t]``, system
         fields ``[1, *t]``; ``neighbor_list`` is sample-local. Fields outside nvalchemi's key sets need
         ``levels={name: "atom"|"edge"|"system"}``. Fields named in ``custom`` go to the ``custom/`` group
         (as :meth:`add_custom` would put them) instead of ``core/``. A local store is built beside its
-        path and renamed into place, so it never exists half-written.
+        path and renamed into place, so it never exists half-written. An iterator of parts (each samples as
+        above) is written part by part in bounded memory (:mod:`~dali_alchemi.store.write.stream`).
 
         Raises
         ------
@@ -211,7 +208,7 @@ class AtomicDataZarrWriter:
             If the store exists (for a local path: anything at that path, an empty directory too); a
             ``FileExistsError``.
         SampleDataError
-            If there are no samples, or they are inconsistent (a ``ValueError``).
+            If there are no samples, or they (or two parts) are inconsistent (a ``ValueError``).
         StoreWriteError
             If the operating system refuses a write (no space left, read-only, no permission, a quota, a
             size limit; an ``OSError`` with that errno), after the store is put back
@@ -220,8 +217,7 @@ class AtomicDataZarrWriter:
         with self._writing("write"):
             if self._exists():
                 raise StoreExistsError(f"Zarr store already exists at {self._location.display}")
-            packed, disk = checked_new_samples(samples, levels, custom, allow_nonfinite=self.allow_nonfinite)
-            create_store(self._location, packed, disk, self.config, frozenset(custom), self._phase)
+            write_new_store(self._location, samples, levels, custom, self.config, self.allow_nonfinite, self._phase)
             self._phase("done")
 
     # -- append -------------------------------------------------------------------------------------

@@ -159,3 +159,24 @@ def test_a_rewrite_killed_midway_leaves_no_store_and_the_next_one_succeeds(
     rewrite_store(source, out)
     assert not staging_path(out).exists()
     _same_store(source, out)
+
+
+def test_the_check_sizes_its_windows_from_a_bounded_sample_of_structures() -> None:
+    from dali_alchemi.store.format.protocol import FieldSpec
+    from dali_alchemi.store.write import rewrite
+
+    asked: list[int] = []
+
+    class HugeReader:  # ten million structures of 3 atoms and 5 edges
+        def __init__(self) -> None:
+            self.field_specs = {"positions": FieldSpec("atom", np.dtype(np.float32), (3,))}
+
+        def __len__(self) -> int:
+            return 10_000_000
+
+        def sample_sizes(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            asked.append(len(indices))
+            return np.full(len(indices), 3), np.full(len(indices), 5)
+
+    assert rewrite._structure_bytes(HugeReader()) == 3 * 12  # type: ignore[arg-type]
+    assert asked == [rewrite.SIZE_SAMPLE]

@@ -77,7 +77,7 @@ def test_a_snapshot_holds_pointers_masks_and_handles_read_only(path: Path) -> No
     with pytest.raises(TypeError):
         snap.handles["tag"] = tag  # type: ignore[index]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        snap.active = np.zeros(0, np.int64)  # type: ignore[misc]
+        snap.live = np.zeros(0, np.int64)  # type: ignore[misc]
 
 
 def test_an_unfinished_append_is_read_at_the_old_state(path: Path) -> None:

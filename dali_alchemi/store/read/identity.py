@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dali_alchemi.store.format import layout
-from dali_alchemi.store.read.pointers import META_ORDER, READ_ROWS, SEGMENT_ROWS, segment_crcs, state_digest
+from dali_alchemi.store.read import pointers
+from dali_alchemi.store.read.pointers import META_ORDER, READ_ROWS, segment_crcs, state_digest
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -149,7 +150,7 @@ def _state_digest(snapshot: Snapshot, n: int) -> bytes:
     arrays = {
         layout.ATOMS_PTR: snapshot.atoms_ptr, layout.EDGES_PTR: snapshot.edges_ptr, layout.SAMPLES_MASK: snapshot.samples_mask
     }  # fmt: skip
-    whole = n // SEGMENT_ROWS
+    whole = n // pointers.SEGMENT_ROWS
     for name in META_ORDER:
         if whole and snapshot.crcs.get(name, np.zeros(0, np.uint32)).size < whole:
             snapshot.crcs[name] = segment_crcs(arrays[name], whole)

@@ -51,7 +51,8 @@ from zarr.storage import LocalStore
 
 from dali_alchemi.errors import StoreFormatError
 from dali_alchemi.store.format import layout
-from dali_alchemi.store.read.pointers import META_ORDER, READ_ROWS, SEGMENT_ROWS, SegmentCrcs
+from dali_alchemi.store.read import pointers
+from dali_alchemi.store.read.pointers import META_ORDER, READ_ROWS, SegmentCrcs
 from dali_alchemi.store.read.shared import shared_memory_root
 
 if TYPE_CHECKING:
@@ -105,19 +106,20 @@ class PointerCopy:
 
 
 def default_folder() -> Path | None:
-    """This user's folder of shared pointer copies on ``/dev/shm`` (made if needed); ``None`` without one."""
+    """This user's folder of shared pointer copies on ``/dev/shm`` (made when first used); ``None`` without ``/dev/shm``."""
     root = shared_memory_root()
-    if root is None:
-        return None
-    folder = Path(root) / f"dali-alchemi-pointers-{os.getuid()}"
+    return None if root is None else Path(root) / f"dali-alchemi-pointers-{os.getuid()}"
+
+
+def _usable(folder: Path) -> None:
+    """Make ``folder`` if needed and check that it is a folder of this user's (never trust one another user made)."""
     try:
-        folder.mkdir(mode=0o700, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = os.lstat(folder)
-    except OSError:
-        return None
+    except OSError as err:
+        raise SharedPointersUnusable(f"cannot use {folder}: {err}") from err
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        return None  # not a folder this user made: never trust what another user could write
-    return folder
+        raise SharedPointersUnusable(f"{folder} is not a folder of this user's")
 
 
 def pointer_folder(option: bool | str | os.PathLike[str] | None) -> SharedPointers | None:
@@ -166,6 +168,7 @@ class _CopyWriter:
         live = np.flatnonzero(values).astype(np.int64) + start
         if not self.any_deleted and live.size < values.size:
             self.any_deleted = True  # the samples before this piece were all live: their physical index is their own
+            self.live = 0
             for lo in range(0, start, READ_ROWS):
                 self._active(np.arange(lo, min(lo + READ_ROWS, start), dtype=np.int64))
         if self.any_deleted:
@@ -186,7 +189,7 @@ class _CopyWriter:
         names = (*META_ORDER, _ACTIVE) if self.any_deleted else META_ORDER
         table = np.concatenate([self.crcs[name].finish() for name in names]).astype("<u4").tobytes()
         end = self.offsets[_ACTIVE] + (8 * self.live if self.any_deleted else 0)
-        fields = (_MAGIC, self.n, self.live if self.any_deleted else -1, SEGMENT_ROWS, len(table) // 4, key)
+        fields = (_MAGIC, self.n, self.live if self.any_deleted else -1, pointers.SEGMENT_ROWS, len(table) // 4, key)
         packed = _FOOTER.pack(*fields, 0)[:-4]
         crc = google_crc32c.value(table + packed)
         self._write(end, np.frombuffer(table + packed + struct.pack("<I", crc), dtype=np.uint8))
@@ -201,7 +204,7 @@ class _CopyWriter:
 
 
 def _segments(entries: int) -> int:
-    return -(-entries // SEGMENT_ROWS)
+    return -(-entries // pointers.SEGMENT_ROWS)
 
 
 def _map(path: Path, n: int, key: bytes, *, verify: bool) -> PointerCopy | None:
@@ -216,7 +219,7 @@ def _map(path: Path, n: int, key: bytes, *, verify: bool) -> PointerCopy | None:
             return _reject(path, "it is shorter than its footer")
         raw = os.pread(fd, _FOOTER.size, size - _FOOTER.size)
         magic, count, live, seg_rows, entries, stored_key, crc = _FOOTER.unpack(raw)
-        if magic != _MAGIC or count != n or seg_rows != SEGMENT_ROWS or stored_key != key:
+        if magic != _MAGIC or count != n or seg_rows != pointers.SEGMENT_ROWS or stored_key != key:
             return _reject(path, "its footer names another state or format")
         offsets = _offsets(n)
         end = offsets[_ACTIVE] + (8 * live if live >= 0 else 0)
@@ -298,6 +301,7 @@ class SharedPointers:
         StoreFormatError
             Whatever ``fill`` raises for a damaged store (nothing is published).
         """
+        _usable(self.directory)
         path = self.directory / f"{store_id}-{key.hex()}.ptrs"
         claim = Path(f"{path}.claim")
         deadline = time.monotonic() + self.wait_s

@@ -53,7 +53,6 @@ from dali_alchemi.errors import StoreFormatError
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.read import pointers
 from dali_alchemi.store.read.pointers import META_ORDER, READ_ROWS, SegmentCrcs
-from dali_alchemi.store.read.shared import shared_memory_root
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -63,7 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MIN_SAMPLES", "POLL_S", "RACY_S", "WAIT_S", "PointerCopy", "PointersChanged", "SharedPointers", "SharedPointersUnusable",
-    "content_key", "default_folder", "pointer_folder", "store_id",
+    "content_key", "default_folder", "pointer_folder", "shared_memory_root", "store_id",
 ]  # fmt: skip
 
 
@@ -103,6 +102,11 @@ class PointerCopy:
     """``atoms_ptr``, ``edges_ptr``, ``samples_mask`` and, when samples are deleted, ``active``."""
     crcs: Mapping[str, NDArray[np.uint32]]
     path: Path
+
+
+def shared_memory_root() -> str | None:
+    """``/dev/shm`` where it exists and is writable, else ``None`` (as for shared decoded blocks)."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 def default_folder() -> Path | None:

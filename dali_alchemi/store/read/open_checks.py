@@ -7,7 +7,6 @@ reader decodes them.
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,6 @@ from dali_alchemi.store.format.location import NOT_A_STORE_NEXT_STEP, open_group
 from dali_alchemi.store.read.pointers import PrivateMeta, read_meta_values
 from dali_alchemi.store.read.shared_pointers import (
     SharedPointers,
-    SharedPointersUnusable,
     content_key,
     store_id,
 )  # fmt: skip
@@ -49,9 +47,6 @@ __all__ = [
     "memory_budget",
     "open_root",
 ]
-
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +161,10 @@ def check_meta(root: Any, *, store: str, view: ReadView = AS_IS, shared: SharedP
 
     Raises
     ------
-    PointersChanged
-        If the meta arrays changed while a shared copy of them was built (read the store again).
+    StoreFormatError
+        If the layout, a pointer or the mask is inconsistent; as its subclass
+        :class:`~dali_alchemi.store.read.shared_pointers.PointersChanged`, if the meta arrays changed while a
+        shared copy of them was built (read the store again).
     """
     groups = frozenset(root_groups(root))
     for required in (layout.META_GROUP, layout.CORE_GROUP):
@@ -231,11 +228,8 @@ def _meta_values(
         key = content_key(arrays, n, view, complete=complete)
         if key is not None:
             where = store_id(arrays[layout.SAMPLES_MASK].store_path.store.root)
-            try:
-                copy = shared.load(where, key, lambda: content_key(arrays, n, view, complete=complete), n, fill)
-            except SharedPointersUnusable as err:
-                logger.warning("pointers of %s read into this process, not shared: %s", store, err)
-            else:
+            copy = shared.load(where, key, lambda: content_key(arrays, n, view, complete=complete), n, fill)
+            if copy is not None:
                 found = dict(copy.arrays)
                 return found, found.pop("active", None), dict(copy.crcs)
     private = PrivateMeta(n)

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.pointers import MetaSink
 
 __all__ = [
-    "MIN_SAMPLES", "POLL_S", "RACY_S", "WAIT_S", "PointerCopy", "PointersChanged", "SharedPointers", "SharedPointersUnusable",
+    "MIN_SAMPLES", "POLL_S", "RACY_S", "WAIT_S", "PointerCopy", "PointersChanged", "SharedPointers",
     "content_key", "default_folder", "pointer_folder", "shared_memory_root", "store_id",
 ]  # fmt: skip
 
@@ -90,7 +90,7 @@ class PointersChanged(StoreFormatError):
     """The meta arrays changed while a copy of them was built: the open reads the store again."""
 
 
-class SharedPointersUnusable(OSError):
+class _Unusable(OSError):
     """The folder could not take a copy (full, read-only, not ours): the pointers are read privately."""
 
 
@@ -121,9 +121,9 @@ def _usable(folder: Path) -> None:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = os.lstat(folder)
     except OSError as err:
-        raise SharedPointersUnusable(f"cannot use {folder}: {err}") from err
+        raise _Unusable(f"cannot use {folder}: {err}") from err
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise SharedPointersUnusable(f"{folder} is not a folder of this user's")
+        raise _Unusable(f"{folder} is not a folder of this user's")
 
 
 def pointer_folder(option: bool | str | os.PathLike[str] | None) -> SharedPointers | None:
@@ -290,21 +290,28 @@ class SharedPointers:
 
     def load(
         self, store_id: str, key: bytes, key_of: Callable[[], bytes | None], n: int, fill: Callable[[MetaSink], None]
-    ) -> PointerCopy:
+    ) -> PointerCopy | None:
         """The copy of the state ``key`` names: mapped if published, else built with ``fill`` and published.
 
         ``store_id`` names the store (:func:`store_id`); ``key_of`` computes the key again, after a build, to
-        see that the store did not change under it.
+        see that the store did not change under it. ``None`` (logged): the folder cannot take the copy (full,
+        read-only, not this user's), and the caller reads the pointers itself.
 
         Raises
         ------
-        PointersChanged
-            If the key changed while the copy was built (the store changed under it).
-        SharedPointersUnusable
-            If the folder cannot take the copy (full, read-only); the caller reads the pointers itself.
         StoreFormatError
-            Whatever ``fill`` raises for a damaged store (nothing is published).
+            Whatever ``fill`` raises for a damaged store (nothing is published), and, as its subclass
+            :class:`PointersChanged`, a key that changed while the copy was built (the store changed under it).
         """
+        try:
+            return self._load(store_id, key, key_of, n, fill)
+        except OSError as err:  # the folder's, or the store's (then reading it privately raises it again)
+            logger.warning("pointers read into this process, not shared through %s: %s", self.directory, err)
+            return None
+
+    def _load(
+        self, store_id: str, key: bytes, key_of: Callable[[], bytes | None], n: int, fill: Callable[[MetaSink], None]
+    ) -> PointerCopy:
         _usable(self.directory)
         path = self.directory / f"{store_id}-{key.hex()}.ptrs"
         claim = Path(f"{path}.claim")
@@ -336,7 +343,7 @@ class SharedPointers:
                 claim.unlink(missing_ok=True)  # its builder is gone
             return False
         except OSError as err:
-            raise SharedPointersUnusable(f"cannot claim {claim}: {err}") from err
+            raise _Unusable(f"cannot claim {claim}: {err}") from err
         try:
             os.write(fd, str(os.getpid()).encode())
         finally:
@@ -359,10 +366,10 @@ class SharedPointers:
         try:
             free = os.statvfs(self.directory)
             if free.f_bavail * free.f_frsize < 17 * (n + 1):
-                raise SharedPointersUnusable(f"{self.directory} has no room for {17 * (n + 1):,} bytes")
+                raise _Unusable(f"{self.directory} has no room for {17 * (n + 1):,} bytes")
             writer = _CopyWriter(temporary, n)
         except OSError as err:
-            raise SharedPointersUnusable(str(err)) from err
+            raise _Unusable(str(err)) from err
         try:
             fill(writer)
             writer.finish(key)
@@ -370,7 +377,7 @@ class SharedPointers:
                 raise PointersChanged("the meta arrays changed while they were read")
             os.replace(temporary, path)
         except OSError as err:
-            raise SharedPointersUnusable(str(err)) from err
+            raise _Unusable(str(err)) from err
         finally:
             writer.abandon()
         for other in self.directory.glob(f"{store_id}-*.ptrs"):
@@ -378,7 +385,7 @@ class SharedPointers:
                 other.unlink(missing_ok=True)  # an older state of this store
         mapped = _map(path, n, key, verify=False)  # this process wrote it
         if mapped is None:
-            raise SharedPointersUnusable(f"{path} vanished right after it was published")
+            raise _Unusable(f"{path} vanished right after it was published")
         return mapped
 
 

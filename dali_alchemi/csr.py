@@ -76,14 +76,28 @@ def first_out_of_range(values: NDArray[Any], n_atoms: CountArray, n_edges: Count
     return edge, sample
 
 
-def block_sample_starts(ptr: PtrArray, block_rows: int, samples: NDArray[np.int64]) -> NDArray[np.int64]:
-    """Positions in ``samples`` (sorted sample indices) where a new row block of ``block_rows`` rows begins.
+_WINDOW = 1 << 22
+"""Samples :func:`block_sample_starts` looks at in one step (its temporaries stay this size)."""
+
+
+def block_sample_starts(ptr: PtrArray, block_rows: int, samples: NDArray[np.int64] | None) -> NDArray[np.int64]:
+    """Positions in ``samples`` (sorted sample indices; ``None``: every sample of ``ptr``) where a new row
+    block of ``block_rows`` rows begins.
 
     A sample belongs to the block its first row is in, so a sample straddling two blocks goes with the
     first. Returns a sorted, unique int64 array that starts with 0 and ends with ``samples.size``.
     """
-    if samples.size == 0:
+    n = ptr.size - 1 if samples is None else samples.size
+    if n == 0:
         return np.zeros(1, dtype=np.int64)
-    block = ptr[samples] // block_rows
-    starts = np.flatnonzero(np.diff(block)) + 1
-    return np.concatenate(([0], starts, [samples.size])).astype(np.int64)
+    parts: list[Any] = [[0]]
+    previous = None
+    for lo in range(0, n, _WINDOW):
+        hi = min(lo + _WINDOW, n)
+        block = (ptr[lo:hi] if samples is None else ptr[samples[lo:hi]]) // block_rows
+        if previous is not None and block[0] != previous:
+            parts.append([lo])
+        parts.append(np.flatnonzero(np.diff(block)) + 1 + lo)
+        previous = block[-1]
+    parts.append([n])
+    return np.concatenate(parts).astype(np.int64)

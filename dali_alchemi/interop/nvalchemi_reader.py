@@ -34,13 +34,14 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from dali_alchemi.errors import DeviceError, ReaderClosedError, SampleReadError, StoreFormatError
 from dali_alchemi.store.format import layout
+from dali_alchemi.store.read.identity import SnapshotIdentity, identify
 from dali_alchemi.store.read.open_checks import open_root
 from dali_alchemi.store.read.reader import AtomicDataZarrReader
-from dali_alchemi.store.read.snapshot import SnapshotIdentity, identify
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -155,7 +156,7 @@ class NvalchemiDropInReader(AtomicDataZarrReader):
     def _get_sample_metadata(self, index: int) -> dict[str, Any]:
         """``{"index", "source_file", "physical_index"}`` of one sample, without reading its data."""
         logical = int(self.normalize_indices([index])[0])
-        physical = int(self._snapshot.active[logical])
+        physical = int(self._snapshot.physical(np.asarray([logical]))[0])
         return {"index": logical, "source_file": str(self.store), "physical_index": str(physical)}
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], dict[str, Any]]]:

@@ -25,8 +25,14 @@ from zarr.core.sync import sync
 from dali_alchemi.errors import ChunkDecodeError, ConfigError
 
 __all__ = [
-    "INLINE_READS", "MERGE_BYTES", "MERGE_GAP", "READ_TASKS", "ByteFetcher", "ByteRequest", "LocalFetcher",
-    "StoreFetcher"
+    "INLINE_READS",
+    "MERGE_BYTES",
+    "MERGE_GAP",
+    "READ_TASKS",
+    "ByteFetcher",
+    "ByteRequest",
+    "LocalFetcher",
+    "StoreFetcher",
 ]
 
 

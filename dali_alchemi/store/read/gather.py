@@ -26,8 +26,18 @@ if TYPE_CHECKING:
     from dali_alchemi.types import CountArray, IndexArray, PtrArray
 
 __all__ = [
-    "BlockJob", "LevelPlan", "balanced_groups", "block_jobs", "block_layout", "contiguous_groups",
-    "every_block", "plan_rows", "plan_system_rows", "rows_view", "scatter", "working_set_groups"
+    "BlockJob",
+    "LevelPlan",
+    "balanced_groups",
+    "block_jobs",
+    "block_layout",
+    "contiguous_groups",
+    "every_block",
+    "plan_rows",
+    "plan_system_rows",
+    "rows_view",
+    "scatter",
+    "working_set_groups",
 ]
 
 
@@ -176,7 +186,10 @@ def block_jobs(
     handle: ArrayHandle, plan: LevelPlan, blocks: NDArray[np.int64], bounds: NDArray[np.int64]
 ) -> list[BlockJob]:
     """One job per row block ``blocks[k]``, for plan rows ``bounds[k]:bounds[k + 1]``."""
-    return [BlockJob(handle, block, plan, int(bounds[k]), int(bounds[k + 1]), None) for k, block in enumerate(blocks.tolist())]
+    return [
+        BlockJob(handle, block, plan, int(bounds[k]), int(bounds[k + 1]), None)
+        for k, block in enumerate(blocks.tolist())
+    ]
 
 
 def every_block(

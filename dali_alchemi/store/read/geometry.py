@@ -48,9 +48,11 @@ def sample_chunk_bounds(snapshot: Snapshot, in_place: Callable[[ArrayHandle], bo
     array is read in place, spans are :data:`~dali_alchemi.store.read.rows.IN_PLACE_SPAN_SIZE`
     structures; with no core atom-level array, every structure is its own span.
     """
-    n = int(snapshot.active.size)
+    n = snapshot.n_live
     atom_arrays = [
-        h for name, h in snapshot.handles.items() if h.level == "atom" and snapshot.schema.group_of(name) == layout.CORE_GROUP
+        h
+        for name, h in snapshot.handles.items()
+        if h.level == "atom" and snapshot.schema.group_of(name) == layout.CORE_GROUP
     ]
     decoded = [h for h in atom_arrays if not in_place(h)]
     rows = {h.codec.block_rows if h.codec is not None else int(h.array.chunks[0]) for h in decoded}
@@ -58,5 +60,5 @@ def sample_chunk_bounds(snapshot: Snapshot, in_place: Callable[[ArrayHandle], bo
         return np.append(np.arange(0, n, IN_PLACE_SPAN_SIZE, dtype=np.int64), np.int64(n))
     if not rows:  # no per-atom core array: every structure is its own span
         return np.arange(n + 1, dtype=np.int64)
-    starts = [csr.block_sample_starts(snapshot.atoms_ptr, r, snapshot.active) for r in sorted(rows)]
+    starts = [csr.block_sample_starts(snapshot.atoms_ptr, r, snapshot.live) for r in sorted(rows)]
     return np.unique(np.concatenate(starts))

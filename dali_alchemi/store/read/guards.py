@@ -23,13 +23,15 @@ from dali_alchemi import csr
 from dali_alchemi.errors import ReadTooLargeError, StoreChangedError, StoreFormatError
 from dali_alchemi.store.format.generation import read_token
 from dali_alchemi.store.format.location import StoreLike, StoreLocation, resolve_store
-from dali_alchemi.store.read.snapshot import Snapshot, SnapshotIdentity, incompatibility, open_snapshot, served_as
+from dali_alchemi.store.read.identity import SnapshotIdentity, incompatibility, served_as
+from dali_alchemi.store.read.snapshot import Snapshot, open_snapshot
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from dali_alchemi.remote_config import FetchConfig
+    from dali_alchemi.store.read.shared_pointers import SharedPointers
     from dali_alchemi.types import CountArray, IndexArray, Level
 
 __all__ = [
@@ -125,14 +127,21 @@ def check_local_indices(
 
 
 def check_unchanged(
-    location: StoreLocation, snap: Snapshot, fields: tuple[str, ...], *, source: str, cause: BaseException | None = None
+    location: StoreLocation,
+    snap: Snapshot,
+    fields: tuple[str, ...],
+    *,
+    source: str,
+    cause: BaseException | None = None,
+    shared: SharedPointers | None = None,
 ) -> Snapshot | None:
     """Raise if another process rewrote the store since ``snap`` was opened (checked once per read).
 
     Call it after the chunks are read: the token is read then, so a rewrite that started before or during
     the read is seen. A store that only grew (appends) is still served exactly as it was opened: then
     ``snap`` under the new token is returned, for the reader to keep serving (the read may have used
-    shard indexes the append rewrote). ``None``: the store did not change.
+    shard indexes the append rewrote). ``None``: the store did not change. ``shared``: where the store's
+    pointers are shared (see :func:`~dali_alchemi.store.read.snapshot.open_snapshot`).
 
     Raises
     ------
@@ -144,7 +153,7 @@ def check_unchanged(
     if token == snap.token:
         return None
     try:
-        fresh = open_snapshot(location)
+        fresh = open_snapshot(location, shared=shared)
         why = incompatibility(snap, fresh, fields)
     except StoreFormatError as err:
         why = f"it could not be opened again ({err})"
@@ -156,7 +165,9 @@ def check_unchanged(
     return replace(snap, token=fresh.token)  # grown only: keep serving the state it opened
 
 
-def served_snapshot(location: StoreLocation, identity: SnapshotIdentity, *, source: str) -> Snapshot:
+def served_snapshot(
+    location: StoreLocation, identity: SnapshotIdentity, *, source: str, shared: SharedPointers | None = None
+) -> Snapshot:
     """The state a parent reader served (``identity``), for a pickled or forked copy, from the store opened afresh.
 
     Raises
@@ -166,7 +177,7 @@ def served_snapshot(location: StoreLocation, identity: SnapshotIdentity, *, sour
         a store that only grew is served as the parent had it (same length, same pointers).
     """
     try:
-        snapshot = served_as(identity, open_snapshot(location))
+        snapshot = served_as(identity, open_snapshot(location, shared=shared))
     except StoreFormatError as err:
         snapshot = f"it could not be opened again ({err})"
     if isinstance(snapshot, str):

@@ -249,7 +249,9 @@ class MultiReader:
         SampleIndexError
             Naming the first member or local index out of range.
         """
-        raw_ids, raw_local = np.broadcast_arrays(np.asarray(dataset_id).reshape(-1), np.asarray(dataset_index).reshape(-1))
+        raw_ids, raw_local = np.broadcast_arrays(
+            np.asarray(dataset_id).reshape(-1), np.asarray(dataset_index).reshape(-1)
+        )
         ids = checked_indices(
             raw_ids, len(self.lengths), what="dataset_id", owner="MultiReader", negative=False, unit="stores"
         )

@@ -15,24 +15,37 @@ import numpy as np
 from zarr.core.sync import sync
 from zarr.errors import BaseZarrError, GroupNotFoundError
 
-from dali_alchemi.errors import NotAStoreError, StoreFormatError, UnsupportedCodecError
+from dali_alchemi.errors import NotAStoreError, StoreFormatError
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.journal import AS_IS, ReadView
 from dali_alchemi.store.format.location import NOT_A_STORE_NEXT_STEP, open_group, root_groups, zarr_error_text
-from dali_alchemi.store.read.block_reads import fetch_blocks
-from dali_alchemi.store.read.codecs import ArrayCodec
-from dali_alchemi.store.read.fetch import StoreFetcher
+from dali_alchemi.store.read.pointers import PrivateMeta, read_meta_values
+from dali_alchemi.store.read.shared_pointers import (
+    SharedPointers,
+    content_key,
+    store_id,
+)  # fmt: skip
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from dali_alchemi.store.format.location import StoreLocation
+    from dali_alchemi.store.read.pointers import MetaSink
     from dali_alchemi.types import Level
 
 __all__ = [
-    "FALLBACK_MEMORY_BUDGET", "NOT_A_STORE_NEXT_STEP", "ROW_SOURCES", "MetaInfo", "check_chunk_size",
-    "check_data_array", "check_every_array_known", "check_meta", "holds_root_metadata", "memory_budget", "open_root"
+    "FALLBACK_MEMORY_BUDGET",
+    "NOT_A_STORE_NEXT_STEP",
+    "ROW_SOURCES",
+    "MetaInfo",
+    "check_chunk_size",
+    "check_data_array",
+    "check_every_array_known",
+    "check_meta",
+    "holds_root_metadata",
+    "memory_budget",
+    "open_root",
 ]
 
 
@@ -47,6 +60,10 @@ class MetaInfo:
     groups: frozenset[str]
     growing: bool = False  # an append is in progress: data arrays may be longer than the pointers say
     integrity: layout.Integrity = field(default_factory=layout.Integrity)  # what the store promises of its chunks
+    active: NDArray[np.int64] | None = None
+    """Physical index of each live sample; ``None`` when none is deleted (the physical index is the logical)."""
+    crcs: dict[str, NDArray[np.uint32]] | None = None
+    """Segment checksums of the meta arrays (see :mod:`~dali_alchemi.store.read.pointers`), where a shared copy holds them."""
 
     @property
     def n_physical(self) -> int:
@@ -109,48 +126,6 @@ def _read_meta_array(meta: Any, name: str, store: str) -> Any:
         raise StoreFormatError(f"Store {store}: missing array meta/{name}") from err
 
 
-def _read_prefix(arr: Any, rows: int, name: str, store: str, complete: bool = False) -> NDArray[Any]:
-    """The first ``rows`` entries of a meta array; any failure to decode them means corrupt bytes.
-
-    In a store that promises every chunk (``complete``) they are read through the chunk decoder, which
-    refuses a missing chunk (zarr would return the fill value: a lost ``samples_mask`` chunk would read
-    as deleted samples) and checks crc32c checksums.
-    """
-    if complete and rows:
-        try:
-            codec = ArrayCodec(name=f"meta/{name}", path=arr.store_path.path, metadata=arr.metadata, complete=True)
-        except UnsupportedCodecError:
-            codec = None
-        if codec is not None:
-            blocks = [(codec, b) for b in range(-(-rows // codec.block_rows))]
-            payloads, _ = fetch_blocks(StoreFetcher(arr.store_path.store), blocks, {})
-            parts = [codec.decode_block(b, *p) for (_, b), p in zip(blocks, payloads, strict=True)]
-            return np.concatenate(parts)[:rows]
-    try:
-        return np.asarray(arr[:rows])
-    except Exception as err:  # codecs raise many types; all mean the stored bytes are unusable
-        raise StoreFormatError(f"Store {store}: meta/{name} could not be read: {zarr_error_text(err)}") from err
-
-
-def _check_pointer(ptr: NDArray[Any], name: str, n: int, store: str) -> NDArray[np.int64]:
-    if ptr.ndim != 1 or ptr.size != n + 1:
-        raise StoreFormatError(
-            f"Store {store}: meta/{name} has shape {ptr.shape}; expected ({n + 1},) for {n} samples in samples_mask"
-        )
-    if not np.issubdtype(ptr.dtype, np.integer):
-        raise StoreFormatError(f"Store {store}: meta/{name} has dtype {ptr.dtype}; expected an integer pointer")
-    ptr = ptr.astype(np.int64, copy=False)
-    if ptr[0] != 0:
-        raise StoreFormatError(f"Store {store}: meta/{name} starts at {int(ptr[0])}; expected 0")
-    steps = np.diff(ptr)
-    if (steps < 0).any():
-        at = int(np.argmax(steps < 0))
-        raise StoreFormatError(
-            f"Store {store}: meta/{name} is not monotonic: entry {at + 1} ({int(ptr[at + 1])}) < entry {at} ({int(ptr[at])})"
-        )
-    return ptr
-
-
 def _check_meta_sizes(n: int, store: str) -> None:
     """Refuse meta arrays that could not be read into memory, before reading them."""
     needed = 2 * 8 * (n + 1) + n
@@ -174,13 +149,22 @@ def memory_budget() -> int:
         return FALLBACK_MEMORY_BUDGET
 
 
-def check_meta(root: Any, *, store: str, view: ReadView = AS_IS) -> MetaInfo:
+def check_meta(root: Any, *, store: str, view: ReadView = AS_IS, shared: SharedPointers | None = None) -> MetaInfo:
     """Check groups, root attributes, pointers and masks; return the pointers and mask as numpy arrays.
 
     ``view`` says how to read a store with an unfinished operation
     (:func:`~dali_alchemi.store.format.journal.interpret`): during an append the meta arrays may already be
     longer than the old state they are read at (``view.rows``); during a delete, ``view.deleted``
-    samples are read as deleted.
+    samples are read as deleted. With ``shared`` (a local store with at least its ``min_samples``
+    samples) the pointers and mask are mapped read-only from the copy a process of this machine built
+    (:mod:`~dali_alchemi.store.read.shared_pointers`), or built into it here.
+
+    Raises
+    ------
+    StoreFormatError
+        If the layout, a pointer or the mask is inconsistent; as its subclass
+        :class:`~dali_alchemi.store.read.shared_pointers.PointersChanged`, if the meta arrays changed while a
+        shared copy of them was built (read the store again).
     """
     groups = frozenset(root_groups(root))
     for required in (layout.META_GROUP, layout.CORE_GROUP):
@@ -211,13 +195,8 @@ def check_meta(root: Any, *, store: str, view: ReadView = AS_IS) -> MetaInfo:
                 f"expected ({n + 1},) for {n} samples in samples_mask"
             )
     _check_meta_sizes(n, store)
-    samples_mask = np.asarray(_read_prefix(mask_arr, n, layout.SAMPLES_MASK, store, complete), dtype=np.bool_)
-    atoms_ptr = _check_pointer(
-        _read_prefix(arrays[layout.ATOMS_PTR], n + 1, layout.ATOMS_PTR, store, complete), layout.ATOMS_PTR, n, store
-    )
-    edges_ptr = _check_pointer(
-        _read_prefix(arrays[layout.EDGES_PTR], n + 1, layout.EDGES_PTR, store, complete), layout.EDGES_PTR, n, store
-    )
+    values, active, crcs = _meta_values(arrays, n, store=store, complete=complete, view=view, shared=shared)
+    samples_mask, atoms_ptr, edges_ptr = (values[k] for k in (layout.SAMPLES_MASK, layout.ATOMS_PTR, layout.EDGES_PTR))
     for mask_name, ptr, what in ((layout.ATOMS_MASK, atoms_ptr, "atoms"), (layout.EDGES_MASK, edges_ptr, "edges")):
         shape = tuple(arrays[mask_name].shape)
         if shape != (int(ptr[-1]),) and not (appending and len(shape) == 1 and shape[0] >= int(ptr[-1])):
@@ -230,13 +209,34 @@ def check_meta(root: Any, *, store: str, view: ReadView = AS_IS) -> MetaInfo:
         raise StoreFormatError(
             f"Store {store}: root attribute num_samples is {schema.num_samples} but meta/samples_mask has {n} entries"
         )
-    if view.deleted:
-        doomed = np.asarray(view.deleted, dtype=np.int64)
-        samples_mask[doomed[(doomed >= 0) & (doomed < n)]] = False
     return MetaInfo(
         schema=schema, atoms_ptr=atoms_ptr, edges_ptr=edges_ptr, samples_mask=samples_mask, groups=groups,
-        growing=appending, integrity=integrity,
+        growing=appending, integrity=integrity, active=active, crcs=crcs,
     )  # fmt: skip
+
+
+def _meta_values(
+    arrays: dict[str, Any], n: int, *, store: str, complete: bool, view: ReadView, shared: SharedPointers | None
+) -> tuple[dict[str, NDArray[Any]], NDArray[np.int64] | None, dict[str, NDArray[np.uint32]] | None]:
+    """The checked meta arrays, the physical index of each live sample (``None``: none deleted) and the
+    arrays' segment checksums (``None``: not computed yet), from a shared copy where ``shared`` allows."""
+
+    def fill(sink: MetaSink) -> None:
+        read_meta_values(arrays, n, store=store, complete=complete, deleted=view.deleted, sink=sink)
+
+    if shared is not None and n >= shared.min_samples:
+        key = content_key(arrays, n, view, complete=complete)
+        if key is not None:
+            where = store_id(arrays[layout.SAMPLES_MASK].store_path.store.root)
+            copy = shared.load(where, key, lambda: content_key(arrays, n, view, complete=complete), n, fill)
+            if copy is not None:
+                found = dict(copy.arrays)
+                return found, found.pop("active", None), dict(copy.crcs)
+    private = PrivateMeta(n)
+    fill(private)
+    mask = private.arrays[layout.SAMPLES_MASK]
+    active = None if np.count_nonzero(mask) == n else np.flatnonzero(mask).astype(np.int64, copy=False)
+    return private.arrays, active, None
 
 
 def check_every_array_known(root: Any, meta: MetaInfo, *, store: str) -> None:

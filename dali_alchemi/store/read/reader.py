@@ -32,10 +32,12 @@ from dali_alchemi.store.format.protocol import FieldSpec, as_field_names
 from dali_alchemi.store.read import geometry, guards
 from dali_alchemi.store.read.cache import DEFAULT_CACHE_BYTES
 from dali_alchemi.store.read.engine import BlockEngine, ReadStats
+from dali_alchemi.store.read.identity import SnapshotIdentity, identify
 from dali_alchemi.store.read.open_checks import memory_budget
 from dali_alchemi.store.read.selection import fields_to_read, narrow_fields
 from dali_alchemi.store.read.shared import SharedBlocks
-from dali_alchemi.store.read.snapshot import Snapshot, SnapshotIdentity, identify, open_snapshot
+from dali_alchemi.store.read.shared_pointers import pointer_folder
+from dali_alchemi.store.read.snapshot import Snapshot, open_snapshot
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -79,6 +81,12 @@ class AtomicDataZarrReader:
         A folder (best on ``/dev/shm``) through which readers in several processes share decoded
         chunks: a chunk one process decoded is mapped by the others instead of decoded again (see
         :mod:`dali_alchemi.store.read.shared`). The loader sets one up for its worker processes.
+    shared_pointers
+        Where the decoded pointers and mask are kept once per machine, mapped read-only by every
+        process that opens the same state of the store (see
+        :mod:`dali_alchemi.store.read.shared_pointers`): ``None`` (default) for local stores of
+        2^20 structures or more, in this user's folder on ``/dev/shm``; ``True`` for every local store;
+        a folder path to use that folder; ``False`` to read them into this process.
 
     Raises
     ------
@@ -99,6 +107,7 @@ class AtomicDataZarrReader:
         fetch: FetchConfig | None = None,
         storage_options: Mapping[str, Any] | None = None,
         shared_cache: str | os.PathLike[str] | None = None,
+        shared_pointers: bool | str | os.PathLike[str] | None = None,
     ) -> None:
         if pin_memory and not torch.cuda.is_available():
             raise DeviceError("pin_memory=True needs a CUDA build of torch and a visible GPU")
@@ -111,7 +120,9 @@ class AtomicDataZarrReader:
             "fetch": fetch,
             "storage_options": None if storage_options is None else dict(storage_options),
             "shared_cache": None if shared_cache is None else str(shared_cache),
+            "shared_pointers": shared_pointers if shared_pointers in (None, True, False) else str(shared_pointers),
         }
+        self._pointers = pointer_folder(shared_pointers)
         self.pin_memory = pin_memory
         # existence is checked in refresh(): an interrupted defragment may have moved the store aside
         self._fetch = fetch or FetchConfig()
@@ -137,14 +148,14 @@ class AtomicDataZarrReader:
         :class:`ReaderClosedError` on a closed reader.
         """
         self._check_open()
-        snapshot = open_snapshot(self._location)
+        snapshot = open_snapshot(self._location, shared=self._pointers)
         self._fields: tuple[str, ...] = fields_to_read(snapshot, self._options["fields"])
         self._snapshot: Snapshot = snapshot
         self._engine.attach(snapshot)
         logger.info(
             "opened %s: %d samples (%d physical), %d atoms, %d edges, %d arrays",
             snapshot.location.display,
-            len(snapshot.active),
+            snapshot.n_live,
             snapshot.n_physical,
             int(snapshot.atoms_ptr[-1]),
             int(snapshot.edges_ptr[-1]),
@@ -158,7 +169,7 @@ class AtomicDataZarrReader:
     # -- sizes and names ----------------------------------------------------------------------------
     def __len__(self) -> int:
         """Number of live samples (``True`` entries of ``samples_mask``)."""
-        return int(self._snapshot.active.size)
+        return self._snapshot.n_live
 
     @property
     def store(self) -> StoreLike:
@@ -223,7 +234,7 @@ class AtomicDataZarrReader:
     def sample_sizes(self, indices: int | Sequence[int] | NDArray[Any]) -> tuple[CountArray, CountArray]:
         """Atom and edge counts of logical samples, from the cached pointers (no array I/O)."""
         snap = self._snapshot
-        physical = snap.active[self.normalize_indices(indices)]
+        physical = snap.physical(self.normalize_indices(indices))
         return guards.counts(snap.atoms_ptr, physical), guards.counts(snap.edges_ptr, physical)
 
     @property
@@ -273,7 +284,7 @@ class AtomicDataZarrReader:
     def _read_unique(self, logical: IndexArray, names: Sequence[str]) -> PackedSamples:
         """:meth:`read_packed` for distinct indices."""
         snap = self._snapshot
-        physical = snap.active[logical]
+        physical = snap.physical(logical)
         guards.check_read_size(snap, logical, physical, names, budget=self._max_read_bytes, source=self.source)
         # An append rewrites the last shard (and the last partial chunk) of every array: the engine's
         # cached shard indexes may then point at the wrong bytes. A read that fails, or that used
@@ -309,7 +320,9 @@ class AtomicDataZarrReader:
     def _check_unchanged(self, cause: BaseException | None = None) -> bool:
         """:func:`~dali_alchemi.store.read.guards.check_unchanged`; ``True``: the store only grew (the
         snapshot is kept under the new token; the read may have used shard indexes the append rewrote)."""
-        grown = guards.check_unchanged(self._location, self._snapshot, self._fields, source=self.source, cause=cause)
+        grown = guards.check_unchanged(
+            self._location, self._snapshot, self._fields, source=self.source, cause=cause, shared=self._pointers
+        )
         if grown is not None:
             self._snapshot = grown
         return grown is not None
@@ -332,7 +345,7 @@ class AtomicDataZarrReader:
     def _serve(self, identity: SnapshotIdentity) -> None:
         """Serve exactly the state a parent reader served (a pickled or forked copy), opening the store afresh
         (:func:`~dali_alchemi.store.read.guards.served_snapshot`: ``StoreChangedError`` if it moved)."""
-        self._snapshot = guards.served_snapshot(self._location, identity, source=self.source)
+        self._snapshot = guards.served_snapshot(self._location, identity, source=self.source, shared=self._pointers)
         self._fields = tuple(name for name, *_ in identity.fields)
         self._engine.attach(self._snapshot)
 

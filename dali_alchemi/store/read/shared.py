@@ -50,8 +50,13 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.snapshot import Snapshot
 
 __all__ = [
-    "POLL_S", "WAIT_S", "SharedBlocks", "make_shared_folder", "remove_shared_folder", "shared_memory_root",
-    "snapshot_token"
+    "POLL_S",
+    "WAIT_S",
+    "SharedBlocks",
+    "make_shared_folder",
+    "remove_shared_folder",
+    "shared_memory_root",
+    "snapshot_token",
 ]
 
 

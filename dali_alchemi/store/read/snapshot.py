@@ -9,12 +9,11 @@ again, so the result is the store's old or new state, never a mix. The result is
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +29,7 @@ from dali_alchemi.store.format.journal import ReadView, interpret, read_journal,
 from dali_alchemi.store.format.location import StoreLocation, store_not_found, zarr_error_text
 from dali_alchemi.store.read.codecs import ArrayCodec
 from dali_alchemi.store.read.open_checks import MetaInfo, check_chunk_size, check_data_array, check_meta, open_root
+from dali_alchemi.store.read.shared_pointers import PointersChanged, SharedPointers
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -37,8 +37,13 @@ if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray, Level, PtrArray
 
 __all__ = [
-    "KEPT_CHANGING", "LOAD_ATTEMPTS", "RETRY_WAIT_S", "ArrayHandle", "Snapshot", "SnapshotIdentity", "identify", "incompatibility",
-    "open_snapshot", "read_through_zarr", "served_as"
+    "KEPT_CHANGING",
+    "LOAD_ATTEMPTS",
+    "RETRY_WAIT_S",
+    "ArrayHandle",
+    "Snapshot",
+    "open_snapshot",
+    "read_through_zarr",
 ]
 
 
@@ -78,8 +83,8 @@ class Snapshot:
     atoms_ptr: PtrArray
     edges_ptr: PtrArray
     samples_mask: NDArray[np.bool_]
-    active: IndexArray
-    """Physical index of each logical (live) sample."""
+    live: IndexArray | None
+    """Physical index of each logical (live) sample; ``None`` when none is deleted (the two are the same)."""
     handles: Mapping[str, ArrayHandle]
     """Every core and custom array by name (custom wins on a collision, as in nvalchemi)."""
     token: bytes = b""
@@ -88,11 +93,35 @@ class Snapshot:
     """The writer's generation that last replaced each custom field (see :mod:`~dali_alchemi.store.format.generation`)."""
     skipped: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Arrays this version cannot interpret (no level it knows), by name: why, as an error would say."""
+    crcs: dict[str, NDArray[np.uint32]] = field(default_factory=dict, compare=False, repr=False)
+    """Segment checksums of the meta arrays (:mod:`~dali_alchemi.store.read.pointers`): a shared copy's,
+    or computed here the first time the state is identified."""
 
     @property
     def n_physical(self) -> int:
         """Physical samples (soft-deleted ones included)."""
         return int(self.samples_mask.size)
+
+    @property
+    def n_live(self) -> int:
+        """Live (logical) samples."""
+        return self.n_physical if self.live is None else int(self.live.size)
+
+    @property
+    def active(self) -> IndexArray:
+        """Physical index of each logical sample, as an array (one is made when none is deleted: use
+        :meth:`physical` to map some indices)."""
+        if self.live is not None:
+            return self.live
+        identity = np.arange(self.n_physical, dtype=np.int64)
+        identity.flags.writeable = False
+        return identity
+
+    def physical(self, logical: IndexArray) -> IndexArray:
+        """Physical indices of ``logical`` ones (checked by the caller), as a new array."""
+        if self.live is None:
+            return np.array(logical, dtype=np.int64)
+        return self.live[logical]
 
     @property
     def levels(self) -> dict[str, Level]:
@@ -104,8 +133,11 @@ KEPT_CHANGING = "kept changing while it was opened; try again"
 """How a store that a writer changed at every attempt to open it is told (no damage: it was busy)."""
 
 
-def open_snapshot(requested: StoreLocation) -> Snapshot:
+def open_snapshot(requested: StoreLocation, *, shared: SharedPointers | None = None) -> Snapshot:
     """Open the store at ``requested`` as one consistent state while a writer may be working.
+
+    ``shared``: where the pointers and mask of a large local store are kept once per machine (see
+    :mod:`~dali_alchemi.store.read.shared_pointers`); ``None`` reads them into this process.
 
     Raises
     ------
@@ -126,12 +158,20 @@ def open_snapshot(requested: StoreLocation) -> Snapshot:
                 # a journal inside a non-local store is a foreign key to zarr's group listing
                 warnings.simplefilter("ignore", ZarrUserWarning)
                 root = open_root(loc)
-                meta = check_meta(root, store=loc.display, view=view)
+                meta = check_meta(root, store=loc.display, view=view, shared=shared)
                 handles, skipped = _open_arrays(root, meta, loc, requested, view)
                 _, rewritten = writer_state(root.attrs.asdict())
         except (ValueError, BaseZarrError, KeyError, TypeError) as err:  # zarr's metadata parsing raises all of these
-            if attempt + 1 < LOAD_ATTEMPTS and read_journal(requested) != op:
-                continue  # a write started or finished under us: read again
+            # A write that started, finished or swapped directories under us (the journal or the token
+            # moved), or meta arrays that changed while a shared copy was built: what was read may mix two
+            # states (root attributes of one, meta arrays of the other), so it is read again.
+            changed = (
+                isinstance(err, PointersChanged) or read_journal(requested) != op or read_token(requested) != token
+            )
+            if changed and attempt + 1 < LOAD_ATTEMPTS:
+                continue
+            if changed:
+                raise StoreFormatError(f"Store {requested.display} {KEPT_CHANGING}") from err
             if isinstance(err, StoreFormatError):
                 raise
             raise StoreFormatError(f"Store {loc.display}: unreadable metadata: {zarr_error_text(err)}") from err
@@ -148,20 +188,21 @@ def _freeze(
     rewritten: dict[str, int],
     skipped: dict[str, str],
 ) -> Snapshot:
-    active: IndexArray = np.flatnonzero(meta.samples_mask).astype(np.int64)
-    for arr in (meta.atoms_ptr, meta.edges_ptr, meta.samples_mask, active):
-        arr.flags.writeable = False
+    for arr in (meta.atoms_ptr, meta.edges_ptr, meta.samples_mask, meta.active):
+        if arr is not None:
+            arr.flags.writeable = False
     return Snapshot(
         location=loc,
         schema=meta.schema,
         atoms_ptr=meta.atoms_ptr,
         edges_ptr=meta.edges_ptr,
         samples_mask=meta.samples_mask,
-        active=active,
+        live=meta.active,
         handles=MappingProxyType(handles),
         token=token,
         rewritten=MappingProxyType(rewritten),
         skipped=MappingProxyType(skipped),
+        crcs=dict(meta.crcs or {}),
     )
 
 
@@ -275,109 +316,6 @@ def _effective_location(loc: StoreLocation, view: ReadView) -> StoreLocation:
                 store=LocalStore(candidate, read_only=True), prefix="", display=loc.display, local_root=candidate
             )
     raise StoreNotFoundError(f"Zarr store does not exist at {loc.display} (an interrupted defragment left no copy)")
-
-
-def incompatibility(old: Snapshot, new: Snapshot, fields: tuple[str, ...]) -> str | None:
-    """Why ``old`` can no longer be served exactly from the store now in state ``new``; ``None`` if it can.
-
-    ``old`` stays exact while the store only grew: the same pointers for its samples, none of its live
-    samples deleted, and each of ``fields`` still there with the same level, dtype and shape, and not
-    replaced.
-    """
-    n_old = old.n_physical
-    if new.n_physical < n_old:
-        return f"it now holds {new.n_physical} physical samples where this reader indexes {n_old} (a defragment)"
-    for name, ptr_old, ptr_new in (("atom", old.atoms_ptr, new.atoms_ptr), ("edge", old.edges_ptr, new.edges_ptr)):
-        moved = np.flatnonzero(ptr_new[: n_old + 1] != ptr_old)
-        if moved.size:
-            return f"the {name} rows of physical sample {int(moved[0])} onwards moved (a defragment or a rewrite)"
-    deleted = np.flatnonzero(old.samples_mask & ~new.samples_mask[:n_old])
-    if deleted.size:
-        first = ", ".join(str(int(i)) for i in deleted[:5]) + (", ..." if deleted.size > 5 else "")
-        return f"{deleted.size} of its samples were deleted (physical {first}) and their rows zeroed"
-    for name in fields:
-        before, after = old.handles[name], new.handles.get(name)
-        if after is None:
-            return f"field {name!r} was removed"
-        if (after.level, after.dtype, after.shape[1:]) != (before.level, before.dtype, before.shape[1:]):
-            return f"field {name!r} changed from {before.level} {before.dtype} to {after.level} {after.dtype}"
-        if new.rewritten.get(name, 0) > old.rewritten.get(name, 0):
-            return f"field {name!r} was replaced (add_custom, or repair)"
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class SnapshotIdentity:
-    """What a pickled reader carries of the state its parent served, to serve exactly that state again.
-
-    A worker process (spawned, or restarted when a pipeline is rebuilt) opens the store afresh; a
-    delete, defragment or replaced field in between would have it read other structures under the
-    parent's indices. The pointers and mask themselves can be large (17 bytes per sample), so only
-    their digest travels, with the sample count, the token and the fields the parent read.
-    """
-
-    token: bytes
-    n_physical: int
-    digest: bytes
-    """Of the parent's ``atoms_ptr``, ``edges_ptr`` and ``samples_mask`` (see :func:`_state_digest`)."""
-    fields: tuple[tuple[str, str, str, tuple[int, ...]], ...]
-    """``(name, level, dtype, trailing shape)`` of every field the parent read, in its order."""
-    rewritten: tuple[tuple[str, int], ...]
-
-
-def identify(snapshot: Snapshot, fields: tuple[str, ...]) -> SnapshotIdentity:
-    """The identity of ``snapshot`` as served by a reader of ``fields``."""
-    n = snapshot.n_physical
-    return SnapshotIdentity(
-        token=snapshot.token,
-        n_physical=n,
-        digest=_state_digest(snapshot, n),
-        fields=tuple(
-            (name, h.level, h.dtype.str, tuple(h.shape[1:])) for name, h in ((f, snapshot.handles[f]) for f in fields)
-        ),
-        rewritten=tuple(sorted(snapshot.rewritten.items())),
-    )
-
-
-def served_as(identity: SnapshotIdentity, fresh: Snapshot) -> Snapshot | str:
-    """``fresh`` cut back to the state ``identity`` names, or why it cannot be.
-
-    The store may only have grown since: the first ``n_physical`` samples keep their pointers and
-    mask bit for bit, and every field is there with the same level, dtype and trailing shape, and not
-    replaced. The result indexes exactly the parent's samples (appended ones are not seen); its
-    arrays may hold more rows, which are never read.
-    """
-    n = identity.n_physical
-    if fresh.n_physical < n:
-        return f"it now holds {fresh.n_physical} physical samples where the reader indexes {n} (a defragment)"
-    if fresh.token != identity.token and _state_digest(fresh, n) != identity.digest:
-        return f"the pointers or deleted samples of its first {n} physical samples changed (a delete or a defragment)"
-    rewritten = dict(identity.rewritten)
-    for name, level, dtype, trailing in identity.fields:
-        handle = fresh.handles.get(name)
-        if handle is None:
-            return f"field {name!r} was removed"
-        if (handle.level, handle.dtype.str, tuple(handle.shape[1:])) != (level, dtype, trailing):
-            return f"field {name!r} changed from {level} {dtype} to {handle.level} {handle.dtype.str}"
-        if fresh.rewritten.get(name, 0) > rewritten.get(name, 0):
-            return f"field {name!r} was replaced (add_custom, or repair)"
-    if fresh.n_physical == n:
-        return fresh
-    mask = fresh.samples_mask[:n]
-    active: IndexArray = np.flatnonzero(mask).astype(np.int64)
-    active.flags.writeable = False
-    return replace(
-        fresh, atoms_ptr=fresh.atoms_ptr[: n + 1], edges_ptr=fresh.edges_ptr[: n + 1], samples_mask=mask, active=active
-    )
-
-
-def _state_digest(snapshot: Snapshot, n: int) -> bytes:
-    """A digest of the pointers and mask of the first ``n`` physical samples (one pass, no loop per sample)."""
-    digest = hashlib.blake2b(digest_size=16)
-    for arr in (snapshot.atoms_ptr[: n + 1], snapshot.edges_ptr[: n + 1]):
-        digest.update(np.ascontiguousarray(arr, dtype="<i8").tobytes())
-    digest.update(np.ascontiguousarray(snapshot.samples_mask[:n], dtype=np.bool_).tobytes())
-    return digest.digest()
 
 
 def read_through_zarr(handle: ArrayHandle, rows: NDArray[np.int64]) -> NDArray[Any]:

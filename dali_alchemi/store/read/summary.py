@@ -127,7 +127,7 @@ def summarize(store: StoreLike) -> StoreSummary:
             )
     return StoreSummary(
         source=loc.display,
-        samples=int(snapshot.active.size),
+        samples=snapshot.n_live,
         physical_samples=snapshot.n_physical,
         atoms=int(snapshot.atoms_ptr[-1]),
         edges=int(snapshot.edges_ptr[-1]),

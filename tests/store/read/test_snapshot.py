@@ -77,7 +77,7 @@ def test_a_snapshot_holds_pointers_masks_and_handles_read_only(path: Path) -> No
     with pytest.raises(TypeError):
         snap.handles["tag"] = tag  # type: ignore[index]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        snap.active = np.zeros(0, np.int64)  # type: ignore[misc]
+        snap.live = np.zeros(0, np.int64)  # type: ignore[misc]
 
 
 def test_an_unfinished_append_is_read_at_the_old_state(path: Path) -> None:
@@ -244,3 +244,52 @@ def test_a_store_that_keeps_changing_is_refused(path: Path, monkeypatch: pytest.
     with pytest.raises(StoreFormatError, match="kept changing while it was opened; try again"):
         open_snapshot(_loc(path))
     assert len(calls) == 2 * LOAD_ATTEMPTS
+
+
+def test_a_store_swapped_for_its_defragmented_copy_while_it_opens_is_read_again(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A defragment swaps directories: a reader that read the old root attributes (12 samples) and then
+    # the new meta arrays (10) saw two states at once; it must read the store again, not call it damaged.
+    newer = tmp_path / "newer.zarr"
+    shutil.copytree(path, newer)
+    writer = AtomicDataZarrWriter(newer)
+    writer.delete([0, 1])
+    writer.defragment()
+    real, swaps = snapshot.open_root, []
+
+    def open_then_swap(loc: StoreLocation) -> object:
+        root = real(loc)
+        if not swaps:
+            swaps.append(loc)
+            path.rename(tmp_path / "aside.zarr")
+            newer.rename(path)
+        return root
+
+    monkeypatch.setattr(snapshot, "open_root", open_then_swap)
+    snap = open_snapshot(_loc(path))
+    assert len(swaps) == 1 and snap.n_physical == 10 and snap.n_live == 10
+    assert snap.atoms_ptr.tolist() == (BASE.atoms_ptr[2:] - BASE.atoms_ptr[2]).tolist()
+
+
+def test_a_store_that_keeps_swapping_while_it_opens_is_told_as_changing(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    newer = tmp_path / "newer.zarr"
+    shutil.copytree(path, newer)
+    writer = AtomicDataZarrWriter(newer)
+    writer.delete([0, 1])
+    writer.defragment()
+    real = snapshot.open_root
+
+    def open_then_swap(loc: StoreLocation) -> object:
+        root = real(loc)
+        path.rename(tmp_path / "aside.zarr")
+        newer.rename(path)
+        (tmp_path / "aside.zarr").rename(newer)
+        return root
+
+    monkeypatch.setattr(snapshot, "open_root", open_then_swap)
+    monkeypatch.setattr(snapshot, "RETRY_WAIT_S", (0.0,))
+    with pytest.raises(StoreFormatError, match="kept changing while it was opened; try again"):
+        open_snapshot(_loc(path))

@@ -63,8 +63,8 @@ def convert_unit(unit: WorkUnit, out: str, options: dict[str, Any], config: Writ
     Raises
     ------
     SampleDataError
-        If the unit's structures cannot be converted (naming the part and its input range), or the file
-        held fewer structures than it was counted to hold.
+        If the unit's structures cannot be converted or ASE cannot read them (naming the part and its
+        input range), or the file held fewer structures than it was counted to hold.
     """
     structures = read_unit(unit.path, unit.start, unit.stop)
     with warnings.catch_warnings():
@@ -79,6 +79,10 @@ def convert_unit(unit: WorkUnit, out: str, options: dict[str, Any], config: Writ
             raise SampleDataError(
                 f"{unit.describe()}: {err} (structure numbers here count from structure {unit.start} of the file)"
             ) from err
+        except Exception as err:
+            if not _raised_in_ase(err):
+                raise
+            raise SampleDataError(f"ASE could not read {unit.describe()}: {type(err).__name__}: {err}") from err
     if report.structures != unit.structures:
         shutil.rmtree(Path(out) / unit.name, ignore_errors=True)
         raise SampleDataError(
@@ -86,6 +90,14 @@ def convert_unit(unit: WorkUnit, out: str, options: dict[str, Any], config: Writ
             "did the file change while it was converted?"
         )
     return report_to_dict(report)
+
+
+def _raised_in_ase(err: BaseException) -> bool:
+    """Whether the innermost frame of ``err``'s traceback is ASE's: the input could not be read or parsed."""
+    tb, module = err.__traceback__, ""
+    while tb is not None:
+        module, tb = tb.tb_frame.f_globals.get("__name__", ""), tb.tb_next
+    return module == "ase" or module.startswith("ase.")
 
 
 def convert_parallel(

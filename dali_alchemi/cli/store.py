@@ -45,8 +45,11 @@ def cmd_synth(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
+    from dali_alchemi.store.format.multistore import is_multistore
     from dali_alchemi.store.read.summary import summarize
 
+    if is_multistore(args.store):
+        return _inspect_multistore(args.store, console)
     summary = summarize(args.store)
     console.print(f"[bold]{summary.source}[/bold]")
     deleted = summary.physical_samples - summary.samples
@@ -67,6 +70,30 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
             " ".join(a.codecs),
         )
     print_table(console, table)
+    return 0
+
+
+def _inspect_multistore(path: str, console: Console) -> int:
+    """A multi-store's totals and its parts, then the arrays of its first part (every part has the same)."""
+    from dali_alchemi.store.read.multistore import part_paths
+    from dali_alchemi.store.read.summary import summarize
+
+    summaries = [summarize(str(part)) for part in part_paths(path)]
+    console.print(f"[bold]{path}[/bold]: a multi-store of {len(summaries)} parts, read as one store")
+    console.print(
+        f"samples: {sum(s.samples for s in summaries)}   atoms: {sum(s.atoms for s in summaries)}   "
+        f"edges: {sum(s.edges for s in summaries)}   on disk: {human_bytes(sum(s.bytes_on_disk for s in summaries))}"
+    )
+    table = make_table("part", "samples", "atoms", "edges", "on disk")
+    for part, s in zip(part_paths(path), summaries, strict=True):
+        table.add_row(part.name, str(s.samples), str(s.atoms), str(s.edges), human_bytes(s.bytes_on_disk))
+    print_table(console, table)
+    arrays = make_table(f"array (of {part_paths(path)[0].name})", "level", "dtype", "shape", "chunks", "codecs")
+    for a in summaries[0].arrays:
+        arrays.add_row(
+            f"{a.group}/{a.name}", a.level, a.dtype, str(list(a.shape)), str(list(a.chunks)), " ".join(a.codecs)
+        )
+    print_table(console, arrays)
     return 0
 
 

@@ -288,7 +288,9 @@ def _run_dask(
     try:
         futures = {active.submit(convert_unit, unit, out, options, config, pure=False): unit for unit in units}
         try:
-            for future in as_completed(list(futures)):
+            for future in as_completed(
+                list(futures), loop=active.loop
+            ):  # the client's loop: it need not be the default
                 yield futures[future], future.result()
         finally:
             active.cancel(list(futures))

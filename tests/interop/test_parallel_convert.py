@@ -96,11 +96,13 @@ def test_a_dask_local_cluster_writes_the_same_dataset(
 ) -> None:
     distributed = pytest.importorskip("distributed")
     with (
-        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
         distributed.Client(cluster) as client,
     ):
         convert_parallel(inputs, tmp_path / "out", client=client, part_size=6, cutoff=CUTOFF)
+        convert_parallel(inputs, tmp_path / "by-address", scheduler=cluster.scheduler_address, cutoff=CUTOFF)
     _assert_same(_everything(tmp_path / "out"), reference)
+    _assert_same(_everything(tmp_path / "by-address"), reference)
 
 
 def test_a_killed_run_resumes_keeping_the_parts_it_finished(

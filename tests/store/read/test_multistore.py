@@ -19,7 +19,7 @@ from dali_alchemi import (
     UnknownFieldError,
 )
 from dali_alchemi.bench.synth import synthetic_samples
-from dali_alchemi.errors import ConfigError, StoreFormatError
+from dali_alchemi.errors import ConfigError, NotAStoreError, StoreFormatError
 from dali_alchemi.loader_inputs import open_source
 from dali_alchemi.plan.arguments import PlanArguments, reader_plan
 from dali_alchemi.plan.mixture import MixturePlan
@@ -57,6 +57,12 @@ def test_the_parts_read_in_order_as_one_store(small_store: Path, other_store: Pa
             open_multistore(path, fields=("positions", "dataset_id"))
     with pytest.raises(ConfigError, match=r"shared_cache needs one store; .* is a multi-store of parts"):
         open_source(str(path), fields=None, cache_bytes=None, shared_cache=str(tmp_path / "cache"))
+
+
+def test_a_store_reader_given_a_multistore_says_how_to_open_it(small_store: Path, tmp_path: Path) -> None:
+    path = _multistore(tmp_path / "m", small_store)
+    with pytest.raises(NotAStoreError, match=r"is a multi-store \(part stores and a manifest.*open_reader\(path\)"):
+        AtomicDataZarrReader(path)
 
 
 def test_an_unfinished_or_foreign_manifest_is_refused(small_store: Path, tmp_path: Path) -> None:

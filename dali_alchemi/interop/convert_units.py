@@ -41,13 +41,18 @@ UNITS_PER_WORKER = 2
 
 @dataclass(frozen=True, slots=True)
 class WorkUnit:
-    """Structures ``start:stop`` of input ``input`` (its ``path``), converted into the part store ``name``."""
+    """Structures ``start:stop`` of input ``input`` (its ``path``), converted into the part store ``name``.
+
+    The last unit of an input (``to_end``) reads to the end of the file, so that structures the count
+    missed are found (and refused) rather than left out.
+    """
 
     name: str
     input: int
     path: str
     start: int
     stop: int
+    to_end: bool = False
 
     @property
     def structures(self) -> int:
@@ -81,19 +86,20 @@ def count_input(path: str | Path) -> int:
     return sum(1 for _ in read_structures(path))
 
 
-def read_unit(path: str | Path, start: int, stop: int) -> Iterator[Atoms]:
-    """Structures ``start:stop`` of ``path``, as :func:`~dali_alchemi.interop.ase_io.read_structures` reads
-    them (an ASE database row by row with its key-value pairs and data)."""
+def read_unit(path: str | Path, start: int, stop: int | None) -> Iterator[Atoms]:
+    """Structures ``start:stop`` of ``path`` (``stop=None``: to the end), as
+    :func:`~dali_alchemi.interop.ase_io.read_structures` reads them (an ASE database row by row with its
+    key-value pairs and data)."""
     if _format(path) in DATABASE_FORMATS:
         return _database_range(path, start, stop)
-    return read_structures(path, index=f"{start}:{stop}")
+    return read_structures(path, index=f"{start}:{'' if stop is None else stop}")
 
 
-def _database_range(path: str | Path, start: int, stop: int) -> Iterator[Atoms]:
+def _database_range(path: str | Path, start: int, stop: int | None) -> Iterator[Atoms]:
     import ase.db
 
     with ase.db.connect(str(path), serial=True) as db:
-        for row in db.select(offset=start, limit=stop - start):
+        for row in db.select(offset=start, limit=None if stop is None else stop - start):
             yield row.toatoms(add_additional_information=True)
 
 
@@ -118,7 +124,7 @@ def split_units(paths: Sequence[str], counts: Sequence[int], part_size: int) -> 
         pieces = math.ceil(n / part_size)
         bounds = [i * n // pieces for i in range(pieces + 1)] if pieces else []
         for start, stop in itertools.pairwise(bounds):
-            units.append(WorkUnit(f"part-{len(units):05d}", k, path, start, stop))
+            units.append(WorkUnit(f"part-{len(units):05d}", k, path, start, stop, to_end=stop == n))
     return units
 
 

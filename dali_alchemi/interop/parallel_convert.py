@@ -66,7 +66,7 @@ def convert_unit(unit: WorkUnit, out: str, options: dict[str, Any], config: Writ
         If the unit's structures cannot be converted or ASE cannot read them (naming the part and its
         input range), or the file held fewer structures than it was counted to hold.
     """
-    structures = read_unit(unit.path, unit.start, unit.stop)
+    structures = read_unit(unit.path, unit.start, None if unit.to_end else unit.stop)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PrecisionLossWarning)  # the job warns once, over all parts
         try:
@@ -86,8 +86,8 @@ def convert_unit(unit: WorkUnit, out: str, options: dict[str, Any], config: Writ
     if report.structures != unit.structures:
         shutil.rmtree(Path(out) / unit.name, ignore_errors=True)
         raise SampleDataError(
-            f"{unit.describe()}: read {report.structures} structures, but the file was counted to hold them all; "
-            "did the file change while it was converted?"
+            f"{unit.describe()}: read {report.structures} structures where {unit.structures} were counted (did the "
+            "file change, or does a frame not start with its atom count?); nothing of this part was kept"
         )
     return report_to_dict(report)
 
@@ -173,18 +173,20 @@ def convert_parallel(
                     "parts": [{**_unit_record(u), "done": False} for u in units]}  # fmt: skip
         out.mkdir(parents=True, exist_ok=True)
         write_manifest(out, manifest)
-    units = [WorkUnit(p["name"], p["input"], paths[p["input"]], p["start"], p["stop"]) for p in manifest["parts"]]
-    todo = [u for u, p in zip(units, manifest["parts"], strict=True) if not (p["done"] and (out / u.name).is_dir())]
+    records = {p["name"]: p for p in manifest["parts"]}
+    units = [
+        WorkUnit(p["name"], p["input"], paths[p["input"]], p["start"], p["stop"], p["to_end"]) for p in records.values()
+    ]
+    todo = [u for u in units if not (records[u.name]["done"] and (out / u.name).is_dir())]
     for unit in todo:  # a part renamed in before its record was written, or a record whose part is gone
-        manifest["parts"][units.index(unit)]["done"] = False
+        records[unit.name]["done"] = False
         shutil.rmtree(out / unit.name, ignore_errors=True)
     total = sum(u.structures for u in units)
     done = total - sum(u.structures for u in todo)
     if progress is not None:
         progress(done, total)
     for unit, report in _run(todo, str(out), options, config, workers, client, scheduler):
-        record = manifest["parts"][units.index(unit)]
-        record.update(done=True, structures=report["structures"], report=report)
+        records[unit.name].update(done=True, structures=report["structures"], report=report)
         write_manifest(out, manifest)
         done += unit.structures
         if progress is not None:
@@ -205,7 +207,7 @@ def _describe_input(path: str) -> dict[str, Any]:
 
 
 def _unit_record(unit: WorkUnit) -> dict[str, Any]:
-    return {"name": unit.name, "input": unit.input, "start": unit.start, "stop": unit.stop}
+    return {"name": unit.name, "input": unit.input, "start": unit.start, "stop": unit.stop, "to_end": unit.to_end}
 
 
 def _resume(

@@ -180,3 +180,12 @@ def test_the_loaders_read_the_multistore_as_one_store(
     assert sum(b.num_graphs for b in batches) == 34
     positions = np.concatenate([b["positions"].numpy() for b in batches])
     np.testing.assert_array_equal(positions, reference["positions"])
+
+
+def test_frames_the_count_missed_are_refused_not_left_out(
+    inputs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(parallel_convert, "count_input", lambda path: count_input(path) - 2)  # a count that fell short
+    with pytest.raises(SampleDataError, match=r"part-00001 \(.*in0.xyz structures 4:9\): read 7 structures where 5"):
+        convert_parallel(inputs[:1], tmp_path / "out", part_size=5)
+    assert not (tmp_path / "out" / "part-00001").exists()

@@ -154,6 +154,15 @@ def convert_parallel(
         raise ConfigError("give a Dask client= or a scheduler= address, not both")
     if missing not in MISSING_POLICIES:
         raise ConfigError(f"missing must be one of {', '.join(MISSING_POLICIES)}, got {missing!r}")
+    if scheduler is not None:  # a client of our own, so that the cluster's workers size the parts
+        from distributed import Client
+
+        with Client(scheduler, set_as_default=False) as own:
+            return convert_parallel(
+                given, out, client=own, part_size=part_size, cutoff=cutoff, float_dtype=float_dtype,
+                system_float_dtype=system_float_dtype, missing=missing, tolerance=tolerance, chunk=chunk,
+                config=config, progress=progress,
+            )  # fmt: skip
     out = Path(out)
     options = {
         "cutoff": cutoff, "float_dtype": np.dtype(float_dtype).name,
@@ -166,7 +175,7 @@ def convert_parallel(
         counts = [count_input(p) for p in paths]
         if sum(counts) == 0:
             raise SampleDataError("No structures to convert")
-        size = part_size or part_size_for(sum(counts), _worker_count(workers, client, scheduler))
+        size = part_size or part_size_for(sum(counts), _worker_count(workers, client))
         options_with_size = {**options, "part_size": size}
         units = split_units(paths, counts, size)
         manifest = {"complete": False, "options": options_with_size, "inputs": sources,
@@ -185,7 +194,7 @@ def convert_parallel(
     done = total - sum(u.structures for u in todo)
     if progress is not None:
         progress(done, total)
-    for unit, report in _run(todo, str(out), options, config, workers, client, scheduler):
+    for unit, report in _run(todo, str(out), options, config, workers, client):
         records[unit.name].update(done=True, structures=report["structures"], report=report)
         write_manifest(out, manifest)
         done += unit.structures
@@ -246,23 +255,27 @@ def _resume(
     return manifest
 
 
-def _worker_count(workers: int, client: Any, scheduler: str | None) -> int:
-    if client is None and scheduler is None:
-        return workers
-    if client is None:
-        return 1  # the default part size for a cluster reached by address: its count is asked only when running
-    return max(1, len(client.scheduler_info().get("workers", {})))
+def _worker_count(workers: int, client: Any) -> int:
+    return workers if client is None else max(1, len(client.scheduler_info().get("workers", {})))
 
 
 def _run(
-    units: list[WorkUnit], out: str, options: dict[str, Any], config: WriteConfig | None, workers: int,
-    client: Any, scheduler: str | None,
-) -> Iterator[tuple[WorkUnit, dict[str, Any]]]:  # fmt: skip
+    units: list[WorkUnit], out: str, options: dict[str, Any], config: WriteConfig | None, workers: int, client: Any
+) -> Iterator[tuple[WorkUnit, dict[str, Any]]]:
     """Each unit with its report, as units finish, on the engine asked for."""
     if not units:
         return
-    if client is not None or scheduler is not None:
-        yield from _run_dask(units, out, options, config, client, scheduler)
+    if client is not None:
+        from distributed import as_completed
+
+        futures = {client.submit(convert_unit, unit, out, options, config, pure=False): unit for unit in units}
+        try:
+            for future in as_completed(
+                list(futures), loop=client.loop
+            ):  # the client's loop: it need not be the default
+                yield futures[future], future.result()
+        finally:
+            client.cancel(list(futures))
     elif workers == 1:
         for unit in units:
             yield unit, convert_unit(unit, out, options, config)
@@ -277,28 +290,6 @@ def _run(
             finally:
                 for future in futures:
                     future.cancel()
-
-
-def _run_dask(
-    units: list[WorkUnit], out: str, options: dict[str, Any], config: WriteConfig | None, client: Any,
-    scheduler: str | None,
-) -> Iterator[tuple[WorkUnit, dict[str, Any]]]:  # fmt: skip
-    from distributed import Client, as_completed
-
-    own = Client(scheduler, set_as_default=False) if client is None else None
-    active = client if own is None else own
-    try:
-        futures = {active.submit(convert_unit, unit, out, options, config, pure=False): unit for unit in units}
-        try:
-            for future in as_completed(
-                list(futures), loop=active.loop
-            ):  # the client's loop: it need not be the default
-                yield futures[future], future.result()
-        finally:
-            active.cancel(list(futures))
-    finally:
-        if own is not None:
-            own.close()
 
 
 def _check_parts_agree(units: Sequence[WorkUnit], reports: Sequence[ConversionReport]) -> None:

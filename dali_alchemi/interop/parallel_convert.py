@@ -66,15 +66,10 @@ def convert_unit(unit: WorkUnit, out: str, options: dict[str, Any], config: Writ
         If the unit's structures cannot be converted or ASE cannot read them (naming the part and its
         input range), or the file held fewer structures than it was counted to hold.
     """
-    structures = read_unit(unit.path, unit.start, None if unit.to_end else unit.stop)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PrecisionLossWarning)  # the job warns once, over all parts
         try:
-            report = write_atoms(
-                structures, Path(out) / unit.name, cutoff=options["cutoff"], float_dtype=options["float_dtype"],
-                system_float_dtype=options["system_float_dtype"], missing=options["missing"],
-                tolerance=options["tolerance"], chunk=options["chunk"], config=config,
-            )  # fmt: skip
+            report = _write_part(unit, Path(out) / unit.name, options, config)
         except SampleDataError as err:
             raise SampleDataError(
                 f"{unit.describe()}: {err} (structure numbers here count from structure {unit.start} of the file)"
@@ -90,6 +85,24 @@ def convert_unit(unit: WorkUnit, out: str, options: dict[str, Any], config: Writ
             "file change, or does a frame not start with its atom count?); nothing of this part was kept"
         )
     return report_to_dict(report)
+
+
+def _write_part(unit: WorkUnit, part: Path, options: dict[str, Any], config: WriteConfig | None) -> ConversionReport:
+    """The unit written to ``part``; once more if a task of a killed run of this job renamed it in meanwhile (a
+    Dask task runs on after its client is gone): the coordinator recorded it as not done, so it is redone."""
+
+    def write() -> ConversionReport:
+        return write_atoms(
+            read_unit(unit.path, unit.start, None if unit.to_end else unit.stop), part, cutoff=options["cutoff"],
+            float_dtype=options["float_dtype"], system_float_dtype=options["system_float_dtype"],
+            missing=options["missing"], tolerance=options["tolerance"], chunk=options["chunk"], config=config,
+        )  # fmt: skip
+
+    try:
+        return write()
+    except StoreExistsError:
+        shutil.rmtree(part, ignore_errors=True)
+    return write()
 
 
 def _raised_in_ase(err: BaseException) -> bool:
@@ -280,9 +293,13 @@ def _run(
         for unit in units:
             yield unit, convert_unit(unit, out, options, config)
     else:
-        context = multiprocessing.get_context("forkserver")  # no fork of a process that may hold threads
-        context.set_forkserver_preload([__name__])  # each worker forks from a server that imported this once
-        with cf.ProcessPoolExecutor(max_workers=min(workers, len(units)), mp_context=context) as pool:
+        from dali_alchemi.pipeline.lifetime import WorkerGuard, arm_worker
+
+        context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
+        guard = WorkerGuard.for_current_thread()  # workers end with this process, not convert on after a kill
+        with cf.ProcessPoolExecutor(
+            max_workers=min(workers, len(units)), mp_context=context, initializer=arm_worker, initargs=(guard,)
+        ) as pool:
             futures = {pool.submit(convert_unit, unit, out, options, config): unit for unit in units}
             try:
                 for future in cf.as_completed(futures):

@@ -189,3 +189,13 @@ def test_frames_the_count_missed_are_refused_not_left_out(
     with pytest.raises(SampleDataError, match=r"part-00001 \(.*in0.xyz structures 4:9\): read 7 structures where 5"):
         convert_parallel(inputs[:1], tmp_path / "out", part_size=5)
     assert not (tmp_path / "out" / "part-00001").exists()
+
+
+def test_a_part_a_killed_runs_straggler_renamed_in_is_converted_again(inputs: list[Path], tmp_path: Path) -> None:
+    unit = split_units([str(inputs[0])], [11], 11)[0]
+    options = {"cutoff": None, "float_dtype": "float32", "system_float_dtype": "float64", "missing": "error",
+               "tolerance": 1e-4, "chunk": 1000}  # fmt: skip
+    parallel_convert.convert_unit(unit, str(tmp_path), options, None)  # a task of the killed run, finishing late
+    late = os.stat(tmp_path / unit.name / "zarr.json").st_ino
+    report = parallel_convert.convert_unit(unit, str(tmp_path), options, None)
+    assert report["structures"] == 11 and os.stat(tmp_path / unit.name / "zarr.json").st_ino != late

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dali_alchemi.errors import FieldMismatchError, StoreFormatError
 from dali_alchemi.store.format.multistore import read_manifest
+from dali_alchemi.store.read.cache import DEFAULT_CACHE_BYTES
 from dali_alchemi.store.read.multi import MultiReader
 
 __all__ = ["open_multistore", "part_paths"]
@@ -41,6 +42,9 @@ def open_multistore(
 ) -> MultiReader:
     """The multi-store at ``path`` as one dataset, reading only ``fields`` (default: all).
 
+    ``cache_bytes`` (default: one reader's, 1 GiB) is the budget of the whole dataset: each part's reader
+    decodes into a cache of ``cache_bytes / parts``, so memory does not grow with the number of parts.
+
     Raises
     ------
     StoreFormatError
@@ -49,7 +53,8 @@ def open_multistore(
         If the parts do not all have the same fields (naming the part and the fields).
     """
     parts = part_paths(path)
-    reader = MultiReader([str(p) for p in parts], fields=fields, cache_bytes=cache_bytes, one_dataset=True)
+    per_part = (DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes) // len(parts)
+    reader = MultiReader([str(p) for p in parts], fields=fields, cache_bytes=per_part, one_dataset=True)
     first = set(reader.members[0].field_specs)
     for part, member in zip(parts[1:], reader.members[1:], strict=True):
         if set(member.field_specs) != first:

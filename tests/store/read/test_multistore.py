@@ -44,6 +44,7 @@ def test_the_parts_read_in_order_as_one_store(small_store: Path, other_store: Pa
     reader, owned = open_source(str(path), fields=None, cache_bytes=None)
     with reader, AtomicDataZarrReader(small_store) as a, AtomicDataZarrReader(other_store) as b:
         assert owned and isinstance(reader, MultiReader) and reader.one_dataset and len(reader) == 420
+        assert [m.cache_bytes for m in reader.members] == [1 << 29, 1 << 29]  # one dataset's budget, shared
         assert list(reader.field_specs) == list(a.field_specs)  # a store's fields: no dataset_id, dataset_index
         got = reader.read_packed([0, 299, 300, 419])
         want = [a.read_packed([0, 299]), b.read_packed([300 - 300, 119])]

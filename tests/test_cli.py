@@ -119,6 +119,35 @@ def test_convert_unreadable_inputs_are_errors(tmp_path: Path, capsys: pytest.Cap
     assert not (tmp_path / "a.zarr").exists() and not (tmp_path / "b.zarr").exists()
 
 
+def test_convert_with_workers_writes_a_multistore_inspect_and_verify_read_as_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("ase")
+    from dali_alchemi.bench.synth import write_synthetic_extxyz
+
+    monkeypatch.setenv("COLUMNS", "200")
+    inputs = [
+        str(write_synthetic_extxyz(tmp_path / f"in{k}.xyz", 6, seed=k, min_atoms=3, max_atoms=6)) for k in range(2)
+    ]
+    out = str(tmp_path / "out")
+    command = ["convert", *inputs, out, "--workers", "1", "--part-size", "4", "--cutoff", "3"]
+    assert main(command) == 0
+    assert "wrote 12 structures" in capsys.readouterr().out
+    assert main(["inspect", out]) == 0
+    text = capsys.readouterr().out
+    assert "a multi-store of 4 parts, read as one store" in text and "samples: 12" in text and "part-00003" in text
+    assert main(["verify", out]) == 0
+    assert capsys.readouterr().out.count("ok: no problems found") == 4
+    assert main(command) == 0  # the same job again: every part is done, nothing converted twice
+    assert "wrote 12 structures" in capsys.readouterr().out
+    assert main([*command[:-1], "4"]) == 2
+    assert "StoreExistsError" in (text := capsys.readouterr().out) and "cutoff 3.0 then, 4.0 now" in text
+    assert main(["convert", *inputs, str(tmp_path / "single.zarr"), "--part-size", "4"]) == 2
+    assert "--part-size sizes the parts of a parallel convert: give --workers or --scheduler" in capsys.readouterr().out
+    assert main(["convert", *inputs, str(tmp_path / "w0"), "--workers", "0"]) == 2
+    assert "--workers must be >= 1, got 0" in capsys.readouterr().out
+
+
 def test_markup_in_an_error_message_is_printed_as_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["inspect", str(tmp_path / "[bold]x.zarr")]) == 2
     assert "[bold]x.zarr" in capsys.readouterr().out
@@ -482,7 +511,11 @@ def _copied(store: str, folder: Path) -> str:
 
 @pytest.mark.parametrize(
     ("code", "reason"),
-    [(errno.ENOSPC, "No space left on device"), (errno.EROFS, "Read-only file system"), (errno.EACCES, "Permission denied")],
+    [
+        (errno.ENOSPC, "No space left on device"),
+        (errno.EROFS, "Read-only file system"),
+        (errno.EACCES, "Permission denied"),
+    ],
     ids=["disk full", "read-only", "no permission"],
 )
 @pytest.mark.parametrize("command", list(WRITES))

@@ -45,8 +45,11 @@ def cmd_synth(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
+    from dali_alchemi.store.format.multistore import is_multistore
     from dali_alchemi.store.read.summary import summarize
 
+    if is_multistore(args.store):
+        return _inspect_multistore(args.store, console)
     summary = summarize(args.store)
     console.print(f"[bold]{summary.source}[/bold]")
     deleted = summary.physical_samples - summary.samples
@@ -70,12 +73,36 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _inspect_multistore(path: str, console: Console) -> int:
+    """A multi-store's totals and its parts, then the arrays of its first part (every part has the same)."""
+    from dali_alchemi.store.read.multistore import part_paths
+    from dali_alchemi.store.read.summary import summarize
+
+    summaries = [summarize(str(part)) for part in part_paths(path)]
+    console.print(f"[bold]{path}[/bold]: a multi-store of {len(summaries)} parts, read as one store")
+    console.print(
+        f"samples: {sum(s.samples for s in summaries)}   atoms: {sum(s.atoms for s in summaries)}   "
+        f"edges: {sum(s.edges for s in summaries)}   on disk: {human_bytes(sum(s.bytes_on_disk for s in summaries))}"
+    )
+    table = make_table("part", "samples", "atoms", "edges", "on disk")
+    for part, s in zip(part_paths(path), summaries, strict=True):
+        table.add_row(part.name, str(s.samples), str(s.atoms), str(s.edges), human_bytes(s.bytes_on_disk))
+    print_table(console, table)
+    arrays = make_table(f"array (of {part_paths(path)[0].name})", "level", "dtype", "shape", "chunks", "codecs")
+    for a in summaries[0].arrays:
+        arrays.add_row(
+            f"{a.group}/{a.name}", a.level, a.dtype, str(list(a.shape)), str(list(a.chunks)), " ".join(a.codecs)
+        )
+    print_table(console, arrays)
+    return 0
+
+
 def cmd_convert(args: argparse.Namespace, console: Console) -> int:
     import time
     import warnings
 
     import numpy as np
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from dali_alchemi.errors import PrecisionLossWarning
     from dali_alchemi.interop.ase_fields import field_notes
@@ -84,18 +111,37 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
     for name in args.inputs:
         if Path(name).is_file() and Path(name).stat().st_size == 0:
             raise CommandError(f"{name} is empty: there are no structures to convert")
+    if args.workers is not None and args.workers < 1:
+        raise CommandError(f"--workers must be >= 1, got {args.workers}")
+    parallel = args.workers is not None or args.scheduler is not None
+    if args.part_size is not None and not parallel:
+        raise CommandError("--part-size sizes the parts of a parallel convert: give --workers or --scheduler too")
+    options = {
+        "cutoff": args.cutoff, "float_dtype": np.float64 if args.float64 else np.float32,
+        "system_float_dtype": np.float32 if args.system_float32 else np.float64, "missing": args.missing,
+        "tolerance": args.tolerance, "chunk": args.chunk,
+    }  # fmt: skip
     started = time.perf_counter()
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+    columns = (BarColumn(), MofNCompleteColumn()) if parallel else ()
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), *columns, TimeElapsedColumn(), console=console,
                   disable=not console.is_terminal) as bar, warnings.catch_warnings():  # fmt: skip
         warnings.simplefilter("ignore", PrecisionLossWarning)  # the report below says it, once
         task = bar.add_task("converting", total=None)
         try:
-            report = convert(
-                args.inputs, args.out, cutoff=args.cutoff, float_dtype=np.float64 if args.float64 else np.float32,
-                system_float_dtype=np.float32 if args.system_float32 else np.float64, missing=args.missing,
-                tolerance=args.tolerance, chunk=args.chunk,
-                progress=lambda stage, done: bar.update(task, description=f"{done:,} structures {stage}"),
-            )  # fmt: skip
+            if parallel:
+                from dali_alchemi.interop.parallel_convert import convert_parallel
+
+                report = convert_parallel(
+                    args.inputs, args.out, workers=args.workers or 1, scheduler=args.scheduler,
+                    part_size=args.part_size, **options,
+                    progress=lambda done, total: bar.update(task, completed=done, total=total,
+                                                            description="structures converted"),
+                )  # fmt: skip
+            else:
+                report = convert(
+                    args.inputs, args.out, **options,
+                    progress=lambda stage, done: bar.update(task, description=f"{done:,} structures {stage}"),
+                )  # fmt: skip
         except Exception as err:
             if not _raised_in_ase(err.__traceback__):
                 raise
@@ -105,6 +151,7 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
     console.print(
         f"wrote {_count(report.structures, 'structure')} ({report.atoms:,} atoms, {report.edges:,} edges) to {args.out} "
         f"in {seconds:.1f} s ({report.structures / seconds:,.0f} structures/s)"
+        + (" as a multi-store (part stores and a manifest) that reads as one store" if parallel else "")
     )
     console.print("fields: " + ", ".join(f"{k} ({v})" for k, v in report.fields.items()))
     if report.custom:
@@ -247,4 +294,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="report fields that float32 changes by more than this, in their own units (default 1e-4)",
     )  # fmt: skip
     conv.add_argument("--chunk", type=int, default=1000, help="structures converted per step (default 1000)")
+    conv.add_argument(
+        "--workers", type=int,
+        help="convert in N processes of this machine: OUT becomes a multi-store (a folder of part stores and "
+        "a manifest) that reads as one store; a rerun of the same command resumes",
+    )  # fmt: skip
+    conv.add_argument(
+        "--scheduler", metavar="ADDRESS",
+        help="convert on the Dask cluster of this scheduler (e.g. tcp://host:8786) into a multi-store, as --workers; "
+        "OUT must be on a file system every worker writes",
+    )  # fmt: skip
+    conv.add_argument(
+        "--part-size", type=int,
+        help="with --workers or --scheduler: the most structures per part (default: two parts per worker, at most "
+        "100,000 structures each)",
+    )  # fmt: skip
     conv.set_defaults(func=cmd_convert, writes=lambda args: args.out)

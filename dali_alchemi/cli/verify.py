@@ -18,6 +18,8 @@ from dali_alchemi.cli.console import EXIT_OK, EXIT_PROBLEMS, CountColumn, human_
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from dali_alchemi.store.check.verify import VerifyReport
+
 __all__ = ["cmd_verify", "register"]
 
 
@@ -30,19 +32,34 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
 
     if args.max_problems < 1:
         raise CommandError(f"--max-problems must be at least 1, got {args.max_problems}")
+    from dali_alchemi.store.format.multistore import is_multistore
+
+    stores = [args.store]
+    if is_multistore(args.store):  # a parallel convert's parts: each checked as the store it is
+        from dali_alchemi.store.read.multistore import part_paths
+
+        stores = [str(part) for part in part_paths(args.store)]
     # the bar goes to stderr, so that --json output on stdout stays clean; none off a terminal
     status = RichConsole(stderr=True)
+    reports = []
     with Progress(TextColumn("verifying"), BarColumn(), CountColumn("chunks"),
                   TimeElapsedColumn(), console=status, transient=True, disable=not status.is_terminal) as bar:  # fmt: skip
-        task = bar.add_task("verifying", total=None)
-        report = verify_store(
-            args.store,
-            max_problems=args.max_problems,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
-        )
+        for store in stores:
+            task = bar.add_task("verifying", total=None)
+            reports.append(verify_store(
+                store, max_problems=args.max_problems,
+                progress=lambda done, total, task=task: bar.update(task, completed=done, total=total),
+            ))  # fmt: skip
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-        return EXIT_OK if report.ok else EXIT_PROBLEMS
+        dicts = [report.to_dict() for report in reports]
+        print(json.dumps(dicts[0] if len(stores) == 1 else {"store": args.store, "parts": dicts}, indent=2))
+        return EXIT_OK if all(report.ok for report in reports) else EXIT_PROBLEMS
+    codes = [_print_report(report, console) for report in reports]
+    return EXIT_OK if all(code == EXIT_OK for code in codes) else EXIT_PROBLEMS
+
+
+def _print_report(report: VerifyReport, console: Console) -> int:
+    """What ``verify`` prints of one store's report; the exit status it gives."""
     if report.samples < 0:  # its root or its pointers are unreadable: too little was checked to sum up
         for problem in report.problems:
             console.print(f"[red]problem[/red]: {escape(problem.message)}", highlight=False)

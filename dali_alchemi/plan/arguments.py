@@ -107,7 +107,7 @@ def reader_plan(
 
     return build_plan(
         plan, arguments, len(reader), sample_sizes, chunking=lambda: store_chunking(reader, fields),
-        dataset_lengths=reader.lengths if isinstance(reader, MultiReader) else None,
+        dataset_lengths=reader.lengths if isinstance(reader, MultiReader) and not reader.one_dataset else None,
     )  # fmt: skip
 
 

@@ -7,9 +7,9 @@ unchanged; :class:`~dali_alchemi.plan.mixture.MixturePlan` decides how often eac
 
 - **Fields**: those every member returns (in the first member's order), plus two system-level int64
   fields the MultiReader adds itself: ``dataset_id`` (the member) and ``dataset_index`` (the index in
-  that member). They ride through the loaders like any field and appear on the Batch
-  (``batch.dataset_id``, ``[B]``). A field the members share with different levels, dtypes or row
-  shapes is a :class:`~dali_alchemi.errors.FieldMismatchError` naming the field and both stores.
+  that member), on the Batch as ``batch.dataset_id`` (``[B]``); a field the members share with other
+  levels, dtypes or row shapes is a :class:`~dali_alchemi.errors.FieldMismatchError`. With
+  ``one_dataset=True`` (a multi-store's parts) the members are one dataset: same fields, none added.
 - **Reads**: a window is routed to the members vectorised: its indices are grouped per member (one
   packed read per member touched), and each member's rows are copied straight to their place in
   request order: one pass over the window's bytes more than a single store's read.
@@ -88,6 +88,8 @@ class MultiReader:
         A name per member for messages (default: the store's path or URL).
     cache_bytes
         Decoded-chunk cache of each store the MultiReader opens itself.
+    one_dataset
+        The members are parts of one dataset (a multi-store's): no fields added, and plans see one store.
 
     Raises
     ------
@@ -107,6 +109,7 @@ class MultiReader:
         fields: str | Iterable[str] | None = None,
         names: Sequence[str] | None = None,
         cache_bytes: int | None = None,
+        one_dataset: bool = False,
     ) -> None:
         if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence) or len(sources) == 0:
             raise ConfigError(f"MultiReader needs a non-empty list of stores or readers, got {sources!r}")
@@ -114,7 +117,8 @@ class MultiReader:
             raise ConfigError(f"names= has {len(names)} entries for {len(sources)} members")
         wanted = None if fields is None else as_field_names(fields)
         member_fields = None if wanted is None else tuple(f for f in wanted if f not in ADDED_FIELDS) or None
-        self._options = {"fields": wanted, "names": None if names is None else list(names), "cache_bytes": cache_bytes}
+        self.one_dataset = one_dataset
+        self._options = {"fields": wanted, "names": None if names is None else list(names), "one_dataset": one_dataset}
         self._members: list[PackedReader] = []
         self._owned: list[bool] = []
         try:
@@ -158,22 +162,23 @@ class MultiReader:
                 ]
                 raise FieldMismatchError(f"field {name!r} differs between stores: {'; '.join(what)}")
         shared = [name for name in self._members[0].field_specs if all(name in m.field_specs for m in self._members)]
-        clash = [name for name in shared if name in ADDED_FIELDS]
+        added = () if self.one_dataset else ADDED_FIELDS  # one dataset's parts: no member fields added
+        clash = [name for name in shared if name in added]
         if clash:
             raise FieldMismatchError(f"the stores already have fields {clash}, which a MultiReader adds itself")
         if wanted is not None:
             for name in wanted:
-                if name in ADDED_FIELDS:
+                if name in added:
                     continue
                 lacking = [self._label(d) for d, m in enumerate(self._members) if name not in m.field_specs]
                 if lacking:
                     raise UnknownFieldError(f"Unknown fields [{name!r}]: missing from {', '.join(lacking)}")
-            return {name: (_ADDED_SPEC if name in ADDED_FIELDS else first[name][1]) for name in wanted}
+            return {name: (_ADDED_SPEC if name in added else first[name][1]) for name in wanted}
         if not shared:
             listing = "; ".join(f"{self._label(d)}: {sorted(m.field_specs)}" for d, m in enumerate(self._members))
             raise FieldMismatchError(f"the stores share no field ({listing})")
         specs = {name: first[name][1] for name in shared}
-        specs.update(dict.fromkeys(ADDED_FIELDS, _ADDED_SPEC))
+        specs.update(dict.fromkeys(added, _ADDED_SPEC))
         return specs
 
     @property
@@ -437,6 +442,6 @@ def _as_rows(arr: NDArray[Any]) -> NDArray[Any]:
 
 
 def _rebuild(members: list[PackedReader], options: dict[str, Any]) -> MultiReader:
-    reader = MultiReader(members, fields=options["fields"], names=options["names"])
+    reader = MultiReader(members, fields=options["fields"], names=options["names"], one_dataset=options["one_dataset"])
     reader._owned = [True] * len(members)
     return reader

@@ -19,6 +19,7 @@ from dali_alchemi.errors import NotAStoreError, StoreFormatError
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.format.journal import AS_IS, ReadView
 from dali_alchemi.store.format.location import NOT_A_STORE_NEXT_STEP, open_group, root_groups, zarr_error_text
+from dali_alchemi.store.format.multistore import is_multistore
 from dali_alchemi.store.read.pointers import PrivateMeta, read_meta_values
 from dali_alchemi.store.read.shared_pointers import (
     SharedPointers,
@@ -104,6 +105,11 @@ def open_root(loc: StoreLocation) -> Any:
     try:
         root = open_group(loc, mode="r")
     except GroupNotFoundError as err:
+        if loc.local_root is not None and is_multistore(loc.local_root):
+            raise NotAStoreError(
+                f"Store {loc.display} is a multi-store (part stores and a manifest, as a parallel convert writes): "
+                "open it as one dataset with open_reader(path), a loader given the path, or open_multistore(path)"
+            ) from err
         raise NotAStoreError(
             f"Store {loc.display} is not a zarr group: there is no zarr.json at its root. {NOT_A_STORE_NEXT_STEP}"
         ) from err

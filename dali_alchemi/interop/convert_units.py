@@ -1,8 +1,8 @@
 """The work units of a parallel conversion: an input file's structures ``start:stop``, each converted into
 a part store of its own, and the reports they send back.
 
-Counting and ranged reads go through :func:`count_input` and :func:`read_unit`, the one place that
-knows how each format is counted and read by range.
+Counting and ranged reads go through :func:`count_input` and :func:`read_unit`, which hand them to
+:mod:`dali_alchemi.interop.ase_sources`, the one place that knows how each format is counted and read.
 """
 
 from __future__ import annotations
@@ -16,13 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dali_alchemi.errors import ConfigError
-from dali_alchemi.interop.ase_io import (
-    DATABASE_FORMATS,
-    XYZ_FORMATS,
-    ConversionReport,
-    check_xyz_counts,
-    read_structures,
-)
+from dali_alchemi.interop.ase_io import ConversionReport
+from dali_alchemi.interop.ase_sources import count_structures, read_structures
 from dali_alchemi.interop.assemble import PrecisionLoss
 
 if TYPE_CHECKING:
@@ -64,43 +59,17 @@ class WorkUnit:
         return f"{self.name} ({self.path} structures {self.start}:{self.stop})"
 
 
-def _format(path: str | Path) -> str:
-    from ase.io.formats import filetype
-
-    return str(filetype(str(path)))
-
-
 def count_input(path: str | Path) -> int:
-    """How many structures the file ``path`` holds: frame headers for (ext)xyz (no parsing), the row count
-    of an ASE database, and for any other format (or a compressed xyz) a pass of ASE's reader."""
-    kind = _format(path)
-    if kind in DATABASE_FORMATS:
-        import ase.db
-
-        with ase.db.connect(str(path), serial=True) as db:
-            return int(db.count())
-    if kind in XYZ_FORMATS:
-        frames = check_xyz_counts(path)
-        if frames or Path(path).stat().st_size == 0:
-            return frames
-    return sum(1 for _ in read_structures(path))
+    """How many structures the file ``path`` holds (:func:`~dali_alchemi.interop.ase_sources.count_structures`:
+    frame headers for (ext)xyz, the row count of a database, else a pass of ASE's reader)."""
+    return count_structures(path)
 
 
 def read_unit(path: str | Path, start: int, stop: int | None) -> Iterator[Atoms]:
     """Structures ``start:stop`` of ``path`` (``stop=None``: to the end), as
-    :func:`~dali_alchemi.interop.ase_io.read_structures` reads them (an ASE database row by row with its
+    :func:`~dali_alchemi.interop.ase_sources.read_structures` reads a range (a database row by row with its
     key-value pairs and data)."""
-    if _format(path) in DATABASE_FORMATS:
-        return _database_range(path, start, stop)
     return read_structures(path, index=f"{start}:{'' if stop is None else stop}")
-
-
-def _database_range(path: str | Path, start: int, stop: int | None) -> Iterator[Atoms]:
-    import ase.db
-
-    with ase.db.connect(str(path), serial=True) as db:
-        for row in db.select(offset=start, limit=None if stop is None else stop - start):
-            yield row.toatoms(add_additional_information=True)
 
 
 def part_size_for(total: int, workers: int) -> int:

@@ -26,13 +26,15 @@ from dali_alchemi.store.read.multi import MultiReader
 from dali_alchemi.store.read.opening import open_reader
 
 if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
     from dali_alchemi.batch import Batch
     from dali_alchemi.types import CountArray
 
 __all__ = [
-    "LoaderInputs", "LoaderSource", "check_reader_length", "check_shareable", "nvalchemi_batches", "open_source",
-    "resolve_inputs"
-]
+    "SIZE_SAMPLE", "LoaderInputs", "LoaderSource", "check_reader_length", "check_shareable", "evenly_spaced",
+    "nvalchemi_batches", "open_source", "resolve_inputs"
+]  # fmt: skip
 
 LoaderSource: TypeAlias = (
     StoreLike | PackedReader | ReadManyReader | Sequence[StoreLike | PackedReader | ReadManyReader]
@@ -51,6 +53,9 @@ class LoaderInputs:
     pad_shape: PadShape | None
     sample_sizes: Callable[[], tuple[CountArray, CountArray]]
     """Atom and edge counts of every structure, from the reader's pointers: computed once, when first asked."""
+    size_sample: Callable[[], tuple[CountArray, CountArray]]
+    """Atom and edge counts of at most :data:`SIZE_SAMPLE` structures spread evenly over the reader (every
+    structure of a smaller one): what estimates need, in memory that does not grow with the store."""
 
     def close(self) -> None:
         """Close the reader if the loader opened it."""
@@ -101,7 +106,21 @@ def resolve_inputs(
         if owns:
             reader.close()
         raise
-    return LoaderInputs(reader, owns, tuple(selected), built, shape, sizes)
+    sample = _once(lambda: reader.sample_sizes(evenly_spaced(len(reader), SIZE_SAMPLE)))
+    return LoaderInputs(reader, owns, tuple(selected), built, shape, sizes, sample)
+
+
+SIZE_SAMPLE = 65_536
+"""Structures whose sizes a loader's estimates look at (DALI's shared-memory hint): every structure of a
+store up to this size, an even sample of a bigger one, so that at 10^8 structures no loader holds two
+int64 counts per structure for an estimate."""
+
+
+def evenly_spaced(n: int, limit: int) -> NDArray[np.int64]:
+    """``arange(n)`` when ``n <= limit``, else ``limit`` indices spread evenly over it."""
+    if n <= limit:
+        return np.arange(n, dtype=np.int64)
+    return np.linspace(0, n - 1, limit).astype(np.int64)
 
 
 def check_reader_length(reader: PackedReader, plan: Plan, loader: str) -> None:

@@ -70,3 +70,33 @@ def test_the_core_loaders_do_not_import_interop(module: str) -> None:
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     assert not {m for m in imported if m.startswith("dali_alchemi.interop")}
+
+
+def test_estimates_read_the_sizes_of_an_even_sample_of_a_big_store_never_of_every_structure(
+    small_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dali_alchemi.loader_inputs as loader_inputs
+
+    asked: list[int] = []
+    original = AtomicDataZarrReader.sample_sizes
+
+    def counting(self: AtomicDataZarrReader, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        asked.append(len(indices))
+        return original(self, indices)
+
+    monkeypatch.setattr(AtomicDataZarrReader, "sample_sizes", counting)
+    monkeypatch.setattr(loader_inputs, "SIZE_SAMPLE", 16)
+    inputs = resolve_inputs(small_store, plan=None, arguments=PlanArguments(batch_size=8), fields=None,
+                            cache_bytes=None, loader="test")  # fmt: skip
+    try:
+        n = len(inputs.reader)
+        n_atoms, n_edges = inputs.size_sample()
+        assert n > 16 and n_atoms.shape == (16,) and n_edges.shape == (16,)
+        assert asked == [16]  # a plan without a budget needs no sizes; the estimate asked for 16
+        whole_atoms, _ = original(inputs.reader, np.arange(n))
+        picked = loader_inputs.evenly_spaced(n, 16)
+        assert picked[0] == 0 and picked[-1] == n - 1 and np.all(np.diff(picked) > 0)
+        assert np.array_equal(n_atoms, whole_atoms[picked])
+    finally:
+        inputs.close()
+    assert np.array_equal(loader_inputs.evenly_spaced(5, 16), np.arange(5))

@@ -116,7 +116,8 @@ def window_bytes_hint(
 ) -> int:
     """A generous estimate of one window's bytes, so DALI's shared memory rarely has to grow.
 
-    ``sizes`` are the atom and edge counts of every structure of the reader.
+    ``sizes`` are the atom and edge counts of the reader's structures, or of an even sample of them
+    (:data:`~dali_alchemi.loader_inputs.SIZE_SAMPLE`): only their means are used.
     """
     n_atoms, n_edges = sizes
     if n_atoms.size == 0:

@@ -221,7 +221,7 @@ class DALIDataLoader:
                 remove_shared_folder(self._shared_folder)
             raise
         self.reader, self._owns_reader, self.fields = inputs.reader, inputs.owns_reader, inputs.fields
-        self.plan, self.pad_shape, self._all_sizes = inputs.plan, inputs.pad_shape, inputs.sample_sizes
+        self.plan, self.pad_shape, self._size_sample = inputs.plan, inputs.pad_shape, inputs.size_sample
         self._to_nvalchemi = nvalchemi_batches() if batch_type == "nvalchemi" else None
         # On the CPU the batch index and neighbor-list offsets are computed where the window is read (in
         # the workers); on a GPU they are computed on the device (batch.collate).
@@ -363,7 +363,7 @@ class DALIDataLoader:
             start_method=start_method,
             queue_depth=self.config.queue_depth,
             bytes_per_window=window_bytes_hint(
-                self.specs, self._all_sizes(), self.epoch_plan(epoch), self.config.batches_per_window
+                self.specs, self._size_sample(), self.epoch_plan(epoch), self.config.batches_per_window
             ),
         )
         self._pipe_next = (epoch, batch)

@@ -64,14 +64,14 @@ def cmd_write(args: argparse.Namespace) -> dict[str, float]:
     }
 
 
-def _loader(store: str, rank: int, ranks: int, cache_mb: int) -> DALIDataLoader:
+def _loader(store: str, rank: int, ranks: int, cache_mb: int, workers: int) -> DALIDataLoader:
     return DALIDataLoader(
-        store, batch_size=BATCH_SIZE, shuffle=True, seed=0, shard_id=rank, num_shards=ranks, device="cpu",
+        store, batch_size=BATCH_SIZE, shuffle=True, seed=0, shard_id=rank, num_shards=ranks, device="cpu", num_workers=workers,
         cache_bytes=cache_mb * MB,
     )  # fmt: skip
 
 
-def _one_rank_alone(store: str, ranks: int, cache_mb: int, queue: mp.Queue) -> None:
+def _one_rank_alone(store: str, ranks: int, cache_mb: int, workers: int, queue: mp.Queue) -> None:
     """Open, plan and the first batch of rank 0, each timed, in a process of its own."""
     from dali_alchemi import AtomicDataZarrReader
     from dali_alchemi.plan import PlanArguments, build_plan
@@ -88,7 +88,7 @@ def _one_rank_alone(store: str, ranks: int, cache_mb: int, queue: mp.Queue) -> N
     planned = time.perf_counter() - start
     reader.close()
     start = time.perf_counter()
-    loader = _loader(store, 0, ranks, cache_mb)
+    loader = _loader(store, 0, ranks, cache_mb, workers)
     batch = next(iter(loader))
     first = time.perf_counter() - start
     assert batch.num_graphs == BATCH_SIZE
@@ -101,10 +101,12 @@ def _one_rank_alone(store: str, ranks: int, cache_mb: int, queue: mp.Queue) -> N
     })  # fmt: skip
 
 
-def _rank(store: str, rank: int, ranks: int, batches: int, cache_mb: int, start_at: float, queue: mp.Queue) -> None:
+def _rank(
+    store: str, rank: int, ranks: int, batches: int, cache_mb: int, workers: int, start_at: float, queue: mp.Queue
+) -> None:
     """One rank: its loader, ``batches`` shuffled batches read, its tree's peak PSS sampled throughout."""
     with TreeMemorySampler(interval=0.25) as memory:
-        loader = _loader(store, rank, ranks, cache_mb)
+        loader = _loader(store, rank, ranks, cache_mb, workers)
         while time.time() < start_at:  # every rank reads at once, after all have built their loaders
             time.sleep(0.01)
         begin = time.perf_counter()
@@ -121,14 +123,16 @@ def _rank(store: str, rank: int, ranks: int, batches: int, cache_mb: int, start_
 def cmd_read(args: argparse.Namespace) -> dict[str, float]:
     ctx = mp.get_context("spawn")
     queue: mp.Queue = ctx.Queue()
-    alone = ctx.Process(target=_one_rank_alone, args=(args.store, args.ranks, args.cache_mb, queue))
+    alone = ctx.Process(target=_one_rank_alone, args=(args.store, args.ranks, args.cache_mb, args.workers, queue))
     alone.start()
     result = dict(queue.get())
     alone.join()
     per_rank = -(-args.batches // args.ranks)
     start_at = time.time() + args.build_wait_s
     procs = [
-        ctx.Process(target=_rank, args=(args.store, r, args.ranks, per_rank, args.cache_mb, start_at, queue))
+        ctx.Process(
+            target=_rank, args=(args.store, r, args.ranks, per_rank, args.cache_mb, args.workers, start_at, queue)
+        )
         for r in range(args.ranks)
     ]
     for p in procs:
@@ -139,6 +143,7 @@ def cmd_read(args: argparse.Namespace) -> dict[str, float]:
     slowest = max(r["read_s"] for r in ranks)
     result.update({
         "ranks": args.ranks,
+        "dali_workers_per_rank": args.workers,
         "batches_read": sum(-(-r["structures"] // BATCH_SIZE) for r in ranks),
         "shuffled_structures_per_s_all_ranks": round(sum(r["structures"] for r in ranks) / slowest),
         "rank_peak_pss_mb_max": round(max(r["peak_pss_mb"] for r in ranks)),
@@ -160,6 +165,7 @@ def main() -> None:
     read.add_argument("--ranks", type=int, default=8)
     read.add_argument("--batches", type=int, default=10_000, help="shuffled batches over all ranks together")
     read.add_argument("--cache-mb", type=int, default=64, help="each rank's decoded-chunk cache")
+    read.add_argument("--workers", type=int, default=2, help="DALI worker processes per rank (the loader's default: 2)")
     read.add_argument("--build-wait-s", type=float, default=60.0, help="seconds the ranks get to build loaders")
     for p in (write, read):
         p.add_argument("--json", type=Path, help="also write the figures to this file")

@@ -17,7 +17,9 @@ forward only an exception's text; the iterator turns that back into a
 
 from __future__ import annotations
 
+import copyreg
 import logging
+import os
 import re
 import threading
 from collections import deque
@@ -180,6 +182,17 @@ def pack_blob(
     return [blob], [header]
 
 
+def standard_exception_pickling() -> None:
+    """Drop the exception reducers other libraries registered process-wide (``tblib``, which
+    ``distributed`` installs when imported), so a DALI worker pickles exceptions (``StopIteration`` at
+    the end of every epoch) as Python does: DALI's restricted unpickler refuses any other global, and
+    a worker forked from a process that imported ``distributed`` could otherwise hand back no window."""
+    for kind, reducer in list(copyreg.dispatch_table.items()):
+        if isinstance(kind, type) and issubclass(kind, BaseException):
+            if str(getattr(reducer, "__module__", "")).startswith("tblib"):
+                del copyreg.dispatch_table[kind]
+
+
 def source_error(err: BaseException) -> RuntimeError:
     """An exception whose text carries ``err``'s type name and message through DALI."""
     return RuntimeError(f"[dali-alchemi:{type(err).__name__}] {err}")
@@ -228,6 +241,7 @@ class WindowSource:
         self.start_epoch = start_epoch
         self.start_batch = start_batch
         self._epoch_plan: EpochPlan | None = None
+        self._owner_pid = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -274,6 +288,9 @@ class WindowSource:
         return tuple([arrays[spec.name]] for spec in self.specs)
 
     def __call__(self, info: Any) -> tuple[list[NDArray[Any]], ...]:
+        if os.getpid() != self._owner_pid:  # a DALI worker process: once per process
+            standard_exception_pickling()
+            self._owner_pid = os.getpid()
         try:
             return self.read_window(info.epoch_idx, info.iteration)
         except StopIteration:

@@ -20,7 +20,6 @@ from dali_alchemi.interop import parallel_convert  # noqa: E402
 from dali_alchemi.interop.ase_io import convert, read_structures  # noqa: E402
 from dali_alchemi.interop.convert_units import count_input, split_units  # noqa: E402
 from dali_alchemi.interop.parallel_convert import convert_parallel  # noqa: E402
-from dali_alchemi.pipeline.loader import DALIDataLoader  # noqa: E402
 from dali_alchemi.plan.mixture import MixturePlan  # noqa: E402
 from dali_alchemi.store.read.multi import MultiReader  # noqa: E402
 from dali_alchemi.store.read.opening import open_reader  # noqa: E402
@@ -166,9 +165,12 @@ def test_parts_that_decide_their_fields_differently_are_refused(tmp_path: Path) 
     assert not json.loads((tmp_path / "out" / "manifest.json").read_text())["complete"]
 
 
+@pytest.mark.dali
 def test_the_loaders_read_the_multistore_as_one_store(
     inputs: list[Path], reference: dict[str, Any], tmp_path: Path
 ) -> None:
+    from dali_alchemi.pipeline.loader import DALIDataLoader
+
     out = tmp_path / "out"
     convert_parallel(inputs, out, part_size=5, cutoff=CUTOFF)
     loader = plain_dataloader(str(out), batch_size=8, shuffle=False, num_workers=0)

@@ -119,3 +119,22 @@ def test_closing_the_read_ahead_does_not_wait_for_a_stalled_read() -> None:
     windows.release.set()
     caller.join(5)
     assert [r[0][0].tolist() for r in results] == [[0]]  # type: ignore[index]  # the read in progress still ends
+
+
+def test_a_worker_drops_tblibs_exception_reducers_that_dalis_unpickler_refuses() -> None:
+    import copyreg
+
+    from dali_alchemi.pipeline.source import standard_exception_pickling
+
+    class Refused(Exception):
+        pass
+
+    def reducer(err: BaseException) -> tuple[object, tuple[object, ...]]:
+        return Refused, ()
+
+    reducer.__module__ = "tblib.pickling_support"  # what ``import distributed`` registers for every exception
+    copyreg.pickle(Refused, reducer)
+    copyreg.pickle(complex, copyreg.dispatch_table[complex])  # others are kept
+    standard_exception_pickling()
+    assert Refused not in copyreg.dispatch_table
+    assert complex in copyreg.dispatch_table

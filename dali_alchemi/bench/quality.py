@@ -33,9 +33,10 @@ def order_quality(store: str, orders: tuple[str, ...], settings: LoaderSettings)
             energy = packed.fields["energy"].reshape(len(reader), -1)[:, 0].astype(np.float64)
         for order in orders:
             epoch = bench_plan(reader, ORDERS[order], settings, budget=True).epoch(0)
-            visited = epoch.order[: int(epoch.batch_ptr[-1])]
+            whole = np.asarray(epoch.order)
+            visited = whole[: int(epoch.batch_ptr[-1])]
             result[order] = {
                 "shuffle_quality": shuffle_quality(visited),
-                "batch_energy_ks": None if energy is None else batch_ks(energy, epoch.order, epoch.batch_ptr),
+                "batch_energy_ks": None if energy is None else batch_ks(energy, whole, epoch.batch_ptr),
             }
     return result

@@ -26,6 +26,7 @@ import numpy as np
 from dali_alchemi.errors import ConfigTypeError, PlanError, PlanIndexError
 
 if TYPE_CHECKING:
+    from dali_alchemi.plan.keyed import ShardOrder
     from dali_alchemi.types import IndexArray, PtrArray
 
 __all__ = ["STATE_KEYS", "ElasticPlan", "EpochPlan", "Plan", "Window", "check_state", "restore", "state_int"]
@@ -68,7 +69,9 @@ class EpochPlan:
     epoch
         The epoch this plan is for.
     order
-        ``[n]`` int64 reader indices in the order the epoch visits them (padding included).
+        ``[n]`` int64 reader indices in the order the epoch visits them (padding included): an array,
+        or for a keyed order a :class:`~dali_alchemi.plan.keyed.ShardOrder` that computes the entries
+        it is sliced at (``np.asarray`` gives the array).
     batch_ptr
         ``[num_batches + 1]`` int64, starting at 0 and strictly increasing: batch ``i`` is
         ``order[batch_ptr[i]:batch_ptr[i + 1]]``. Structures of ``order`` past ``batch_ptr[-1]`` are
@@ -82,7 +85,7 @@ class EpochPlan:
     """
 
     epoch: int
-    order: IndexArray
+    order: IndexArray | ShardOrder
     batch_ptr: PtrArray
 
     def __post_init__(self) -> None:

@@ -325,7 +325,7 @@ class BudgetPlan:
         crc = 0
         for sizes in (self.n_atoms, self.n_edges):
             for lo in range(0, sizes.size, STREAM_BLOCK):  # no whole copy of the sizes
-                crc = zlib.crc32(np.ascontiguousarray(sizes[lo : lo + STREAM_BLOCK], dtype=np.int32), crc)
+                crc = zlib.crc32(np.ascontiguousarray(sizes[lo : lo + STREAM_BLOCK], dtype=np.int32).data, crc)
         return f"{crc:08x}"
 
     def to_dict(self) -> dict[str, Any]:

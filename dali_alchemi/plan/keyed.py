@@ -16,16 +16,19 @@ a bijection on ``[0, n)``. Pure numpy, vectorised: a few integer operations per 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+
+from dali_alchemi.errors import PlanIndexError
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from dali_alchemi.types import IndexArray
 
-__all__ = ["KEYED_BLOCK", "KEYED_ROUNDS", "KEYED_STREAM", "keyed_order", "keyed_shard"]
+__all__ = ["KEYED_BLOCK", "KEYED_ROUNDS", "KEYED_STREAM", "ShardOrder", "keyed_order", "keyed_shard"]
 
 
 KEYED_ROUNDS = 4
@@ -107,7 +110,8 @@ def keyed_order(
     a = math.isqrt(n - 1) + 1  # ceil(sqrt(n))
     b = -(-n // a)
     dtype = np.dtype(np.uint32 if a * b <= 0xFFFFFFFF else np.uint64)  # 32-bit digits run twice as fast
-    ua, ub, limit = dtype.type(a), dtype.type(b), dtype.type(n)
+    digit = cast("type[np.unsignedinteger]", dtype.type)
+    ua, ub, limit = digit(a), digit(b), digit(n)
     keys = _keys(seed, epoch, stream, dtype)
     for lo in range(0, out.size, KEYED_BLOCK):
         if isinstance(positions, range):
@@ -124,6 +128,13 @@ def keyed_order(
     return out
 
 
+def _shard_positions(n: int, shard_id: int, num_shards: int, lo: int, hi: int) -> IndexArray:
+    """Positions ``lo:hi`` of a shard in the padded order: ``shard_id + k * num_shards`` for ``k`` in ``[lo, hi)``, modulo ``n``."""
+    positions = np.arange(shard_id + lo * num_shards, shard_id + hi * num_shards, num_shards, dtype=np.int64)
+    positions %= n
+    return positions
+
+
 def keyed_shard(n: int, *, seed: int, epoch: int, shuffle: bool, shard_id: int, num_shards: int) -> IndexArray:
     """Shard ``shard_id`` of the keyed epoch order, padded by wrapping like ``DistributedSampler``.
 
@@ -135,7 +146,77 @@ def keyed_shard(n: int, *, seed: int, epoch: int, shuffle: bool, shard_id: int, 
     out = np.empty(per_shard, dtype=np.int64)
     for lo in range(0, per_shard, KEYED_BLOCK):  # positions made a block at a time: only the shard's order is held
         hi = min(lo + KEYED_BLOCK, per_shard)
-        positions = np.arange(shard_id + lo * num_shards, shard_id + hi * num_shards, num_shards, dtype=np.int64)
-        positions %= n
+        positions = _shard_positions(n, shard_id, num_shards, lo, hi)
         out[lo:hi] = keyed_order(positions, n, seed=seed, epoch=epoch) if shuffle else positions
     return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardOrder:
+    """:func:`keyed_shard`'s order, computed only where it is read: an epoch's order in a few bytes.
+
+    At 110 M structures a rank's eighth of the order is 110 MB of int64 in every process that plans
+    the epoch (the loader and each of its DALI workers). This holds the recipe instead; slicing it, as
+    an :class:`~dali_alchemi.plan.base.EpochPlan` does for each batch and window, evaluates just those
+    positions (a window's worth of integer operations). ``np.asarray(order)`` gives the whole array.
+    It reads like the 1-D int64 array it stands for: ``size``, ``shape``, ``len``, ``dtype``,
+    integer, slice and index-array subscripts, ``tolist``.
+    """
+
+    n: int
+    seed: int
+    epoch: int
+    shuffle: bool
+    shard_id: int
+    num_shards: int
+
+    @property
+    def size(self) -> int:
+        """Entries in the shard's order, padding included."""
+        return math.ceil(self.n / self.num_shards) if self.n else 0
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.size,)
+
+    @property
+    def ndim(self) -> int:
+        return 1
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return np.dtype(np.int64)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _values(self, positions: IndexArray) -> IndexArray:
+        return keyed_order(positions, self.n, seed=self.seed, epoch=self.epoch) if self.shuffle else positions
+
+    def __getitem__(self, key: int | slice | NDArray[np.integer]) -> Any:
+        if isinstance(key, slice):
+            lo, hi, step = key.indices(self.size)
+            if step == 1:
+                return self._values(_shard_positions(self.n, self.shard_id, self.num_shards, lo, max(lo, hi)))
+            return self[np.arange(lo, hi, step, dtype=np.int64)]
+        if isinstance(key, (int, np.integer)):
+            k = int(key) + self.size if key < 0 else int(key)
+            if not 0 <= k < self.size:
+                raise PlanIndexError(f"index {int(key)} is out of bounds for a shard order of {self.size} structures")
+            return int(self._values(_shard_positions(self.n, self.shard_id, self.num_shards, k, k + 1))[0])
+        where = np.asarray(key, dtype=np.int64)
+        if where.size and (int(where.min()) < -self.size or int(where.max()) >= self.size):
+            raise PlanIndexError(f"an index is out of bounds for a shard order of {self.size} structures")
+        where = np.where(where < 0, where + self.size, where)
+        positions = (self.shard_id + where * self.num_shards) % self.n if self.n else where
+        return self._values(positions)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> IndexArray:
+        whole = keyed_shard(
+            self.n, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle, shard_id=self.shard_id,
+            num_shards=self.num_shards,
+        )  # fmt: skip
+        return whole if dtype is None else whole.astype(dtype, copy=False)
+
+    def tolist(self) -> list[int]:
+        return np.asarray(self).tolist()

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dali_alchemi.errors import PlanError
-from dali_alchemi.plan.keyed import keyed_shard
+from dali_alchemi.plan.keyed import ShardOrder, keyed_shard
 
 if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray
@@ -81,14 +81,18 @@ def shard(order: IndexArray, *, shard_id: int, num_shards: int) -> IndexArray:
 
 def shard_order(
     n: int, *, seed: int, epoch: int, shuffle: bool, shard_id: int, num_shards: int, permutation: str
-) -> IndexArray:
+) -> IndexArray | ShardOrder:
     """``shard(epoch_order(...))`` of the ``"drawn"`` or ``"keyed"`` permutation, without a padded copy.
 
-    The keyed permutation is evaluated at this shard's positions alone; the drawn one is drawn whole
-    (it cannot be otherwise) but indexed at those positions instead of padded by ``np.resize``.
+    The keyed permutation is evaluated at this shard's positions alone, and only when they are read (a
+    :class:`~dali_alchemi.plan.keyed.ShardOrder`; so is an unshuffled order from
+    :data:`KEYED_MIN_SAMPLES` structures on); the drawn one is drawn whole (it cannot be otherwise) but
+    indexed at those positions instead of padded by ``np.resize``.
     """
-    if permutation == "keyed" or not shuffle:
-        return keyed_shard(n, seed=seed, epoch=epoch, shuffle=shuffle, shard_id=shard_id, num_shards=num_shards)
+    if permutation == "keyed" or (not shuffle and n >= KEYED_MIN_SAMPLES):
+        return ShardOrder(n=n, seed=seed, epoch=epoch, shuffle=shuffle, shard_id=shard_id, num_shards=num_shards)
+    if not shuffle:
+        return keyed_shard(n, seed=seed, epoch=epoch, shuffle=False, shard_id=shard_id, num_shards=num_shards)
     positions = keyed_shard(n, seed=seed, epoch=epoch, shuffle=False, shard_id=shard_id, num_shards=num_shards)
     return epoch_order(n, seed=seed, epoch=epoch, shuffle=True)[positions]
 

@@ -43,7 +43,7 @@ class RecordedPlan:
     recorded: EpochPlan
 
     def __post_init__(self) -> None:
-        order = self.recorded.order
+        order = np.asarray(self.recorded.order)
         if order.size and (int(order.min()) < 0 or int(order.max()) >= self.num_samples):
             bad = order[(order < 0) | (order >= self.num_samples)]
             raise SampleIndexError(f"Index {int(bad[0])} out of range for reader with {self.num_samples} samples")

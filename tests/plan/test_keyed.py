@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dali_alchemi.errors import PlanIndexError
 from dali_alchemi.plan import keyed
 from dali_alchemi.plan.keyed import keyed_order, keyed_shard
 from dali_alchemi.plan.order import shard
@@ -64,3 +65,43 @@ def test_keyed_shard_is_the_shard_of_the_whole_order(
     for r, part in enumerate(parts):
         assert part.dtype == np.int64
         assert np.array_equal(part, shard(whole, shard_id=r, num_shards=shards))  # DistributedSampler's padding
+
+
+@pytest.mark.parametrize(("n", "shards", "shard_id"), [(1001, 8, 3), (10, 3, 2), (3, 5, 4), (0, 2, 1), (64, 1, 0)])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_shard_order_reads_as_the_array_it_stands_for(n: int, shards: int, shard_id: int, shuffle: bool) -> None:
+    from dali_alchemi.plan.keyed import ShardOrder
+
+    lazy = ShardOrder(n=n, seed=4, epoch=1, shuffle=shuffle, shard_id=shard_id, num_shards=shards)
+    whole = keyed_shard(n, seed=4, epoch=1, shuffle=shuffle, shard_id=shard_id, num_shards=shards)
+    assert (lazy.size, lazy.shape, len(lazy), lazy.ndim, lazy.dtype) == (whole.size, whole.shape, whole.size, 1, np.int64)
+    materialised = np.asarray(lazy)
+    assert materialised.dtype == np.int64 and np.array_equal(materialised, whole)
+    assert lazy.tolist() == whole.tolist()
+    for key in (slice(None), slice(2, 9), slice(5, 2), slice(-4, None), slice(1, None, 3), slice(None, None, -2)):
+        got = lazy[key]
+        assert got.dtype == np.int64 and np.array_equal(got, whole[key]), key
+    if whole.size:
+        picks = np.array([whole.size - 1, 0, -1, whole.size // 2])
+        assert np.array_equal(lazy[picks], whole[picks])
+        assert lazy[-1] == int(whole[-1]) and lazy[0] == int(whole[0]) and isinstance(lazy[0], int)
+    with pytest.raises(PlanIndexError, match=f"out of bounds for a shard order of {whole.size} structures"):
+        lazy[whole.size]
+    with pytest.raises(PlanIndexError, match="out of bounds"):
+        lazy[np.array([whole.size])]
+
+
+def test_a_keyed_epoch_plan_holds_no_order_array_and_its_windows_are_the_arrays() -> None:
+    from dali_alchemi.plan import FixedBatchPlan
+    from dali_alchemi.plan.keyed import ShardOrder
+
+    plan = FixedBatchPlan(num_samples=1000, batch_size=7, seed=3, shard_id=1, num_shards=3, permutation="keyed")
+    epoch = plan.epoch(2)
+    assert isinstance(epoch.order, ShardOrder)
+    whole = keyed_shard(1000, seed=3, epoch=2, shuffle=True, shard_id=1, num_shards=3)
+    assert np.array_equal(np.concatenate(epoch.batches()), whole[: int(epoch.batch_ptr[-1])])
+    window = epoch.window(3, 4)
+    lo = int(epoch.batch_ptr[12])
+    assert np.array_equal(window.indices, whole[lo : lo + window.indices.size]) and window.indices.size == 28
+    drawn = FixedBatchPlan(num_samples=1000, batch_size=7, seed=3, shard_id=1, num_shards=3).epoch(2)
+    assert isinstance(drawn.order, np.ndarray)  # below KEYED_MIN_SAMPLES nothing changes

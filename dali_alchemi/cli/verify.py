@@ -17,6 +17,7 @@ from dali_alchemi.cli.console import EXIT_OK, EXIT_PROBLEMS, CountColumn, human_
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.progress import TaskID
 
     from dali_alchemi.store.check.verify import VerifyReport
 
@@ -46,10 +47,11 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
                   TimeElapsedColumn(), console=status, transient=True, disable=not status.is_terminal) as bar:  # fmt: skip
         for store in stores:
             task = bar.add_task("verifying", total=None)
-            reports.append(verify_store(
-                store, max_problems=args.max_problems,
-                progress=lambda done, total, task=task: bar.update(task, completed=done, total=total),
-            ))  # fmt: skip
+
+            def advance(done: int, total: int | None, task: TaskID = task) -> None:
+                bar.update(task, completed=done, total=total)
+
+            reports.append(verify_store(store, max_problems=args.max_problems, progress=advance))
     if args.json:
         dicts = [report.to_dict() for report in reports]
         print(json.dumps(dicts[0] if len(stores) == 1 else {"store": args.store, "parts": dicts}, indent=2))

@@ -151,12 +151,12 @@ def read_meta_values(
     doomed = np.unique(np.asarray(deleted, dtype=np.int64))
     doomed = doomed[(doomed >= 0) & (doomed < n)]
     for start, chunk in _chunks(arrays[layout.SAMPLES_MASK], n, layout.SAMPLES_MASK, store, complete):
-        values = np.asarray(chunk, dtype=np.bool_)
-        lo, hi = np.searchsorted(doomed, [start, start + values.size])
+        mask = np.asarray(chunk, dtype=np.bool_)
+        lo, hi = np.searchsorted(doomed, [start, start + mask.size])
         if hi > lo:
-            values = values.copy()
-            values[doomed[lo:hi] - start] = False
-        sink.mask(start, values)
+            mask = mask.copy()
+            mask[doomed[lo:hi] - start] = False
+        sink.mask(start, mask)
     for name in (layout.ATOMS_PTR, layout.EDGES_PTR):
         arr = arrays[name]
         dtype = np.dtype(arr.dtype)

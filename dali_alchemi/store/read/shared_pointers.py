@@ -161,7 +161,7 @@ class _CopyWriter:
         self.any_deleted = False
 
     def _write(self, offset: int, values: NDArray[Any]) -> None:
-        view = memoryview(np.ascontiguousarray(values).view(np.uint8))
+        view = np.ascontiguousarray(values).reshape(-1).view(np.uint8).data
         while view.nbytes:
             written = os.pwrite(self.fd, view, offset)
             view, offset = view[written:], offset + written
@@ -220,18 +220,22 @@ def _map(path: Path, n: int, key: bytes, *, verify: bool) -> PointerCopy | None:
     try:
         size = os.fstat(fd).st_size
         if size < _FOOTER.size:
-            return _reject(path, "it is shorter than its footer")
+            _reject(path, "it is shorter than its footer")
+            return None
         raw = os.pread(fd, _FOOTER.size, size - _FOOTER.size)
         magic, count, live, seg_rows, entries, stored_key, crc = _FOOTER.unpack(raw)
         if magic != _MAGIC or count != n or seg_rows != pointers.SEGMENT_ROWS or stored_key != key:
-            return _reject(path, "its footer names another state or format")
+            _reject(path, "its footer names another state or format")
+            return None
         offsets = _offsets(n)
         end = offsets[_ACTIVE] + (8 * live if live >= 0 else 0)
         if size != end + 4 * entries + _FOOTER.size:
-            return _reject(path, "its size does not match its footer")
+            _reject(path, "its size does not match its footer")
+            return None
         table = os.pread(fd, 4 * entries, end)
         if google_crc32c.value(table + raw[:-4]) != crc:
-            return _reject(path, "its checksum table does not match its footer")
+            _reject(path, "its checksum table does not match its footer")
+            return None
         mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
@@ -251,13 +255,15 @@ def _map(path: Path, n: int, key: bytes, *, verify: bool) -> PointerCopy | None:
         crcs[name] = all_crcs[at : at + _segments(entries_of)]
         at += _segments(entries_of)
     if at != all_crcs.size:
-        return _reject(path, "its checksum table has the wrong length")
+        _reject(path, "its checksum table has the wrong length")
+        return None
     if verify:
         for name, values in arrays.items():
             check = SegmentCrcs()
             check.update(values)
             if not np.array_equal(check.finish(), crcs[name]):
-                return _reject(path, f"its {name} bytes do not match the crc32c its builder recorded")
+                _reject(path, f"its {name} bytes do not match the crc32c its builder recorded")
+                return None
     return PointerCopy(arrays=arrays, crcs=crcs, path=path)
 
 

@@ -40,7 +40,7 @@ import os
 import stat
 import struct
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,7 +61,8 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.pointers import MetaSink
 
 __all__ = [
-    "MIN_SAMPLES", "POLL_S", "RACY_S", "WAIT_S", "PointerCopy", "PointersChanged", "SharedPointers",
+    "FAULT_BYTES", "MAPPED_BYTES", "MIN_SAMPLES", "POLL_S", "RACY_S", "WAIT_S", "MappedPages", "PointerCopy",
+    "PointersChanged", "SharedPointers",
     "content_key", "default_folder", "pointer_folder", "shared_memory_root", "store_id",
 ]  # fmt: skip
 
@@ -102,6 +103,51 @@ class PointerCopy:
     """``atoms_ptr``, ``edges_ptr``, ``samples_mask`` and, when samples are deleted, ``active``."""
     crcs: Mapping[str, NDArray[np.uint32]]
     path: Path
+
+
+MAPPED_BYTES = 64 << 20
+"""Bytes of a big shared pointer copy a reading process keeps mapped, about (see :class:`MappedPages`)."""
+
+FAULT_BYTES = 64 << 10
+"""What one page fault on a mapped file maps at most: the page and its neighbours (Linux's fault-around)."""
+
+
+class MappedPages:
+    """Keeps the pages a process has mapped of big shared pointer copies near :data:`MAPPED_BYTES`.
+
+    Each structure read looks up two pointer entries; on a copy far bigger than memory's share of one
+    process (1.87 GB at 110 M structures) shuffled reads soon map every page of it, each fault mapping
+    :data:`FAULT_BYTES`. Every page then counts in the process's PSS, and wholly so once the other
+    processes that shared it (the other ranks) are done. After reads that may have mapped
+    :data:`MAPPED_BYTES`, the pages are unmapped (``MADV_DONTNEED``; the copy keeps them, the next read
+    faults them back in). Copies of at most :data:`MAPPED_BYTES` stay mapped.
+    """
+
+    def __init__(self) -> None:
+        self._faults = 0
+
+    def read(self, arrays: Iterable[NDArray[Any] | None], structures: int) -> None:
+        """Count a read of ``structures`` structures through ``arrays``; unmap their big copies' pages when due."""
+        self._faults += 2 * structures  # an atoms_ptr and an edges_ptr entry of each
+        if self._faults * FAULT_BYTES < MAPPED_BYTES:
+            return
+        self._faults = 0
+        for mapping in _big_mappings(arrays):
+            mapping.madvise(mmap.MADV_DONTNEED)
+
+
+def _big_mappings(arrays: Iterable[NDArray[Any] | None]) -> list[mmap.mmap]:
+    """The distinct memory maps of more than :data:`MAPPED_BYTES` that ``arrays`` view."""
+    found: dict[int, mmap.mmap] = {}
+    for array in arrays:
+        base: Any = array
+        while isinstance(base, np.ndarray):
+            base = base.base
+        if isinstance(base, memoryview):
+            base = base.obj
+        if isinstance(base, mmap.mmap) and not base.closed and len(base) > MAPPED_BYTES:
+            found[id(base)] = base
+    return list(found.values())
 
 
 def shared_memory_root() -> str | None:
@@ -169,16 +215,16 @@ class _CopyWriter:
     def mask(self, start: int, values: NDArray[np.bool_]) -> None:
         self._write(self.offsets[layout.SAMPLES_MASK] + start, values)
         self.crcs[layout.SAMPLES_MASK].update(values)
-        live = np.flatnonzero(values).astype(np.int64) + start
-        if not self.any_deleted and live.size < values.size:
+        live_count = int(np.count_nonzero(values))  # an index of the live samples only once one is deleted
+        if not self.any_deleted and live_count < values.size:
             self.any_deleted = True  # the samples before this piece were all live: their physical index is their own
             self.live = 0
             for lo in range(0, start, READ_ROWS):
                 self._active(np.arange(lo, min(lo + READ_ROWS, start), dtype=np.int64))
         if self.any_deleted:
-            self._active(live)
+            self._active(np.flatnonzero(values).astype(np.int64) + start)
         else:
-            self.live += live.size
+            self.live += live_count
 
     def _active(self, physical: NDArray[np.int64]) -> None:
         self._write(self.offsets[_ACTIVE] + 8 * self.live, physical)
@@ -211,6 +257,24 @@ def _segments(entries: int) -> int:
     return -(-entries // pointers.SEGMENT_ROWS)
 
 
+def _bytes_match(fd: int, offset: int, nbytes: int, crcs: NDArray[np.uint32], dtype: np.dtype[Any]) -> bool:
+    """Whether the ``nbytes`` at ``offset`` have the segment checksums ``crcs``, read through ``fd``.
+
+    Read with ``pread`` into one segment's buffer, not through the mapping: a mapped page that was read
+    counts in the process's PSS, so verifying through the mapping made every rank that opened the store
+    account for the whole copy (1.87 GB at 110 M structures) until the other ranks mapped it too.
+    """
+    segment = pointers.SEGMENT_ROWS * dtype.itemsize
+    buffer = np.empty(min(segment, nbytes), dtype=np.uint8)
+    for j, at in enumerate(range(0, nbytes, segment)):
+        size = min(segment, nbytes - at)
+        if os.preadv(fd, [buffer[:size].data], offset + at) != size or j >= crcs.size:
+            return False
+        if google_crc32c.value(buffer[:size]) != int(crcs[j]):
+            return False
+    return crcs.size == -(-nbytes // segment)
+
+
 def _map(path: Path, n: int, key: bytes, *, verify: bool) -> PointerCopy | None:
     """The copy at ``path`` mapped read-only, or ``None`` if it is absent, another state's, or damaged (removed)."""
     try:
@@ -236,34 +300,34 @@ def _map(path: Path, n: int, key: bytes, *, verify: bool) -> PointerCopy | None:
         if google_crc32c.value(table + raw[:-4]) != crc:
             _reject(path, "its checksum table does not match its footer")
             return None
+        counts = {
+            layout.ATOMS_PTR: (n + 1, np.int64),
+            layout.EDGES_PTR: (n + 1, np.int64),
+            layout.SAMPLES_MASK: (n, np.bool_),
+        }
+        if live >= 0:
+            counts[_ACTIVE] = (live, np.int64)
+        crcs: dict[str, NDArray[np.uint32]] = {}
+        all_crcs = np.frombuffer(table, dtype="<u4")
+        at = 0
+        for name, (entries_of, _) in counts.items():
+            crcs[name] = all_crcs[at : at + _segments(entries_of)]
+            at += _segments(entries_of)
+        if at != all_crcs.size:
+            _reject(path, "its checksum table has the wrong length")
+            return None
+        if verify:
+            for name, (entries_of, dtype) in counts.items():
+                if not _bytes_match(fd, offsets[name], entries_of * np.dtype(dtype).itemsize, crcs[name], np.dtype(dtype)):
+                    _reject(path, f"its {name} bytes do not match the crc32c its builder recorded")
+                    return None
         mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
-    counts = {
-        layout.ATOMS_PTR: (n + 1, np.int64),
-        layout.EDGES_PTR: (n + 1, np.int64),
-        layout.SAMPLES_MASK: (n, np.bool_),
+    arrays: dict[str, NDArray[Any]] = {
+        name: np.frombuffer(mapping, dtype=dtype, count=entries_of, offset=offsets[name])
+        for name, (entries_of, dtype) in counts.items()
     }
-    if live >= 0:
-        counts[_ACTIVE] = (live, np.int64)
-    arrays: dict[str, NDArray[Any]] = {}
-    crcs: dict[str, NDArray[np.uint32]] = {}
-    all_crcs = np.frombuffer(table, dtype="<u4")
-    at = 0
-    for name, (entries_of, dtype) in counts.items():
-        arrays[name] = np.frombuffer(mapping, dtype=dtype, count=entries_of, offset=offsets[name])
-        crcs[name] = all_crcs[at : at + _segments(entries_of)]
-        at += _segments(entries_of)
-    if at != all_crcs.size:
-        _reject(path, "its checksum table has the wrong length")
-        return None
-    if verify:
-        for name, values in arrays.items():
-            check = SegmentCrcs()
-            check.update(values)
-            if not np.array_equal(check.finish(), crcs[name]):
-                _reject(path, f"its {name} bytes do not match the crc32c its builder recorded")
-                return None
     return PointerCopy(arrays=arrays, crcs=crcs, path=path)
 
 

@@ -167,3 +167,74 @@ def test_small_stores_are_not_shared_by_default(store: Path, tmp_path: Path, mon
     with AtomicDataZarrReader(store) as reader:
         (copy,) = _copies(tmp_path / f"dali-alchemi-pointers-{os.getuid()}")
         assert _mapped(copy)
+
+
+def _resident_kib(path: Path) -> int:
+    """KiB of ``path`` this process has mapped in (the ``Rss`` of its mappings in ``/proc/self/smaps``)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and not fields[0].endswith(":"):
+            inside = line.rstrip().endswith(str(path))
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1])
+    return total
+
+
+def test_opening_verifies_the_copy_without_mapping_its_pages_in(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Big enough (4 MB) that the kernel's fault-around (64 KiB for each page the open looks at) stays small beside it.
+    store = write_synthetic_store(tmp_path_factory.mktemp("big") / "s.zarr", 250_000, seed=3, min_atoms=1, max_atoms=2)
+    folder = store.parent / "pointers"
+    AtomicDataZarrReader(store, shared_pointers=folder).close()  # builds and publishes the copy
+    (copy,) = _copies(folder)
+    size_kib = copy.stat().st_size // 1024
+    with AtomicDataZarrReader(store, shared_pointers=folder) as reader:  # maps it, checking every byte
+        assert _mapped(copy) and 0 < _resident_kib(copy) < size_kib // 8  # the few pages the open looked at
+        assert int(np.asarray(reader.atoms_ptr).sum()) > 0 and _resident_kib(copy) > size_kib // 3  # a look maps them in
+
+
+def test_reads_let_go_of_the_pointer_pages_they_mapped(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "pointers"
+    with AtomicDataZarrReader(store, shared_pointers=folder) as reader, AtomicDataZarrReader(
+        store, shared_pointers=False
+    ) as truth:  # fmt: skip
+        (copy,) = _copies(folder)
+        size = copy.stat().st_size
+        monkeypatch.setattr(shared_pointers, "MAPPED_BYTES", size // 4)  # "big": bigger than the bound
+        monkeypatch.setattr(shared_pointers, "FAULT_BYTES", size // 4)  # each structure looks due at once
+        order = np.random.default_rng(0).permutation(N)[:400]
+        got = reader.read_packed(order)
+        assert _resident_kib(copy) == 0  # let go before the chunks were read
+        want = truth.read_packed(order)
+        for name in want.fields:
+            np.testing.assert_array_equal(got.fields[name], want.fields[name])
+        atoms, edges = reader.sample_sizes(order)
+        assert _resident_kib(copy) == 0
+        np.testing.assert_array_equal(atoms, truth.sample_sizes(order)[0])
+        np.testing.assert_array_equal(edges, truth.sample_sizes(order)[1])
+        monkeypatch.setattr(shared_pointers, "MAPPED_BYTES", size)  # a copy within the bound stays mapped
+        reader.read_packed(order)
+        assert _resident_kib(copy) > 0
+
+
+def test_mapped_pages_count_reads_and_let_go_only_of_big_maps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import mmap
+
+    path = tmp_path / "pages"
+    path.write_bytes(np.arange(1 << 16, dtype=np.int64).tobytes())  # 512 KiB
+    monkeypatch.setattr(shared_pointers, "MAPPED_BYTES", 256 << 10)
+    monkeypatch.setattr(shared_pointers, "FAULT_BYTES", 64 << 10)
+    with path.open("rb") as f:
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    values = np.frombuffer(mapping, dtype=np.int64)
+    pages = shared_pointers.MappedPages()
+    assert int(values[::512].sum()) == sum(range(0, 1 << 16, 512)) and _resident_kib(path) > 0
+    pages.read([values[10:20], None], 1)  # 2 faults of 64 KiB: not yet due
+    assert _resident_kib(path) > 0
+    pages.read([values[10:20], None], 1)  # 4 faults: 256 KiB, due
+    assert _resident_kib(path) == 0
+    np.testing.assert_array_equal(values[:5], np.arange(5))  # the values read back through the map
+    del values
+    mapping.close()

@@ -92,6 +92,8 @@ class RowsRead:
     fields: dict[str, NDArray[Any]]
     n_atoms: CountArray
     n_edges: CountArray
+    atom_starts: NDArray[np.int64]
+    """Each sample's first atom row in the store (what re-bases its atom indices)."""
 
 
 class BlockEngine:
@@ -185,10 +187,19 @@ class BlockEngine:
         return self._in_place and handle.codec is not None and reads_rows(handle.codec)
 
     # -- reading ------------------------------------------------------------------------------------
-    def read(self, snapshot: Snapshot, physical: IndexArray, names: Sequence[str]) -> RowsRead:
+    def read(
+        self,
+        snapshot: Snapshot,
+        physical: IndexArray,
+        names: Sequence[str],
+        *,
+        pointers_read: Callable[[], None] | None = None,
+    ) -> RowsRead:
         """Rows of distinct ``physical`` samples (request order) of arrays ``names``, one array each.
 
         Atom-index fields come back as stored (store-global); the caller re-bases them.
+        ``pointers_read`` is called once the snapshot's pointers are no longer looked at, before any
+        chunk is read (the reader then lets go of the pointer pages it mapped).
         """
         if snapshot is not self._snapshot:
             self.attach(snapshot)
@@ -196,6 +207,9 @@ class BlockEngine:
         order = np.argsort(physical, kind="stable")
         atom_plan, n_atoms = plan_rows(snapshot.atoms_ptr, physical, order)
         edge_plan, n_edges = plan_rows(snapshot.edges_ptr, physical, order)
+        atom_starts, edge_starts = snapshot.atoms_ptr[physical], snapshot.edges_ptr[physical]
+        if pointers_read is not None:
+            pointers_read()
         plans = PerLevel(atom=atom_plan, edge=edge_plan, system=plan_system_rows(physical, order))
         outputs: dict[str, NDArray[Any]] = {}
         for name in names:
@@ -204,15 +218,15 @@ class BlockEngine:
 
         def request_rows(level: Level) -> NDArray[np.int64]:
             if level == "atom":
-                return concat_aranges(snapshot.atoms_ptr[physical], n_atoms)
+                return concat_aranges(atom_starts, n_atoms)
             if level == "edge":
-                return concat_aranges(snapshot.edges_ptr[physical], n_edges)
+                return concat_aranges(edge_starts, n_edges)
             return physical
 
         self._gather(handles, names, plans, outputs, request_rows)
         self._packed_reads += 1
         self._samples_read += int(physical.size)
-        return RowsRead(fields=outputs, n_atoms=n_atoms, n_edges=n_edges)
+        return RowsRead(fields=outputs, n_atoms=n_atoms, n_edges=n_edges, atom_starts=atom_starts)
 
     def _gather(
         self,

@@ -11,6 +11,7 @@ reader returns. The reader does no prefetching, no ordering and no device transf
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,7 +37,7 @@ from dali_alchemi.store.read.identity import SnapshotIdentity, identify
 from dali_alchemi.store.read.open_checks import memory_budget
 from dali_alchemi.store.read.selection import fields_to_read, narrow_fields
 from dali_alchemi.store.read.shared import SharedBlocks
-from dali_alchemi.store.read.shared_pointers import pointer_folder
+from dali_alchemi.store.read.shared_pointers import MappedPages, pointer_folder
 from dali_alchemi.store.read.snapshot import Snapshot, open_snapshot
 
 if TYPE_CHECKING:
@@ -138,6 +139,7 @@ class AtomicDataZarrReader:
         self._closed = False
         self._pid = os.getpid()
         self._max_read_bytes = memory_budget()
+        self._mapped = MappedPages()  # bounds the pages of a big shared pointer copy this process maps
         self.refresh()
 
     # -- opening ------------------------------------------------------------------------------------
@@ -235,7 +237,13 @@ class AtomicDataZarrReader:
         """Atom and edge counts of logical samples, from the cached pointers (no array I/O)."""
         snap = self._snapshot
         physical = snap.physical(self.normalize_indices(indices))
-        return guards.counts(snap.atoms_ptr, physical), guards.counts(snap.edges_ptr, physical)
+        sizes = guards.counts(snap.atoms_ptr, physical), guards.counts(snap.edges_ptr, physical)
+        self._pointers_read(snap, physical)
+        return sizes
+
+    def _pointers_read(self, snap: Snapshot, physical: IndexArray) -> None:
+        """Count a look-up of ``physical``'s pointers (the pages of a big shared copy are let go when due)."""
+        self._mapped.read((snap.atoms_ptr, snap.edges_ptr, snap.samples_mask, snap.live), physical.size)
 
     @property
     def cache_bytes(self) -> int:
@@ -293,7 +301,8 @@ class AtomicDataZarrReader:
         for retry in (False, True):
             stale_indexes = self._engine.holds_shard_indexes()
             try:
-                rows = self._engine.read(snap, physical, names)
+                counted = functools.partial(self._pointers_read, snap, physical)
+                rows = self._engine.read(snap, physical, names, pointers_read=counted)
             except StoreFormatError as err:  # e.g. a chunk a defragment rewrote in another layout
                 if not self._check_unchanged(cause=err) or retry:
                     raise
@@ -303,7 +312,7 @@ class AtomicDataZarrReader:
             snap = self._snapshot  # the same state under the new token: the engine starts afresh
         for name in names:
             if name in layout.ATOM_INDEX_FIELDS and rows.fields[name].size:
-                csr.rebase(rows.fields[name], snap.atoms_ptr[physical], rows.n_edges, sign=-1)
+                csr.rebase(rows.fields[name], rows.atom_starts, rows.n_edges, sign=-1)
                 guards.check_local_indices(
                     name, rows.fields[name], logical, physical, rows.n_atoms, rows.n_edges,
                     atoms_ptr=snap.atoms_ptr, source=self.source,

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dali_alchemi import AtomicDataZarrReader, PlanError, ReaderClosedError
+from dali_alchemi import AtomicDataZarrReader, PlanError, ReaderClosedError, loader_inputs
 from dali_alchemi.loader_inputs import resolve_inputs
 from dali_alchemi.plan import PlanArguments
 
@@ -75,7 +75,6 @@ def test_the_core_loaders_do_not_import_interop(module: str) -> None:
 def test_estimates_read_the_sizes_of_an_even_sample_of_a_big_store_never_of_every_structure(
     small_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import dali_alchemi.loader_inputs as loader_inputs
 
     asked: list[int] = []
     original = AtomicDataZarrReader.sample_sizes
@@ -100,3 +99,12 @@ def test_estimates_read_the_sizes_of_an_even_sample_of_a_big_store_never_of_ever
     finally:
         inputs.close()
     assert np.array_equal(loader_inputs.evenly_spaced(5, 16), np.arange(5))
+
+
+def test_the_size_sample_is_runs_of_consecutive_structures_spread_over_the_store() -> None:
+    picked = loader_inputs.evenly_spaced(1_000_000, 1024, run=256)
+    assert picked.dtype == np.int64 and picked.size == 1024 and np.all(np.diff(picked) > 0)
+    runs = np.split(picked, np.flatnonzero(np.diff(picked) > 1) + 1)
+    assert [r.size for r in runs] == [256] * 4
+    assert [int(r[0]) for r in runs] == [0, 333_248, 666_496, 999_744] and picked[-1] == 999_999
+    assert np.array_equal(loader_inputs.evenly_spaced(100, 64), np.r_[0:32, 68:100])  # two runs at the least

@@ -34,10 +34,11 @@ from dali_alchemi.store.read import geometry, guards
 from dali_alchemi.store.read.cache import DEFAULT_CACHE_BYTES
 from dali_alchemi.store.read.engine import BlockEngine, ReadStats
 from dali_alchemi.store.read.identity import SnapshotIdentity, identify
+from dali_alchemi.store.read.mapped_pages import MappedPages
 from dali_alchemi.store.read.open_checks import memory_budget
 from dali_alchemi.store.read.selection import fields_to_read, narrow_fields
 from dali_alchemi.store.read.shared import SharedBlocks
-from dali_alchemi.store.read.shared_pointers import MappedPages, pointer_folder
+from dali_alchemi.store.read.shared_pointers import pointer_folder
 from dali_alchemi.store.read.snapshot import Snapshot, open_snapshot
 
 if TYPE_CHECKING:

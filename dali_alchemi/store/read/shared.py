@@ -78,7 +78,8 @@ def shared_memory_root() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -167,7 +168,7 @@ class SharedBlocks:
             text = Path(claim).read_text()
         except FileNotFoundError:
             return False
-        return bool(text) and text.isdigit() and not _pid_alive(int(text))
+        return bool(text) and text.isdigit() and not pid_alive(int(text))
 
     def publish(self, name: str, block: int, data: NDArray[Any]) -> NDArray[Any]:
         """Write a decoded block, end this process's claim, and return the published (mapped) copy."""

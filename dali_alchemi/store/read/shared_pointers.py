@@ -40,7 +40,7 @@ import os
 import stat
 import struct
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +53,7 @@ from dali_alchemi.errors import StoreFormatError
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.read import pointers
 from dali_alchemi.store.read.pointers import META_ORDER, READ_ROWS, SegmentCrcs
+from dali_alchemi.store.read.shared import pid_alive, shared_memory_root
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -61,9 +62,8 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.pointers import MetaSink
 
 __all__ = [
-    "FAULT_BYTES", "MAPPED_BYTES", "MIN_SAMPLES", "POLL_S", "RACY_S", "WAIT_S", "MappedPages", "PointerCopy",
-    "PointersChanged", "SharedPointers",
-    "content_key", "default_folder", "pointer_folder", "shared_memory_root", "store_id",
+    "MIN_SAMPLES", "POLL_S", "RACY_S", "WAIT_S", "PointerCopy", "PointersChanged", "SharedPointers",
+    "content_key", "default_folder", "pointer_folder", "store_id",
 ]  # fmt: skip
 
 
@@ -103,56 +103,6 @@ class PointerCopy:
     """``atoms_ptr``, ``edges_ptr``, ``samples_mask`` and, when samples are deleted, ``active``."""
     crcs: Mapping[str, NDArray[np.uint32]]
     path: Path
-
-
-MAPPED_BYTES = 64 << 20
-"""Bytes of a big shared pointer copy a reading process keeps mapped, about (see :class:`MappedPages`)."""
-
-FAULT_BYTES = 64 << 10
-"""What one page fault on a mapped file maps at most: the page and its neighbours (Linux's fault-around)."""
-
-
-class MappedPages:
-    """Keeps the pages a process has mapped of big shared pointer copies near :data:`MAPPED_BYTES`.
-
-    Each structure read looks up two pointer entries; on a copy far bigger than memory's share of one
-    process (1.87 GB at 110 M structures) shuffled reads soon map every page of it, each fault mapping
-    :data:`FAULT_BYTES`. Every page then counts in the process's PSS, and wholly so once the other
-    processes that shared it (the other ranks) are done. After reads that may have mapped
-    :data:`MAPPED_BYTES`, the pages are unmapped (``MADV_DONTNEED``; the copy keeps them, the next read
-    faults them back in). Copies of at most :data:`MAPPED_BYTES` stay mapped.
-    """
-
-    def __init__(self) -> None:
-        self._faults = 0
-
-    def read(self, arrays: Iterable[NDArray[Any] | None], structures: int) -> None:
-        """Count a read of ``structures`` structures through ``arrays``; unmap their big copies' pages when due."""
-        self._faults += 2 * structures  # an atoms_ptr and an edges_ptr entry of each
-        if self._faults * FAULT_BYTES < MAPPED_BYTES:
-            return
-        self._faults = 0
-        for mapping in _big_mappings(arrays):
-            mapping.madvise(mmap.MADV_DONTNEED)
-
-
-def _big_mappings(arrays: Iterable[NDArray[Any] | None]) -> list[mmap.mmap]:
-    """The distinct memory maps of more than :data:`MAPPED_BYTES` that ``arrays`` view."""
-    found: dict[int, mmap.mmap] = {}
-    for array in arrays:
-        base: Any = array
-        while isinstance(base, np.ndarray):
-            base = base.base
-        if isinstance(base, memoryview):
-            base = base.obj
-        if isinstance(base, mmap.mmap) and not base.closed and len(base) > MAPPED_BYTES:
-            found[id(base)] = base
-    return list(found.values())
-
-
-def shared_memory_root() -> str | None:
-    """``/dev/shm`` where it exists and is writable, else ``None`` (as for shared decoded blocks)."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 def default_folder() -> Path | None:
@@ -337,16 +287,6 @@ def _reject(path: Path, why: str) -> None:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class SharedPointers:
     """One folder of decoded pointer copies, shared by every process given its path.
 
@@ -409,7 +349,7 @@ class SharedPointers:
                 text = claim.read_text()
             except FileNotFoundError:
                 return False
-            if text.isdigit() and not _pid_alive(int(text)):
+            if text.isdigit() and not pid_alive(int(text)):
                 claim.unlink(missing_ok=True)  # its builder is gone
             return False
         except OSError as err:

@@ -19,7 +19,7 @@ from dali_alchemi import AtomicDataZarrReader, AtomicDataZarrWriter
 from dali_alchemi.bench.synth import write_synthetic_store
 from dali_alchemi.config import ArrayConfig, WriteConfig
 from dali_alchemi.errors import StoreFormatError
-from dali_alchemi.store.read import pointers, shared_pointers
+from dali_alchemi.store.read import mapped_pages, pointers, shared_pointers
 
 CONFIG = WriteConfig(meta=ArrayConfig(chunk_size=256), core=ArrayConfig(chunk_size=512))
 N = 3000
@@ -202,8 +202,8 @@ def test_reads_let_go_of_the_pointer_pages_they_mapped(
     ) as truth:  # fmt: skip
         (copy,) = _copies(folder)
         size = copy.stat().st_size
-        monkeypatch.setattr(shared_pointers, "MAPPED_BYTES", size // 4)  # "big": bigger than the bound
-        monkeypatch.setattr(shared_pointers, "FAULT_BYTES", size // 4)  # each structure looks due at once
+        monkeypatch.setattr(mapped_pages, "MAPPED_BYTES", size // 4)  # "big": bigger than the bound
+        monkeypatch.setattr(mapped_pages, "FAULT_BYTES", size // 4)  # each structure looks due at once
         order = np.random.default_rng(0).permutation(N)[:400]
         got = reader.read_packed(order)
         assert _resident_kib(copy) == 0  # let go before the chunks were read
@@ -214,27 +214,6 @@ def test_reads_let_go_of_the_pointer_pages_they_mapped(
         assert _resident_kib(copy) == 0
         np.testing.assert_array_equal(atoms, truth.sample_sizes(order)[0])
         np.testing.assert_array_equal(edges, truth.sample_sizes(order)[1])
-        monkeypatch.setattr(shared_pointers, "MAPPED_BYTES", size)  # a copy within the bound stays mapped
+        monkeypatch.setattr(mapped_pages, "MAPPED_BYTES", size)  # a copy within the bound stays mapped
         reader.read_packed(order)
         assert _resident_kib(copy) > 0
-
-
-def test_mapped_pages_count_reads_and_let_go_only_of_big_maps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import mmap
-
-    path = tmp_path / "pages"
-    path.write_bytes(np.arange(1 << 16, dtype=np.int64).tobytes())  # 512 KiB
-    monkeypatch.setattr(shared_pointers, "MAPPED_BYTES", 256 << 10)
-    monkeypatch.setattr(shared_pointers, "FAULT_BYTES", 64 << 10)
-    with path.open("rb") as f:
-        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    values = np.frombuffer(mapping, dtype=np.int64)
-    pages = shared_pointers.MappedPages()
-    assert int(values[::512].sum()) == sum(range(0, 1 << 16, 512)) and _resident_kib(path) > 0
-    pages.read([values[10:20], None], 1)  # 2 faults of 64 KiB: not yet due
-    assert _resident_kib(path) > 0
-    pages.read([values[10:20], None], 1)  # 4 faults: 256 KiB, due
-    assert _resident_kib(path) == 0
-    np.testing.assert_array_equal(values[:5], np.arange(5))  # the values read back through the map
-    del values
-    mapping.close()

@@ -118,27 +118,34 @@ def radius_graph(
     senders, receivers, images = [], [], []
     found = 0
     cutoff2 = cutoff * cutoff
-    pos_norms = (pos * pos).sum(axis=1)
+    reach_low, reach_high = pos.min(axis=0) - cutoff, pos.max(axis=0) + cutoff
     for first_image in range(0, shifts.shape[0], images_per_group):
         group = shifts[first_image : first_image + images_per_group]
-        targets = (pos[None, :, :] + group[:, None, :]).reshape(-1, 3)  # [k * n, 3]: image k of atom j
-        target_norms = (targets * targets).sum(axis=1)
-        rows_per_block = max(1, BLOCK_BYTES // (8 * targets.shape[0]))
+        candidates = (pos[None, :, :] + group[:, None, :]).reshape(-1, 3)  # [k * n, 3]: image k of atom j
+        # only image atoms inside the atoms' bounding box grown by the cutoff can be within it of one
+        # (the home cell's atoms all are, at their own columns)
+        kept = np.flatnonzero(((candidates >= reach_low) & (candidates <= reach_high)).all(axis=1))
+        targets = np.ascontiguousarray(candidates[kept].T)  # [3, m]
+        rows_per_block = max(1, BLOCK_BYTES // (8 * max(kept.size, 1)))
         for start in range(0, n, rows_per_block):
             block = pos[start : start + rows_per_block]
-            # |t - b|^2 = |t|^2 + |b|^2 - 2 b.t, one matrix product per block
-            d2 = target_norms[None, :] + pos_norms[start : start + block.shape[0], None] - 2.0 * (block @ targets.T)
+            # differences axis by axis, not |t|^2 + |b|^2 - 2 b.t: exact near the cutoff, and no BLAS
+            # call (whose threads would compete with the other workers of a parallel convert)
+            d2 = np.square(block[:, 0, None] - targets[0])
+            d2 += np.square(block[:, 1, None] - targets[1])
+            d2 += np.square(block[:, 2, None] - targets[2])
             hit = d2 < cutoff2
             if first_image == 0:
                 rows = np.arange(start, start + block.shape[0])
                 hit[rows - start, rows] = False  # an atom is not its own neighbor in the home cell (image 0)
-            i, flat = np.nonzero(hit)
+            i, column = np.nonzero(hit)
             found += i.size
             if found > MAX_EDGES:
                 raise SampleDataError(
                     f"cutoff {cutoff:g} gives this structure of {n} atoms more than {MAX_EDGES:,} edges; "
                     f"use a smaller cutoff"
                 )
+            flat = kept[column]
             senders.append(i + start)
             images.append(first_image + flat // n)
             receivers.append(flat % n)

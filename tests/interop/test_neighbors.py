@@ -51,6 +51,29 @@ def test_molecules_and_edge_cases() -> None:
     assert image_offsets(np.eye(3), np.array([True, False, False]), 2.5).tolist()[0] == [0, 0, 0]
 
 
+def test_pairs_just_inside_and_outside_the_cutoff_far_from_the_origin() -> None:
+    # |t|^2 + |b|^2 - 2 b.t loses about 1e-4 A^2 to cancellation at 1e6 A; differences do not
+    far = 1e6
+    positions = np.array([[far, 0, 0], [far + 5.0 - 1e-6, 0, 0], [far, 5.0 + 1e-6, 0]])
+    edges, _ = radius_graph(positions, np.zeros((3, 3)), np.zeros(3, bool), 5.0)
+    assert edges.tolist() == [[0, 1], [1, 0]]
+
+
+def test_image_atoms_outside_the_atoms_reach_are_skipped_without_losing_an_edge() -> None:
+    # a big cell, atoms in one corner: most image atoms are beyond the grown bounding box
+    rng = np.random.default_rng(7)
+    cell = np.diag([8.0, 8.0, 8.0])
+    positions = rng.uniform(0, 1.5, (10, 3))
+    atoms = ase.Atoms(numbers=np.ones(10, int), positions=positions, cell=cell, pbc=True)
+    i, j, shifts = ase_neighborlist.neighbor_list("ijS", atoms, 7.0)
+    edges, images = radius_graph(positions, cell, np.ones(3, bool), 7.0)
+    assert sorted(map(tuple, np.column_stack([edges, images]).tolist())) == sorted(
+        map(tuple, np.column_stack([i, j, shifts]).tolist())
+    )
+    reached = {tuple(s) for s in images.tolist()}
+    assert (-1, 0, 0) in reached and (1, 1, 1) not in reached  # 6.5 A away along x; 11 A away
+
+
 def test_a_slab_with_an_empty_third_cell_vector() -> None:
     cell = np.array([[3.0, 0, 0], [0.5, 3.0, 0], [0, 0, 0]])
     pbc = np.array([True, True, False])

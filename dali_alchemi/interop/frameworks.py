@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from dali_alchemi.store.format import layout
 
 if TYPE_CHECKING:
+    import torch
+
     from dali_alchemi.batch import Batch
 
 __all__ = ["PYG_NAMES", "to_nvalchemi", "to_pyg"]
@@ -37,6 +37,7 @@ def to_nvalchemi(batch: Batch) -> Any:
 def to_pyg(batch: Batch) -> Any:
     """A ``torch_geometric.data.Batch``: ``pos``, ``z``, ``edge_index`` ``[2, E]``, ``batch``, ``ptr`` and
     every other field under its own name; ``to_data_list()`` gives the structures back."""
+    import torch
     from torch_geometric.data import Batch as PygBatch
 
     n = batch.num_graphs

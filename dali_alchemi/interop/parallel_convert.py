@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import os
 import shutil
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -184,43 +186,44 @@ def convert_parallel(
     }  # fmt: skip
     sources = [_describe_input(p) for p in paths]
     manifest = _resume(out, sources, options, part_size)
-    if manifest is None:
-        counts = [count_input(p) for p in paths]
-        if sum(counts) == 0:
-            raise SampleDataError("No structures to convert")
-        size = part_size or part_size_for(sum(counts), _worker_count(workers, client))
-        options_with_size = {**options, "part_size": size}
-        units = split_units(paths, counts, size)
-        manifest = {"complete": False, "options": options_with_size, "inputs": sources,
-                    "parts": [{**_unit_record(u), "done": False} for u in units]}  # fmt: skip
-        out.mkdir(parents=True, exist_ok=True)
-        write_manifest(out, manifest)
-    records = {p["name"]: p for p in manifest["parts"]}
-    units = [
-        WorkUnit(p["name"], p["input"], paths[p["input"]], p["start"], p["stop"], p["to_end"]) for p in records.values()
-    ]
-    todo = [u for u in units if not (records[u.name]["done"] and (out / u.name).is_dir())]
-    for unit in todo:  # a part renamed in before its record was written, or a record whose part is gone
-        records[unit.name]["done"] = False
-        shutil.rmtree(out / unit.name, ignore_errors=True)
-    total = sum(u.structures for u in units)
-    done = total - sum(u.structures for u in todo)
-    if progress is not None:
-        progress(done, total)
-    for unit, report in _run(todo, str(out), options, config, workers, client):
-        records[unit.name].update(done=True, structures=report["structures"], report=report)
-        write_manifest(out, manifest)
-        done += unit.structures
+    with _local_pool(workers if client is None else 1) as pool:  # its workers start while the inputs are counted
+        if manifest is None:
+            counts = [count_input(p) for p in paths]
+            if sum(counts) == 0:
+                raise SampleDataError("No structures to convert")
+            size = part_size or part_size_for(sum(counts), _worker_count(workers, client))
+            options_with_size = {**options, "part_size": size}
+            units = split_units(paths, counts, size)
+            manifest = {"complete": False, "options": options_with_size, "inputs": sources,
+                        "parts": [{**_unit_record(u), "done": False} for u in units]}  # fmt: skip
+            out.mkdir(parents=True, exist_ok=True)
+            write_manifest(out, manifest)
+        records = {p["name"]: p for p in manifest["parts"]}
+        units = [
+            WorkUnit(p["name"], p["input"], paths[p["input"]], p["start"], p["stop"], p["to_end"]) for p in records.values()
+        ]
+        todo = [u for u in units if not (records[u.name]["done"] and (out / u.name).is_dir())]
+        for unit in todo:  # a part renamed in before its record was written, or a record whose part is gone
+            records[unit.name]["done"] = False
+            shutil.rmtree(out / unit.name, ignore_errors=True)
+        total = sum(u.structures for u in units)
+        done = total - sum(u.structures for u in todo)
         if progress is not None:
             progress(done, total)
-    reports = [report_from_dict(p["report"]) for p in manifest["parts"]]
-    _check_parts_agree(units, reports)
-    MultiReader([str(out / u.name) for u in units], one_dataset=True).close()  # dtypes and row shapes agree too
-    manifest["complete"] = True
-    write_manifest(out, manifest)
-    merged = merge_reports(reports)
-    warn_precision(merged.precision, tolerance)
-    return merged
+        for unit, report in _run(todo, str(out), options, config, pool, client):
+            records[unit.name].update(done=True, structures=report["structures"], report=report)
+            write_manifest(out, manifest)
+            done += unit.structures
+            if progress is not None:
+                progress(done, total)
+        reports = [report_from_dict(p["report"]) for p in manifest["parts"]]
+        _check_parts_agree(units, reports)
+        MultiReader([str(out / u.name) for u in units], one_dataset=True).close()  # dtypes and row shapes agree too
+        manifest["complete"] = True
+        write_manifest(out, manifest)
+        merged = merge_reports(reports)
+        warn_precision(merged.precision, tolerance)
+        return merged
 
 
 def _describe_input(path: str) -> dict[str, Any]:
@@ -272,8 +275,45 @@ def _worker_count(workers: int, client: Any) -> int:
     return workers if client is None else max(1, len(client.scheduler_info().get("workers", {})))
 
 
+@contextmanager
+def _local_pool(workers: int) -> Iterator[cf.ProcessPoolExecutor | None]:
+    """``workers`` processes of this machine, started at once (``None`` for one: this process converts).
+
+    Each worker imports the conversion code as it starts (:func:`_start_worker`), so its start-up (about
+    a second: ASE, zarr) overlaps the coordinator's own imports and the counting of the inputs.
+    """
+    if workers == 1:
+        yield None
+        return
+    from dali_alchemi.pipeline.lifetime import WorkerGuard
+
+    context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
+    guard = WorkerGuard.for_current_thread()  # workers end with this process, not convert on after a kill
+    with cf.ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=_start_worker, initargs=(guard,)
+    ) as pool:
+        for _ in range(workers):  # the pool starts a process per task submitted while none is idle
+            pool.submit(os.getpid)
+        yield pool
+
+
+def _start_worker(guard: Any) -> None:
+    """A pool worker's start: bound to its coordinator's life, with the conversion code imported."""
+    from dali_alchemi.pipeline.lifetime import arm_worker
+
+    arm_worker(guard)
+    import ase.io  # noqa: F401  # what reading the first unit would import
+
+    from dali_alchemi.store.write import writer  # noqa: F401
+
+
 def _run(
-    units: list[WorkUnit], out: str, options: dict[str, Any], config: WriteConfig | None, workers: int, client: Any
+    units: list[WorkUnit],
+    out: str,
+    options: dict[str, Any],
+    config: WriteConfig | None,
+    pool: cf.ProcessPoolExecutor | None,
+    client: Any,
 ) -> Iterator[tuple[WorkUnit, dict[str, Any]]]:
     """Each unit with its report, as units finish, on the engine asked for."""
     if not units:
@@ -289,24 +329,17 @@ def _run(
                 yield futures[future], future.result()
         finally:
             client.cancel(list(futures))
-    elif workers == 1:
+    elif pool is None:
         for unit in units:
             yield unit, convert_unit(unit, out, options, config)
     else:
-        from dali_alchemi.pipeline.lifetime import WorkerGuard, arm_worker
-
-        context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
-        guard = WorkerGuard.for_current_thread()  # workers end with this process, not convert on after a kill
-        with cf.ProcessPoolExecutor(
-            max_workers=min(workers, len(units)), mp_context=context, initializer=arm_worker, initargs=(guard,)
-        ) as pool:
-            futures = {pool.submit(convert_unit, unit, out, options, config): unit for unit in units}
-            try:
-                for future in cf.as_completed(futures):
-                    yield futures[future], future.result()
-            finally:
-                for future in futures:
-                    future.cancel()
+        pending = {pool.submit(convert_unit, unit, out, options, config): unit for unit in units}
+        try:
+            for future in cf.as_completed(pending):
+                yield pending[future], future.result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def _check_parts_agree(units: Sequence[WorkUnit], reports: Sequence[ConversionReport]) -> None:

@@ -202,3 +202,16 @@ def test_a_part_a_killed_runs_straggler_renamed_in_is_converted_again(inputs: li
     report = parallel_convert.convert_unit(unit, str(tmp_path), options, None)
     assert report["structures"] == 11 and (tmp_path / unit.name / "zarr.json").is_file()
     assert not (tmp_path / unit.name / "written-by-the-killed-run").exists()  # this run's part, not the late one
+
+
+def test_a_conversion_worker_starts_without_torch_or_dali() -> None:
+    # what each of a job's processes imports before its first unit; torch alone would add a second
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, ase.io, dali_alchemi.interop.parallel_convert, dali_alchemi.store.write.writer; "
+        "print(sorted(m for m in ('torch', 'nvidia.dali') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

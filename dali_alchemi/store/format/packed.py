@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from dali_alchemi.types import CountArray, IndexArray, Level, PtrArray
 
-__all__ = ["PackedSamples", "SupportsPacked"]
+__all__ = ["PackedSamples", "SupportsPacked", "as_numpy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +93,7 @@ class PackedSamples:
                 )
             counts: dict[str, tuple[str, int]] = {}
             for name in names:
-                arr = _as_numpy(sample[name])
+                arr = as_numpy(sample[name])
                 level = resolved[name]
                 if level == "system":
                     if arr.ndim == 0:
@@ -200,8 +200,10 @@ class SupportsPacked(Protocol):
     def to_packed(self) -> PackedSamples: ...
 
 
-def _as_numpy(value: Any) -> NDArray[Any]:
-    torch = sys.modules.get("torch")  # a tensor can only exist if torch was imported
+def as_numpy(value: Any) -> NDArray[Any]:
+    """``value`` as a numpy array; a torch tensor is detached and copied to the host first (torch is never
+    imported here: a tensor can only exist once it is)."""
+    torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
         return value.detach().cpu().numpy()  # type: ignore[no-any-return]
     return np.asarray(value)

@@ -20,7 +20,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from dali_alchemi import csr
 from dali_alchemi.errors import DeviceError, ReaderClosedError, StoreFormatError
@@ -42,6 +41,7 @@ from dali_alchemi.store.read.shared_pointers import pointer_folder
 from dali_alchemi.store.read.snapshot import Snapshot, open_snapshot
 
 if TYPE_CHECKING:
+    import torch
     from numpy.typing import NDArray
 
     from dali_alchemi.types import CountArray, IndexArray, Level
@@ -111,7 +111,7 @@ class AtomicDataZarrReader:
         shared_cache: str | os.PathLike[str] | None = None,
         shared_pointers: bool | str | os.PathLike[str] | None = None,
     ) -> None:
-        if pin_memory and not torch.cuda.is_available():
+        if pin_memory and not _cuda_available():
             raise DeviceError("pin_memory=True needs a CUDA build of torch and a visible GPU")
         self._store_arg = store
         self._options: dict[str, Any] = {
@@ -372,6 +372,8 @@ class AtomicDataZarrReader:
         if logical.size == 0:
             return []
         packed = self.read_packed(logical)
+        import torch  # here, not at import: converting workers and plain numpy readers never need it
+
         blocks = {name: torch.from_numpy(arr) for name, arr in packed.fields.items()}
         if self.pin_memory:
             blocks = {name: t.pin_memory() for name, t in blocks.items()}
@@ -426,3 +428,9 @@ def _reopen(
     if identity is not None:
         reader._serve(identity)
     return reader
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())

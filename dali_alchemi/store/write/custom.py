@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 import zarr
 
 from dali_alchemi.errors import SampleDataError
@@ -34,12 +33,14 @@ from dali_alchemi.store.format.journal import (
     staging_suffix,
     write_journal,
 )
+from dali_alchemi.store.format.packed import as_numpy
 from dali_alchemi.store.write.arrays import write_array
 from dali_alchemi.store.write.encode import check_stored
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+    import torch
     from numpy.typing import NDArray
 
     from dali_alchemi.config import ArrayConfig, WriteConfig
@@ -69,7 +70,7 @@ def checked_custom(
         ``key`` is already a core field, the array breaks the rules the reader checks, or it holds
         NaN or inf that ``allow_nonfinite`` does not allow.
     """
-    values = data.detach().cpu().numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
+    values = as_numpy(data)
     expected = meta.rows[level]
     if values.ndim == 0 or values.shape[0] != expected:
         got = values.shape[0] if values.ndim else "a scalar"

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 import zarr
 
 from dali_alchemi.config import WriteConfig
@@ -41,7 +40,7 @@ from dali_alchemi.store.format.generation import bumped
 from dali_alchemi.store.format.indices import checked_indices
 from dali_alchemi.store.format.journal import DeleteOp, clear_journal, read_journal, write_journal
 from dali_alchemi.store.format.location import StoreLike, StoreLocation, open_group, resolve_store, root_members
-from dali_alchemi.store.format.packed import PackedSamples, SupportsPacked
+from dali_alchemi.store.format.packed import PackedSamples, SupportsPacked, as_numpy
 from dali_alchemi.store.read.open_checks import MetaInfo, check_every_array_known, check_meta, open_root
 from dali_alchemi.store.write.append import append_rows, checked_new_rows
 from dali_alchemi.store.write.confine import check_no_linked_directories
@@ -56,6 +55,7 @@ from dali_alchemi.store.write.repair import RepairReport, check_in_place, repair
 from dali_alchemi.store.write.stream import Parts, write_new_store
 
 if TYPE_CHECKING:
+    import torch
     from numpy.typing import NDArray
 
     from dali_alchemi.types import Level
@@ -311,7 +311,7 @@ class AtomicDataZarrWriter:
             If a directory inside the local store is a symbolic link: writing through it would change
             files outside the store (:mod:`~dali_alchemi.store.write.confine`).
         """
-        raw = indices.cpu().numpy() if isinstance(indices, torch.Tensor) else np.asarray(indices)
+        raw = as_numpy(indices)
         if raw.dtype == np.bool_ or (raw.size and raw.dtype.kind not in "iuO"):
             raise ConfigTypeError(
                 f"delete() takes integer physical indices, got dtype {raw.dtype} (a mask is not accepted)"

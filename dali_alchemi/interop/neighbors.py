@@ -21,11 +21,16 @@ from dali_alchemi.errors import ConfigError, SampleDataError
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-__all__ = ["BLOCK_BYTES", "MAX_EDGES", "MAX_IMAGES", "image_offsets", "image_reach", "radius_graph"]
+__all__ = ["BLOCK_BYTES", "MAX_EDGES", "MAX_IMAGES", "ROW_BLOCK_BYTES", "image_offsets", "image_reach", "radius_graph"]
 
 
 BLOCK_BYTES = 64 << 20
-"""Memory for one block of candidate displacement vectors."""
+"""Memory for one group of candidate image atoms."""
+
+ROW_BLOCK_BYTES = 64 << 10
+"""Memory for one block of squared distances: small enough to stay in the core's cache, and below the
+size from which the C allocator maps fresh pages for every array (as it does for all sizes above 64 KiB
+under ``MALLOC_TRIM_THRESHOLD_=65536``, which Dask's workers set)."""
 
 MAX_IMAGES = 1 << 20
 """Most periodic images searched for one structure (e.g. 101^3: a cutoff 50 times the plane spacing).
@@ -126,7 +131,7 @@ def radius_graph(
         # (the home cell's atoms all are, at their own columns)
         kept = np.flatnonzero(((candidates >= reach_low) & (candidates <= reach_high)).all(axis=1))
         targets = np.ascontiguousarray(candidates[kept].T)  # [3, m]
-        rows_per_block = max(1, BLOCK_BYTES // (8 * max(kept.size, 1)))
+        rows_per_block = max(1, min(BLOCK_BYTES, ROW_BLOCK_BYTES) // (8 * max(kept.size, 1)))
         for start in range(0, n, rows_per_block):
             block = pos[start : start + rows_per_block]
             # differences axis by axis, not |t|^2 + |b|^2 - 2 b.t: exact near the cutoff, and no BLAS

@@ -42,6 +42,7 @@ from urllib.parse import quote
 import numpy as np
 
 from dali_alchemi.store.format import layout
+from dali_alchemi.store.read.host import pid_alive, shared_memory_root
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -55,7 +56,6 @@ __all__ = [
     "SharedBlocks",
     "make_shared_folder",
     "remove_shared_folder",
-    "shared_memory_root",
     "snapshot_token",
 ]
 
@@ -71,22 +71,6 @@ WAIT_S = 60.0
 
 POLL_S = 0.0005
 """Interval between checks while waiting for another process's block."""
-
-
-def shared_memory_root() -> str | None:
-    """``/dev/shm`` where it exists and is writable, else ``None`` (the system's temporary folder)."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (one of another user counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class SharedBlocks:

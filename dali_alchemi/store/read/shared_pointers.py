@@ -52,8 +52,8 @@ from zarr.storage import LocalStore
 from dali_alchemi.errors import StoreFormatError
 from dali_alchemi.store.format import layout
 from dali_alchemi.store.read import pointers
+from dali_alchemi.store.read.host import pid_alive, shared_memory_root
 from dali_alchemi.store.read.pointers import META_ORDER, READ_ROWS, SegmentCrcs
-from dali_alchemi.store.read.shared import pid_alive, shared_memory_root
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray

@@ -70,7 +70,7 @@ def test_bench_piped_keeps_whole_loader_names(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("COLUMNS", "40")
-    loaders = ["torch-batched-w0", "packed", "decode"]
+    loaders = ["torch-batched-w0", "packed", "packed-sequential"]
     assert main(["bench", "--n", "120", "--rounds", "1", "--epochs", "1", "--batch-size", "16",
                  "--loaders", ",".join(loaders), "--step-ms", "0.1"]) == 0  # fmt: skip
     out = capsys.readouterr().out

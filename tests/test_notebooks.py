@@ -17,7 +17,7 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
     ("name", "expected"),
     [
         ("01_explore_store.ipynb", ["meta", "batch_ptr: [0,", "structures, ", "local neighbor_list"]),
-        ("02_throughput.ipynb", ["dali ", "torch-batched-w0", "structures/s", "decode"]),
+        ("02_throughput.ipynb", ["dali ", "torch-batched-w0", "structures/s", "of limit"]),
         ("03_train_with_dali.ipynb", ["structures,", "edges; fields:", "batches per epoch", "loss: first"]),
     ],
 )

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from dali_alchemi.bench.names import LOADER_HELP
+from dali_alchemi.bench.names import LIMITS, LOADER_HELP, RENAMED
 from dali_alchemi.config import DEFAULT_BATCHES_PER_WINDOW, DEFAULT_NUM_WORKERS
 from dali_alchemi.errors import ConfigError
 from dali_alchemi.interop.read_many import as_packed_reader
@@ -27,7 +27,7 @@ from dali_alchemi.store.format.protocol import select_fields
 from dali_alchemi.store.read.reader import AtomicDataZarrReader
 
 __all__ = [
-    "DECODE_CACHE_BYTES", "LIMITS", "NO_BLOCK_ORDER", "ORDERS", "LoaderSettings", "Runnable", "Shuffle",
+    "DECODE_CACHE_BYTES", "NO_BLOCK_ORDER", "ORDERS", "LoaderSettings", "Runnable", "Shuffle",
     "bench_plan", "is_plain", "nvalchemi_available", "open_loader", "validate_names"
 ]  # fmt: skip
 
@@ -362,12 +362,12 @@ class _PackedReads(_WindowedReads):
 
 
 class _SequentialDecode(_PackedReads):
-    """This reader's windowed reads in store order through a 64 MiB cache: one pass front to back.
+    """``packed-sequential``: this reader's windowed reads in store order through a 64 MiB cache, front to back.
 
     The other loaders get the reader's default cache (1 GiB), which can hold a store of tens of
     thousands of structures after the first epoch; this one keeps only what fits in 64 MiB, so what
-    does not fit is read (and decoded) again each epoch. A reference point, not a ceiling: a shuffled
-    loader whose cache holds the store can beat it.
+    does not fit is read (and decoded) again each epoch: what the reader does on a store bigger than its
+    cache. Not a ceiling: a shuffled loader whose cache holds the store can beat it (the ceiling is ``limit``).
     """
 
     def __init__(self, store: str, shuffle: Shuffle, s: LoaderSettings) -> None:
@@ -380,10 +380,6 @@ _PATTERN = re.compile(
 )
 
 _READ_MANY_PATTERN = re.compile(r"^(?P<kind>nvalchemi-dali|readmany-dali)(?:-w(?P<workers>\d+))?$")
-
-LIMITS = ("packed", "decode", "nvalchemi-reader", "readmany-reads")
-"""The rows that are reads without a loader: one unit per window, no batches, no simulated steps."""
-
 
 def is_plain(name: str) -> bool:
     """Whether ``name`` is a plain torch DataLoader configuration (the ratio's reference)."""
@@ -418,7 +414,7 @@ def open_loader(name: str, store: str, shuffle: Shuffle, settings: LoaderSetting
         return _PackedReads(store, shuffle, settings)
     if name == "readmany-reads":
         return _ReadManyReads(store, shuffle, settings)
-    if name == "decode":
+    if name == "packed-sequential":
         return _SequentialDecode(store, shuffle, settings)
     match = _PATTERN.match(name)
     if match is None:
@@ -444,7 +440,9 @@ def open_loader(name: str, store: str, shuffle: Shuffle, settings: LoaderSetting
 def validate_names(names: list[str]) -> None:
     """Raise :class:`ConfigError` (a ``ValueError``) naming the first unknown loader."""
     for name in names:
-        if name not in ("nvalchemi", "nvalchemi-fast", "nvalchemi-dropin", *DROPIN, *LIMITS) and not (
+        if name in RENAMED:
+            raise ConfigError(f"Unknown loader {name!r}: {RENAMED[name]}")
+        if name not in ("nvalchemi", "nvalchemi-fast", "nvalchemi-dropin", "limit", *DROPIN, *LIMITS) and not (
             _PATTERN.match(name) or _READ_MANY_PATTERN.match(name)
         ):
             raise ConfigError(f"Unknown loader {name!r}; choose from: {LOADER_HELP}")

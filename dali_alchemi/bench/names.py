@@ -7,7 +7,7 @@ name lives with the loaders, in :mod:`dali_alchemi.bench.loaders`.
 
 from __future__ import annotations
 
-__all__ = ["CODECS", "DEFAULT_LOADERS", "LOADER_HELP", "STORE_LAYOUTS"]
+__all__ = ["CODECS", "DEFAULT_LOADERS", "LAYOUT_ROWS", "LIMITS", "LOADER_HELP", "RENAMED", "STORE_LAYOUTS", "STORE_ORDER"]
 
 
 LOADER_HELP = (
@@ -22,8 +22,10 @@ LOADER_HELP = (
     "background thread), nvalchemi-dali-wN (DALIDataLoader "
     "over nvalchemi's reader, through ReadManyAdapter), readmany-dali-wN (DALIDataLoader over this reader seen only "
     "through read_many), readmany-reads (its read_many per window, joined by ReadManyAdapter), nvalchemi-reader "
-    "(its read_many per window), packed (this reader's windowed reads), decode "
-    "(the same in store order through a 64 MiB cache: a reference point, not a ceiling)"
+    "(its read_many per window), packed (this reader's windowed reads), packed-sequential "
+    "(the same in store order through a 64 MiB cache: a store bigger than the cache), limit (no loader: the "
+    "store's codecs on one core, crc32c and decode with the bytes in memory, and the page-cache read of "
+    "the same bytes, its page-cache row)"
 )
 DEFAULT_LOADERS = (
     "dali",
@@ -33,9 +35,25 @@ DEFAULT_LOADERS = (
     "torch-batched-w2",
     "nvalchemi",
     "packed",
-    "decode",
+    "packed-sequential",
+    "limit",
 )
 
+LIMITS = ("packed", "packed-sequential", "nvalchemi-reader", "readmany-reads")
+"""The rows that are reads without a loader: one unit per window, no batches, no simulated steps."""
+
+STORE_ORDER = ("packed-sequential", "limit")
+"""The names measured in store order only, whatever orders the run asks for."""
+
+RENAMED = {
+    "decode": "'decode' is now 'packed-sequential' (this reader in store order through a 64 MiB cache); "
+    "the layout's limit, what the store's codecs do on one core, is the 'limit' row",
+}
+"""Loader names of earlier versions, and what became of them."""
+
+LAYOUT_ROWS = ("limit", "page-cache")
+"""The rows the ``limit`` name adds (:mod:`dali_alchemi.bench.limit`): the store's codecs on one core, and
+reading the same bytes from the page cache. No loader runs; they are measured once per round."""
 
 STORE_LAYOUTS = ("default", "compressed", "uncompressed")
 """Named store layouts (:func:`dali_alchemi.config.layout_config`; the ``--layout`` of ``synth``, ``bench`` and ``rewrite``)."""

@@ -12,21 +12,17 @@ the *warm* throughput only the epochs after the first, once caches hold what the
 
 from __future__ import annotations
 
-import os
-import platform
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from dali_alchemi.bench.environment import machine_info, package_versions
+from dali_alchemi.bench.limit import LayoutLimit, measure_layout_limit
 from dali_alchemi.bench.loaders import (
-    LIMITS,
     NO_BLOCK_ORDER,
     ORDERS,
     LoaderSettings,
@@ -35,14 +31,15 @@ from dali_alchemi.bench.loaders import (
     open_loader,
 )
 from dali_alchemi.bench.memory import MB, TreeMemorySampler, tree_pss
+from dali_alchemi.bench.names import LAYOUT_ROWS, LIMITS, STORE_ORDER
 from dali_alchemi.bench.quality import order_quality
 from dali_alchemi.config import DEFAULT_BATCHES_PER_WINDOW
 from dali_alchemi.errors import ConfigError
 from dali_alchemi.store.read.reader import AtomicDataZarrReader
 
 __all__ = [
-    "BenchConfig", "BenchMeta", "BenchRun", "Measurement", "ProgressCallback", "Record", "machine_info",
-    "measure", "median", "open_time", "package_versions", "run_bench", "store_size", "summarize"
+    "BenchConfig", "BenchMeta", "BenchRun", "Measurement", "ProgressCallback", "Record", "measure", "measure_limit",
+    "median", "open_time", "run_bench", "store_size", "summarize"
 ]  # fmt: skip
 
 
@@ -118,6 +115,8 @@ class Record:
     ``shuffle_quality`` and ``batch_energy_ks`` score the order's epoch-0 plan
     (:mod:`dali_alchemi.bench.quality`): 0 to about 1 from sequential to the full permutation, and the
     mean KS distance of batch energies from the store's (``None`` without an ``energy`` field).
+    ``share_of_limit`` and ``warm_share_of_limit`` are ``samples_per_s`` and ``warm_samples_per_s`` over the
+    ``limit`` row's structures/s (:mod:`dali_alchemi.bench.limit`), when the run measured it.
     """
 
     loader: str
@@ -141,6 +140,8 @@ class Record:
     batches_per_epoch: float | None = None
     atoms_per_batch: float | None = None
     fill_ratio: float | None = None
+    share_of_limit: float | None = None
+    warm_share_of_limit: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -245,6 +246,23 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
     return result
 
 
+def measure_limit(store: str) -> tuple[list[Measurement], LayoutLimit | None]:
+    """The ``limit`` and ``page-cache`` rows of one round, and the figures behind them (``None`` when not local)."""
+    rows = [Measurement(loader=name, order="sequential") for name in LAYOUT_ROWS]
+    try:
+        limit = measure_layout_limit(store)
+    except ConfigError:
+        for row in rows:
+            row.note = "local stores only"
+        return rows, None
+    for row, seconds in zip(rows, (limit.decode_s + limit.crc32c_s, limit.read_s), strict=True):
+        row.samples = row.warm_samples = limit.structures
+        row.atoms = limit.atoms
+        row.seconds = row.warm_seconds = row.total_s = seconds
+        row.units = sum(a.chunks for a in limit.arrays)
+    return rows, limit
+
+
 def _units_per_epoch(name: str, config: BenchConfig) -> int | None:
     """Units measured per epoch under ``max_batches``: batches, or the windows holding them for the reads without a loader."""
     if config.max_batches is None:
@@ -269,52 +287,13 @@ def store_size(store: str) -> dict[str, int]:
         return {"structures": len(reader), "atoms": int(atoms.sum())}
 
 
-def machine_info(device: torch.device) -> dict[str, Any]:
-    """The machine a run happened on."""
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "device": str(device),
-    }
-    try:
-        with open("/proc/meminfo") as fh:
-            info["memory_gb"] = round(int(fh.readline().split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
-
-
-def package_versions() -> dict[str, str]:
-    """Versions of the packages that matter, and the git commit of this checkout when known."""
-    versions = {}
-    for dist in ("dali-alchemi", "numpy", "torch", "zarr", "numcodecs", "nvidia-dali-cuda120", "nvalchemi-toolkit"):
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = "not installed"
-    try:
-        root = Path(__file__).resolve().parents[2]
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
-        )
-        if commit.returncode == 0:
-            versions["commit"] = commit.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return versions
-
-
 def _batch_shape(done: list[Measurement], config: BenchConfig, loader: str) -> dict[str, float | None]:
     """Batches per epoch, mean atoms per batch and (under ``max_atoms``) the fill ratio.
 
     The fill ratio is real atoms / (batches x ``max_atoms``): 1.0 when every batch is full. The limits
     deliver windows, not batches, so they have none of these.
     """
-    if not done or loader in LIMITS:
+    if not done or loader in (*LIMITS, *LAYOUT_ROWS):
         return {"batches_per_epoch": None, "atoms_per_batch": None, "fill_ratio": None}
     batches = median([m.units / config.epochs for m in done])
     per_batch = median([m.unit_atoms / m.units for m in done if m.units])
@@ -353,6 +332,13 @@ def summarize(measurements: list[Measurement], config: BenchConfig) -> list[Reco
                 ),
             )
         )  # fmt: skip
+    limits = [r.samples_per_s for r in records if r.loader == "limit" and r.samples_per_s]
+    for r in records:
+        if r.loader in LAYOUT_ROWS:  # no loader ran: nothing opened, no first batch, no memory of its own
+            r.first_batch_s = r.peak_pss_mb = r.start_pss_mb = r.wait_s = r.processes = None
+        elif limits:
+            r.share_of_limit = None if r.samples_per_s is None else r.samples_per_s / limits[0]
+            r.warm_share_of_limit = None if r.warm_samples_per_s is None else r.warm_samples_per_s / limits[0]
     for order in {r.order for r in records}:
         plain = [r.samples_per_s for r in records if r.order == order and is_plain(r.loader) and r.samples_per_s]
         best = max(plain) if plain else None
@@ -377,32 +363,40 @@ def run_bench(
     """Measure every loader in every order for ``config.rounds`` interleaved rounds; return the run."""
     device = torch.device(config.device)
     after_import = _pss_after_import()
-    # decode does not depend on the order: it is measured once per round, in store order.
+    # packed-sequential and limit do not depend on the order: they are measured once per round, in store order.
     plan = [
         (r, name, order)
         for r in range(config.rounds)
         for name in config.loaders
-        for order in (("sequential",) if name == "decode" else config.orders)
+        for order in (("sequential",) if name in STORE_ORDER else config.orders)
     ]
-    measurements = []
+    measurements: list[Measurement] = []
+    limit: LayoutLimit | None = None
     for done, (_, name, order) in enumerate(plan):
         if progress:
             progress(f"{name} ({order})", done, len(plan))
-        measurements.append(measure(name, order, store, config, device))
+        if name == "limit":
+            rows, limit = measure_limit(store)
+            measurements.extend(rows)
+        else:
+            measurements.append(measure(name, order, store, config, device))
     if progress:
         progress("done", len(plan), len(plan))
     settings = LoaderSettings(
         batch_size=config.batch_size, seed=config.seed, cache_bytes=config.cache_bytes, max_atoms=config.max_atoms,
         max_edges=config.max_edges,
     )  # fmt: skip
-    orders = tuple(dict.fromkeys((*config.orders, *(("sequential",) if "decode" in config.loaders else ()))))
+    in_store_order = any(name in STORE_ORDER for name in config.loaders)
+    orders = tuple(dict.fromkeys((*config.orders, *(("sequential",) if in_store_order else ()))))
     quality = order_quality(store, orders, settings)
     records = summarize(measurements, config)
     for record in records:
-        if record.note is None:
+        if record.note is None and record.loader not in LAYOUT_ROWS:
             record.shuffle_quality = quality[record.order]["shuffle_quality"]
             record.batch_energy_ks = quality[record.order]["batch_energy_ks"]
     store_info = {**(store_info or {"path": store}), **store_size(store), "open_s": open_time(store)}
+    if limit is not None:
+        store_info["limit"] = limit.to_dict()  # the last round's figures, field by field
     meta = BenchMeta(
         config={k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
         store=store_info,

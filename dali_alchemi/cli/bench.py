@@ -28,8 +28,10 @@ LEGEND = (
     "peak PSS MB: peak memory of the whole process tree, workers included.",
     "quality: how well the order mixes the store: 0 in sequence, 1 a full shuffle.",
     "batch KS: batch energies' distance from the store's: 0 best, ~1/sqrt(batch) by",
-    "  chance. packed, decode: the reader alone, no loader; decode reads in store",
-    "  order through a 64 MiB cache: a reference point, not a ceiling.",
+    "  chance. packed, packed-sequential: the reader alone, no loader; the second in",
+    "  store order through a 64 MiB cache (a store bigger than the cache).",
+    "limit: the store's codecs on one core (crc32c + decode, bytes in memory);",
+    "  page-cache: reading the same bytes; of limit: structures/s over limit's.",
 )
 """What the bench table's columns mean, printed under it (80 columns at most; docs/benchmarks.md has more)."""
 LEGEND_STEPS = "wait s: time the loop waited for data; epoch / steps: time over the steps' time."
@@ -125,18 +127,19 @@ def _results_table(args: argparse.Namespace, run: BenchRun, device: torch.device
     shape = ["batches", "atoms/batch", *(["fill"] if args.max_atoms else [])] if budget else []
     sizing = f"max_atoms {args.max_atoms}, max_edges {args.max_edges}" if budget else f"batch {args.batch_size}"
     table = make_table(
-        "loader", "order", "structures/s", "warm structures/s", "atoms/s", "x plain", "first batch s", "total s", "peak PSS MB", "quality", "batch KS",
+        "loader", "order", "structures/s", "warm structures/s", "atoms/s", "x plain", "of limit", "first batch s", "total s", "peak PSS MB", "quality", "batch KS",
         *steps, *shape, title=f"{_store_size(run)}{sizing}, {device}, {_count(args.epochs, 'epoch')}, {_rounds(args.rounds)}",
     )  # fmt: skip
     for r in run.records:
         if r.note:
-            table.add_row(r.loader, r.order, r.note, *[""] * (8 + len(steps) + len(shape)))
+            table.add_row(r.loader, r.order, r.note, *[""] * (9 + len(steps) + len(shape)))
             continue
         shape_cells = [fmt(r.batches_per_epoch, ",.0f"), fmt(r.atoms_per_batch, ",.0f")]
         shape_cells += [fmt(r.fill_ratio, ".3f")] if args.max_atoms else []
         table.add_row(
             r.loader, r.order, fmt(r.samples_per_s, ",.0f"), fmt(r.warm_samples_per_s, ",.0f"),
-            fmt(r.atoms_per_s, ",.0f"), fmt(r.ratio_vs_plain, ".2f"), fmt(r.first_batch_s, ".2f"),
+            fmt(r.atoms_per_s, ",.0f"), fmt(r.ratio_vs_plain, ".2f"), fmt(r.share_of_limit, ".1%"),
+            fmt(r.first_batch_s, ".2f"),
             fmt(r.total_s, ".2f"), fmt(r.peak_pss_mb, ".0f"), fmt(r.shuffle_quality, ".3f"),
             fmt(r.batch_energy_ks, ".3f"), *([fmt(r.wait_s, ".2f"), fmt(r.epoch_vs_steps, ".3f")] if steps else []),
             *(shape_cells if shape else []),

@@ -41,7 +41,7 @@ META = {"config", "store", "machine", "versions"}
 
 def test_run_bench_records(small_store: Path) -> None:
     config = BenchConfig(
-        loaders=("dali-w0", "torch-batched-w0", "packed", "decode"),
+        loaders=("dali-w0", "torch-batched-w0", "packed", "packed-sequential", "limit"),
         orders=("shuffle",),
         rounds=1,
         epochs=2,
@@ -49,13 +49,25 @@ def test_run_bench_records(small_store: Path) -> None:
     )
     run = run_bench(str(small_store), config)
     by_name = {r.loader: r for r in run.records}
-    assert set(by_name) == {"dali-w0", "torch-batched-w0", "packed", "decode"}
+    assert set(by_name) == {"dali-w0", "torch-batched-w0", "packed", "packed-sequential", "limit", "page-cache"}
     assert by_name["torch-batched-w0"].ratio_vs_plain == pytest.approx(1.0)
-    assert by_name["decode"].order == "sequential"
+    assert by_name["packed-sequential"].order == by_name["limit"].order == "sequential"
+    limit = by_name["limit"].samples_per_s
     for record in run.records:
         data = record.to_dict()
         assert KEYS <= set(data) and data["samples_per_s"] > 0 and data["warm_samples_per_s"] > 0
         assert not META & set(data), "the run's metadata is not repeated in each record"
+        if record.loader in ("limit", "page-cache"):  # no loader ran: no first batch, memory or share
+            assert record.first_batch_s is None and record.peak_pss_mb is None and record.share_of_limit is None
+            assert record.shuffle_quality is None and record.total_s > 0  # type: ignore[operator]
+        else:
+            assert record.share_of_limit == pytest.approx(data["samples_per_s"] / limit)
+            assert record.warm_share_of_limit == pytest.approx(data["warm_samples_per_s"] / limit)
+    figures = run.meta.store["limit"]
+    assert figures["structures"] == run.meta.store["structures"] and figures["arrays"]
+    assert figures["structures_per_s"] == pytest.approx(
+        figures["structures"] / (figures["decode_s"] + figures["crc32c_s"])
+    )
     meta = run.meta.to_dict()
     assert set(meta) == META
     assert meta["machine"]["cpus"] >= 1 and "torch" in meta["versions"] and meta["store"]["open_s"] > 0
@@ -67,12 +79,12 @@ def test_cli_bench_writes_json_and_plot(
 ) -> None:
     monkeypatch.setenv("COLUMNS", "200")
     out, png = tmp_path / "b.json", tmp_path / "b.png"
-    assert main(["bench", "--n", "300", "--rounds", "1", "--epochs", "1", "--loaders", "dali-w0,torch-w0,nvalchemi,decode",
+    assert main(["bench", "--n", "300", "--rounds", "1", "--epochs", "1", "--loaders", "dali-w0,torch-w0,nvalchemi,limit",
                  "--step-ms", "1", "--json", str(out), "--plot", str(png)]) == 0  # fmt: skip
     data = json.loads(out.read_text())
     assert set(data) == {"meta", "records"} and set(data["meta"]) == META
     records = data["records"]
-    assert {r["loader"] for r in records} == {"dali-w0", "torch-w0", "nvalchemi", "decode"}
+    assert {r["loader"] for r in records} == {"dali-w0", "torch-w0", "nvalchemi", "limit", "page-cache"}
     assert all(KEYS <= set(r) and not META & set(r) for r in records)
     text = out.read_text()
     assert text.count('"machine"') == 1 and text.count('"versions"') == 1 and text.count('"write_config"') == 1
@@ -94,6 +106,9 @@ def test_cli_bench_writes_json_and_plot(
 def test_unknown_loaders_and_orders_are_rejected() -> None:
     with pytest.raises(ValueError, match="Unknown loader 'dali-fast'"):
         validate_names(["dali", "dali-fast"])
+    with pytest.raises(ConfigError, match=r"'decode' is now 'packed-sequential'.*'limit' row"):
+        validate_names(["packed", "decode"])
+    validate_names(["packed-sequential", "limit"])
     with pytest.raises(ValueError, match="Unknown order 'random'"):
         BenchConfig(loaders=("dali",), orders=("random",))
 
@@ -115,12 +130,12 @@ def test_budget_runs_report_batches_and_fill(small_store: Path) -> None:
 
 def test_orders_carry_their_shuffle_quality_and_batch_ks(small_store: Path) -> None:
     config = BenchConfig(
-        loaders=("dali-w2-shared", "packed", "decode", "nvalchemi"), orders=("block", "shuffle", "sequential"),
+        loaders=("dali-w2-shared", "packed", "packed-sequential", "nvalchemi"), orders=("block", "shuffle", "sequential"),
         rounds=1, epochs=1, batch_size=16, cache_bytes=64 << 10,
     )  # fmt: skip
     records = {(r.loader, r.order): r for r in run_bench(str(small_store), config).records}
     assert set(records) == {(n, o) for n in ("dali-w2-shared", "packed", "nvalchemi") for o in config.orders} | {
-        ("decode", "sequential")
+        ("packed-sequential", "sequential")
     }
     quality = {o: records[("packed", o)].shuffle_quality for o in config.orders}
     assert quality["sequential"] == 0.0 and quality["shuffle"] == pytest.approx(1.0, abs=0.1)
@@ -128,7 +143,7 @@ def test_orders_carry_their_shuffle_quality_and_batch_ks(small_store: Path) -> N
     ks = {o: records[("packed", o)].batch_energy_ks for o in config.orders}
     assert all(v is not None and 0.0 < v < 1.0 for v in ks.values())
     assert records[("dali-w2-shared", "block")].samples_per_s > 0  # type: ignore[operator]
-    assert records[("decode", "sequential")].shuffle_quality == 0.0
+    assert records[("packed-sequential", "sequential")].shuffle_quality == 0.0
     assert records[("nvalchemi", "block")].note in ("no block order", "not installed")
     for (loader, order), record in records.items():
         if record.note is None:
@@ -162,6 +177,8 @@ def test_read_many_loaders_deliver_what_the_native_loader_does(small_store: Path
             every_atom,
             10,
         )
+
+
 def test_the_nvalchemi_loaders_deliver_every_structure(small_store: Path) -> None:
     validate_names(["nvalchemi", "nvalchemi-fast", "dropin", "dropin-w0"])
     config = BenchConfig(
@@ -240,7 +257,7 @@ def test_cli_bench_explains_its_columns_and_names_the_store_in_title_and_plot(
     monkeypatch.setattr(plt, "close", lambda fig: (figures.append(fig), close(fig)))
     monkeypatch.setenv("COLUMNS", "200")
     png, out = tmp_path / "b.png", tmp_path / "b.json"
-    assert main(["bench", "--n", "100", "--rounds", "1", "--loaders", "packed,decode", "--batch-size", "16",
+    assert main(["bench", "--n", "100", "--rounds", "1", "--loaders", "packed,packed-sequential,limit", "--batch-size", "16",
                  "--step-ms", "0.1", "--plot", str(png), "--json", str(out)]) == 0  # fmt: skip
     text = capsys.readouterr().out
     store = json.loads(out.read_text())["meta"]["store"]
@@ -252,14 +269,19 @@ def test_cli_bench_explains_its_columns_and_names_the_store_in_title_and_plot(
     legend = legend[: next(i for i, line in enumerate(legend) if line.startswith("opening the store"))]
     assert all(len(line) <= 80 for line in legend) and 9 <= len(legend) <= 14
     for column in ("warm", "x plain", "first batch s", "total s", "peak PSS MB", "quality", "batch KS", "wait s",
-                   "epoch / steps", "decode"):  # fmt: skip
+                   "epoch / steps", "packed-sequential", "limit", "page-cache", "of limit"):  # fmt: skip
         assert column in " ".join(legend), f"the legend explains {column!r}"
-    assert "limit" not in text and "not a ceiling" in " ".join(legend)
+    assert "decode limit" not in text and "not a ceiling" not in text
     (fig,) = figures
     (ax,) = fig.axes
     assert ax.get_xlabel().startswith("loader") and ax.get_title().startswith(title)
-    (decode,) = [t.get_text() for t in ax.get_legend().get_texts() if t.get_text().startswith("decode")]
-    assert "store order" in decode and "64 MiB cache" in decode and "limit" not in decode
+    bars = [t.get_text() for t in ax.get_xticklabels()]
+    assert bars == ["packed", "packed-sequential"], "the limit rows are the line, not bars"
+    (line,) = [t.get_text() for t in ax.get_legend().get_texts() if t.get_text().startswith("limit")]
+    assert "codecs on one core" in line and "crc32c + decode" in line
+    (drawn,) = [h for h in ax.get_lines() if h.get_linestyle() == "--"]
+    limit = next(r for r in json.loads(out.read_text())["records"] if r["loader"] == "limit")
+    assert drawn.get_ydata()[0] == pytest.approx(limit["samples_per_s"])
 
 
 def test_store_size_counts_structures_and_atoms_from_the_pointers(small_store: Path) -> None:

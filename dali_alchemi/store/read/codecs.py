@@ -70,6 +70,23 @@ def _compressor(codec: Any) -> Any:
     raise UnsupportedCodecError(f"codec {type(codec).__name__}")
 
 
+def _chain_name(codecs: tuple[Any, ...]) -> str:
+    """A short name of a chunk codec chain: ``blosc-lz4+crc32c``, ``zstd-1``, ``raw`` (the ``bytes`` serializer alone)."""
+    names = []
+    for codec in codecs[1:]:
+        if isinstance(codec, BloscCodec):
+            names.append(f"blosc-{getattr(codec.cname, 'value', codec.cname)}")
+        elif isinstance(codec, ZstdCodec):
+            names.append(f"zstd-{codec.level}")
+        elif isinstance(codec, Crc32cCodec):
+            names.append("crc32c")
+        else:
+            names.append(type(codec).__name__.removesuffix("Codec").lower())
+    if not names or names == ["crc32c"]:
+        names.insert(0, "raw")
+    return "+".join(names)
+
+
 @dataclass(frozen=True, slots=True)
 class _Chain:
     """A ``bytes`` serializer followed by bytes-to-bytes codecs, decoded in reverse order."""
@@ -168,6 +185,7 @@ class ArrayCodec:
             self.chunk_shape = tuple(int(s) for s in sharding.chunk_shape)
             self.shard_shape = grid_shape
             self._chain = _Chain.from_codecs(tuple(sharding.codecs), self.dtype)
+            self.codec_name = _chain_name(tuple(sharding.codecs))
             index_codecs = tuple(sharding.index_codecs)
             self._index_chain = _Chain.from_codecs(index_codecs, np.dtype(np.uint64))
             self.chunks_per_shard = tuple(s // c for s, c in zip(self.shard_shape, self.chunk_shape, strict=True))
@@ -181,6 +199,7 @@ class ArrayCodec:
             self.chunk_shape = grid_shape
             self.shard_shape = grid_shape
             self._chain = _Chain.from_codecs(codecs, self.dtype)
+            self.codec_name = _chain_name(codecs)
             self.chunks_per_shard = tuple(1 for _ in grid_shape)
             self.index_nbytes = 0
             self.index_at_end = True
@@ -248,6 +267,12 @@ class ArrayCodec:
     def uncompressed(self) -> bool:
         """Whether chunks are raw rows: the ``bytes`` serializer, at most followed by ``crc32c``."""
         return all(isinstance(step, str) for step in self._chain.steps)
+
+    @property
+    def compressor(self) -> Any | None:
+        """The decoder of the chunks' compression step (blosc, zstd or gzip); ``None`` for raw rows."""
+        steps = [step for step in self._chain.steps if not isinstance(step, str)]
+        return steps[-1] if steps else None
 
     @property
     def chunk_checksum(self) -> bool:

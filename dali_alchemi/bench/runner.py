@@ -26,6 +26,7 @@ from dali_alchemi.bench.loaders import (
     NO_BLOCK_ORDER,
     ORDERS,
     LoaderSettings,
+    Runnable,
     is_plain,
     nvalchemi_available,
     open_loader,
@@ -101,6 +102,7 @@ class Measurement:
     total_s: float = 0.0
     units: int = 0
     unit_atoms: int = 0
+    decodes_per_chunk: float | None = None
     note: str | None = None
 
 
@@ -117,6 +119,8 @@ class Record:
     mean KS distance of batch energies from the store's (``None`` without an ``energy`` field).
     ``share_of_limit`` and ``warm_share_of_limit`` are ``samples_per_s`` and ``warm_samples_per_s`` over the
     ``limit`` row's structures/s (:mod:`dali_alchemi.bench.limit`), when the run measured it.
+    ``decodes_per_chunk`` is how often each chunk the reader decodes was decoded per pass over the store
+    (1.0: once), for the reads in this process (``packed``, ``packed-sequential``; ``None`` elsewhere).
     """
 
     loader: str
@@ -142,6 +146,7 @@ class Record:
     fill_ratio: float | None = None
     share_of_limit: float | None = None
     warm_share_of_limit: float | None = None
+    decodes_per_chunk: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -240,6 +245,7 @@ def measure(name: str, order: str, store: str, config: BenchConfig, device: torc
             if config.epochs > 1:
                 result.warm_seconds = time.perf_counter() - first_epoch_end
                 result.warm_samples = result.samples - first_epoch_samples
+            result.decodes_per_chunk = _decodes_per_chunk(runnable)
         finally:
             runnable.close()
     result.peak_pss_mb, result.start_pss_mb, result.processes = memory.peak_mb, memory.start_mb, memory.peak_processes
@@ -261,6 +267,17 @@ def measure_limit(store: str) -> tuple[list[Measurement], LayoutLimit | None]:
         row.seconds = row.warm_seconds = row.total_s = seconds
         row.units = sum(a.chunks for a in limit.arrays)
     return rows, limit
+
+
+def _decodes_per_chunk(runnable: Runnable) -> float | None:
+    """How often each chunk the reader decodes was decoded per pass over the store, so far (1.0: once);
+    ``None`` for loaders whose reads happen elsewhere (in worker processes) or decode nothing."""
+    reader = getattr(runnable, "reader", None)
+    if not isinstance(reader, AtomicDataZarrReader):
+        return None
+    stats, blocks = reader.stats(), reader.decoded_blocks_per_pass()
+    passes = stats.samples_read / len(reader) if len(reader) else 0.0
+    return stats.blocks_decoded / blocks / passes if blocks and passes else None
 
 
 def _units_per_epoch(name: str, config: BenchConfig) -> int | None:
@@ -325,6 +342,7 @@ def summarize(measurements: list[Measurement], config: BenchConfig) -> list[Reco
                 processes=max(m.processes for m in done) if done else None,
                 wait_s=median([m.wait_s for m in done]) if done else None, rounds=len(done), note=note,
                 total_s=median([m.total_s for m in done]) if done else None,
+                decodes_per_chunk=_median_or_none([m.decodes_per_chunk for m in done]),
                 **_batch_shape(done, config, loader),
                 epoch_vs_steps=(
                     median([m.seconds / m.step_s for m in done if m.step_s > 0])
@@ -346,6 +364,12 @@ def summarize(measurements: list[Measurement], config: BenchConfig) -> list[Reco
             if r.order == order and best and r.samples_per_s is not None:
                 r.ratio_vs_plain = r.samples_per_s / best
     return records
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    """The median of the values measured; ``None`` when none was."""
+    known = [v for v in values if v is not None]
+    return median(known) if known else None
 
 
 def _pss_after_import() -> float:

@@ -33,6 +33,7 @@ LEGEND = (
     "limit: the store's codecs on one core (crc32c + decode, bytes in memory);",
     "  page-cache: reading the same bytes; of limit: structures/s over limit's.",
 )
+LEGEND_DECODES = "decodes/chunk: how often the reader decoded each chunk per pass over the store."
 """What the bench table's columns mean, printed under it (80 columns at most; docs/benchmarks.md has more)."""
 LEGEND_STEPS = "wait s: time the loop waited for data; epoch / steps: time over the steps' time."
 LEGEND_BUDGET = "batches, atoms/batch: per epoch and their mean; fill: atoms/batch / max_atoms."
@@ -52,7 +53,9 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         run = _run_with_progress(args, store, store_info, config, console)
     table = _results_table(args, run, device)
     print_table(console, table, keys=2)  # each part names the loader and the order
-    for line in bench_legend(steps=bool(args.step_ms), budget=args.max_atoms is not None or args.max_edges is not None):
+    decodes = any(r.decodes_per_chunk is not None for r in run.records)
+    budget = args.max_atoms is not None or args.max_edges is not None
+    for line in bench_legend(steps=bool(args.step_ms), budget=budget, decodes=decodes):
         console.print(line, markup=False, highlight=False, style="dim")
     console.print(f"opening the store (with its open-time checks) took {run.meta.store['open_s'] * 1000:.1f} ms")
     console.print(
@@ -126,13 +129,14 @@ def _results_table(args: argparse.Namespace, run: BenchRun, device: torch.device
     budget = args.max_atoms is not None or args.max_edges is not None
     shape = ["batches", "atoms/batch", *(["fill"] if args.max_atoms else [])] if budget else []
     sizing = f"max_atoms {args.max_atoms}, max_edges {args.max_edges}" if budget else f"batch {args.batch_size}"
+    decodes = ["decodes/chunk"] if any(r.decodes_per_chunk is not None for r in run.records) else []
     table = make_table(
         "loader", "order", "structures/s", "warm structures/s", "atoms/s", "x plain", "of limit", "first batch s", "total s", "peak PSS MB", "quality", "batch KS",
-        *steps, *shape, title=f"{_store_size(run)}{sizing}, {device}, {_count(args.epochs, 'epoch')}, {_rounds(args.rounds)}",
+        *steps, *shape, *decodes, title=f"{_store_size(run)}{sizing}, {device}, {_count(args.epochs, 'epoch')}, {_rounds(args.rounds)}",
     )  # fmt: skip
     for r in run.records:
         if r.note:
-            table.add_row(r.loader, r.order, r.note, *[""] * (9 + len(steps) + len(shape)))
+            table.add_row(r.loader, r.order, r.note, *[""] * (9 + len(steps) + len(shape) + len(decodes)))
             continue
         shape_cells = [fmt(r.batches_per_epoch, ",.0f"), fmt(r.atoms_per_batch, ",.0f")]
         shape_cells += [fmt(r.fill_ratio, ".3f")] if args.max_atoms else []
@@ -142,14 +146,15 @@ def _results_table(args: argparse.Namespace, run: BenchRun, device: torch.device
             fmt(r.first_batch_s, ".2f"),
             fmt(r.total_s, ".2f"), fmt(r.peak_pss_mb, ".0f"), fmt(r.shuffle_quality, ".3f"),
             fmt(r.batch_energy_ks, ".3f"), *([fmt(r.wait_s, ".2f"), fmt(r.epoch_vs_steps, ".3f")] if steps else []),
-            *(shape_cells if shape else []),
+            *(shape_cells if shape else []), *([fmt(r.decodes_per_chunk, ".2f")] if decodes else []),
         )  # fmt: skip
     return table
 
 
-def bench_legend(*, steps: bool = False, budget: bool = False) -> list[str]:
+def bench_legend(*, steps: bool = False, budget: bool = False, decodes: bool = False) -> list[str]:
     """The lines printed under the bench table: every column it shows, briefly (each at most 80 characters)."""
-    return [*LEGEND, *([LEGEND_STEPS] if steps else []), *([LEGEND_BUDGET] if budget else [])]
+    extra = [*([LEGEND_STEPS] if steps else []), *([LEGEND_BUDGET] if budget else []), *([LEGEND_DECODES] if decodes else [])]
+    return [*LEGEND, *extra]
 
 
 def _write_outputs(args: argparse.Namespace, run: BenchRun, title: str, console: Console) -> None:

@@ -269,7 +269,7 @@ def test_cli_bench_explains_its_columns_and_names_the_store_in_title_and_plot(
     legend = legend[: next(i for i, line in enumerate(legend) if line.startswith("opening the store"))]
     assert all(len(line) <= 80 for line in legend) and 9 <= len(legend) <= 14
     for column in ("warm", "x plain", "first batch s", "total s", "peak PSS MB", "quality", "batch KS", "wait s",
-                   "epoch / steps", "packed-sequential", "limit", "page-cache", "of limit"):  # fmt: skip
+                   "epoch / steps", "packed-sequential", "limit", "page-cache", "of limit", "decodes/chunk"):  # fmt: skip
         assert column in " ".join(legend), f"the legend explains {column!r}"
     assert "decode limit" not in text and "not a ceiling" not in text
     (fig,) = figures
@@ -290,3 +290,14 @@ def test_store_size_counts_structures_and_atoms_from_the_pointers(small_store: P
     with AtomicDataZarrReader(small_store) as reader:
         atoms = int(reader.sample_sizes(range(len(reader)))[0].sum())
         assert store_size(str(small_store)) == {"structures": len(reader), "atoms": atoms}
+
+
+def test_decodes_per_chunk_counts_each_pass_over_the_store(small_store: Path) -> None:
+    cached = BenchConfig(loaders=("packed-sequential", "dali-w0"), orders=("sequential",), rounds=1, epochs=2)
+    records = {r.loader: r for r in run_bench(str(small_store), cached).records}
+    # the whole store fits the 64 MiB cache: every chunk is decoded in the first pass, none in the second
+    assert records["packed-sequential"].decodes_per_chunk == pytest.approx(0.5)
+    assert records["dali-w0"].decodes_per_chunk is None  # its reads happen inside the loader
+    uncached = BenchConfig(loaders=("packed",), orders=("sequential",), rounds=1, epochs=2, cache_bytes=0)
+    (record,) = run_bench(str(small_store), uncached).records
+    assert record.decodes_per_chunk is not None and record.decodes_per_chunk >= 1.0, "no cache: every pass decodes"

@@ -40,6 +40,12 @@ def decoded_block_bytes(
     }
 
 
+def decoded_blocks_per_pass(snapshot: Snapshot, fields: Sequence[str], in_place: Callable[[ArrayHandle], bool]) -> int:
+    """Row blocks that one pass over the store decodes: every block of each of ``fields`` read by this
+    reader's decoder (not in place, not through zarr)."""
+    return sum(h.codec.n_blocks for h in (snapshot.handles[name] for name in fields) if h.codec is not None and not in_place(h))
+
+
 def sample_chunk_bounds(snapshot: Snapshot, in_place: Callable[[ArrayHandle], bool]) -> IndexArray:
     """``[S + 1]`` logical sample offsets of spans aligned with the core per-atom arrays' chunks.
 

@@ -257,6 +257,11 @@ class AtomicDataZarrReader:
         :func:`~dali_alchemi.store.read.geometry.decoded_block_bytes`). Metadata only, no I/O."""
         return geometry.decoded_block_bytes(self._snapshot, self._fields, self._engine.reads_in_place)
 
+    def decoded_blocks_per_pass(self) -> int:
+        """Row blocks one pass over the store decodes (:attr:`ReadStats.blocks_decoded` counts them as they are):
+        the blocks of the selected arrays read by decoding. Metadata only, no I/O."""
+        return geometry.decoded_blocks_per_pass(self._snapshot, self._fields, self._engine.reads_in_place)
+
     def sample_chunk_bounds(self) -> IndexArray:
         """``[S + 1]`` logical sample offsets of spans aligned with the core per-atom arrays' chunks, so
         that reading a span reads one block of each (see

@@ -26,12 +26,13 @@ from zarr.storage import LocalStore
 
 from dali_alchemi.errors import ConfigError
 from dali_alchemi.store.format.location import resolve_store
-from dali_alchemi.store.read.codecs import MISSING_CHUNK, ArrayCodec
 from dali_alchemi.store.read.selection import fields_to_read
 from dali_alchemi.store.read.snapshot import open_snapshot
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
+
+    from dali_alchemi.store.read.codecs import ArrayCodec
 
 __all__ = ["ArrayLimit", "LayoutLimit", "measure_layout_limit"]
 
@@ -185,4 +186,5 @@ def _payloads(codec: ArrayCodec, key: str, data: NDArray[np.uint8]) -> list[NDAr
         return [data]
     tail = data[-codec.index_nbytes :] if codec.index_at_end else data[: codec.index_nbytes]
     index = codec.parse_shard_index(key, tail)
-    return [data[int(o) : int(o) + int(n)] for o, n in index if not (o == MISSING_CHUNK and n == MISSING_CHUNK)]
+    ranges = (codec.shard_payload_range(index, inner) for inner in range(index.shape[0]))
+    return [data[start:stop] for start, stop in (r for r in ranges if r is not None)]

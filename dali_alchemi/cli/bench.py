@@ -33,8 +33,8 @@ LEGEND = (
     "limit: the store's codecs on one core (crc32c + decode, bytes in memory);",
     "  page-cache: reading the same bytes; of limit: structures/s over limit's.",
 )
-LEGEND_DECODES = "decodes/chunk: how often the reader decoded each chunk per pass over the store."
 """What the bench table's columns mean, printed under it (80 columns at most; docs/benchmarks.md has more)."""
+LEGEND_DECODES = "decodes/chunk: how often the reader decoded each chunk per pass over the store."
 LEGEND_STEPS = "wait s: time the loop waited for data; epoch / steps: time over the steps' time."
 LEGEND_BUDGET = "batches, atoms/batch: per epoch and their mean; fill: atoms/batch / max_atoms."
 

@@ -51,12 +51,18 @@ def rebase(values: NDArray[Any], offsets: NDArray[Any], n_edges: CountArray, *, 
     sample-local ones into batch-local ones (offsets: each sample's first atom in its batch) and back.
     Returns ``values``.
     """
-    if values.size:
+    if values.size and not values.flags.c_contiguous:  # a view: its rows cannot be walked column by column
         shift = per_row(values, offsets, n_edges)
         if sign < 0:
             values -= shift
         else:
             values += shift
+    elif values.size:
+        shift = np.repeat(offsets, n_edges).astype(values.dtype, copy=False)
+        columns = values.reshape(values.shape[0], -1)
+        op = np.subtract if sign < 0 else np.add
+        for k in range(columns.shape[1]):  # per trailing column (2 for a neighbor list): no broadcast
+            op(columns[:, k], shift, out=columns[:, k])
     return values
 
 
@@ -64,16 +70,30 @@ def first_out_of_range(values: NDArray[Any], n_atoms: CountArray, n_edges: Count
     """The first edge row whose sample-local atom index is outside ``[0, n_atoms)`` of its sample.
 
     Returns ``(edge_row, sample)`` positions in the window, or ``None`` when every index is in range.
+    Each sample's largest index is taken in one pass over the values (a negative one, seen unsigned, is
+    larger than any count), so no per-row limit is built.
     """
     if values.size == 0:
         return None
-    limit = per_row(values, n_atoms, n_edges)
-    bad = (values < 0) | (values >= limit)
-    if not bad.any():
+    width = values.size // values.shape[0]
+    if values.dtype.kind == "i":
+        flat = values.reshape(-1).view(np.dtype(f"u{values.dtype.itemsize}"))
+    else:
+        flat = values.reshape(-1)
+    has_edges = np.flatnonzero(n_edges > 0)
+    edge_starts = np.cumsum(n_edges) - n_edges
+    largest = np.maximum.reduceat(flat, edge_starts[has_edges] * width)
+    if values.dtype.kind == "i":
+        over = largest >= n_atoms[has_edges].astype(flat.dtype)
+    else:
+        over = (largest >= n_atoms[has_edges]) | (np.minimum.reduceat(flat, edge_starts[has_edges] * width) < 0)
+    if not over.any():
         return None
-    edge = int(np.argmax(bad.reshape(bad.shape[0], -1).any(axis=1)))
-    sample = int(np.searchsorted(np.cumsum(n_edges), edge, side="right"))
-    return edge, sample
+    sample = int(has_edges[np.argmax(over)])
+    lo = int(edge_starts[sample])
+    rows = values[lo : lo + int(n_edges[sample])].reshape(int(n_edges[sample]), -1)
+    bad = ((rows < 0) | (rows >= n_atoms[sample])).any(axis=1)
+    return lo + int(np.argmax(bad)), sample
 
 
 _WINDOW = 1 << 22

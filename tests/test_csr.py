@@ -55,3 +55,35 @@ def test_block_sample_starts_puts_a_straddling_sample_with_its_first_block() -> 
     assert block_sample_starts(ptr, 10, np.arange(6)).tolist() == [0, 3, 5, 6]
     assert block_sample_starts(ptr, 10, np.array([0, 2, 5])).tolist() == [0, 2, 3]  # rows 0, 9, 20
     assert block_sample_starts(ptr, 10, np.zeros(0, dtype=np.int64)).tolist() == [0]
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 4)), min_size=1, max_size=15),
+    st.sampled_from([np.int64, np.int32, np.uint32]),
+    st.data(),
+)
+def test_first_out_of_range_matches_the_loop(
+    samples: list[tuple[int, int]], dtype: type[np.integer], data: st.DataObject
+) -> None:
+    n_atoms = np.array([a for a, _ in samples], dtype=np.int64)
+    n_edges = np.array([e for _, e in samples], dtype=np.int64)
+    low = 0 if dtype == np.uint32 else -2
+    values = np.array(
+        data.draw(st.lists(st.integers(low, 6), min_size=2 * int(n_edges.sum()), max_size=2 * int(n_edges.sum()))),
+        dtype=dtype,
+    ).reshape(-1, 2)
+    expected = None
+    row = 0
+    for i, (atoms, edges) in enumerate(samples):  # the loop the one pass replaces
+        for r in range(row, row + edges):
+            if expected is None and any(v < 0 or v >= atoms for v in values[r].tolist()):
+                expected = (r, i)
+        row += edges
+    assert first_out_of_range(values, n_atoms, n_edges) == expected
+
+
+def test_rebase_of_a_view_shifts_the_view_in_place() -> None:
+    base = np.zeros((4, 3), dtype=np.int64)
+    view = base[:, :2]  # not contiguous: rows are walked through the view
+    rebase(view, np.array([5, 7]), np.array([1, 3]), sign=1)
+    assert base.tolist() == [[5, 5, 0], [7, 7, 0], [7, 7, 0], [7, 7, 0]]

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.shared import SharedBlocks
     from dali_alchemi.store.read.snapshot import ArrayHandle, Snapshot
 
-__all__ = ["INLINE_ROWS", "RESIDENT", "TASKS_PER_THREAD", "BlockDecoder"]
+__all__ = ["INLINE_ROWS", "RESIDENT", "TASKS_PER_THREAD", "BlockDecoder", "errors_of"]
 
 
 RESIDENT = -1
@@ -162,7 +162,7 @@ class BlockDecoder:
         self.cache.put((job.handle.name, job.block), job.data)
         codec = job.handle.codec
         assert codec is not None
-        scatter(outputs[job.handle.name], job.plan, job.lo, job.hi, job.data, job.block * codec.block_rows)
+        scatter(outputs[job.handle.name], job.plan, job.lo, job.hi, job.data, job.block * codec.block_rows, codec.block_rows)
         return True
 
     def _decode_blocks(
@@ -184,7 +184,7 @@ class BlockDecoder:
         missing = [job for job in jobs if job.data is None]
         self.blocks_decoded += len(missing)
         local = self._fetch(missing, shared) if missing else None
-        rows = sum(job.hi - job.lo for job in jobs) + sum(outputs[name].shape[0] for name, _ in resident)
+        rows = sum(job.rows for job in jobs) + sum(outputs[name].shape[0] for name, _ in resident)
         if not missing and rows <= INLINE_ROWS:
             self._finish_task(outputs, shared, local, jobs)  # small and cached: a hand-off costs more than the copies
             for item in resident:
@@ -195,7 +195,7 @@ class BlockDecoder:
         groups = split(jobs, self.pool.num_threads * TASKS_PER_THREAD)
         tasks = [pool.submit(self._finish_task, outputs, shared, local, group) for group in groups]
         tasks += [pool.submit(take, item) for item in resident]
-        errors = _errors_of(tasks)
+        errors = errors_of(tasks)
         if errors:
             _release_undecoded(missing, shared)
             raise errors[0]
@@ -245,7 +245,7 @@ class BlockDecoder:
         codec = job.handle.codec
         assert codec is not None
         data = job.data if job.data is not None else self._decode(job, codec, shared)
-        scatter(outputs[job.handle.name], job.plan, job.lo, job.hi, data, job.block * codec.block_rows)
+        scatter(outputs[job.handle.name], job.plan, job.lo, job.hi, data, job.block * codec.block_rows, codec.block_rows)
 
     def _decode(self, job: BlockJob, codec: ArrayCodec, shared: SharedBlocks | None) -> NDArray[Any]:
         """Decode the job's payloads into ``job.data``, publish the block (with a shared folder), cache it.
@@ -329,7 +329,7 @@ class BlockDecoder:
         return self._shared
 
 
-def _errors_of(tasks: list[Future[Any]]) -> list[BaseException]:
+def errors_of(tasks: list[Future[Any]]) -> list[BaseException]:
     """Wait for every task, and return what they raised, in order (every task ends before a raise)."""
     errors = []
     for task in tasks:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,9 +30,9 @@ from zarr.storage import LocalStore
 from dali_alchemi.csr import concat_aranges
 from dali_alchemi.errors import ConfigError
 from dali_alchemi.store.read.cache import CacheStats
-from dali_alchemi.store.read.decoder import INLINE_ROWS, BlockDecoder
+from dali_alchemi.store.read.decoder import INLINE_ROWS, BlockDecoder, errors_of
 from dali_alchemi.store.read.gather import (
-    LevelPlan,
+    Plan,
     block_jobs,
     plan_rows,
     plan_system_rows,
@@ -41,6 +42,7 @@ from dali_alchemi.store.read.gather import (
 from dali_alchemi.store.read.routes import Router
 from dali_alchemi.store.read.rows import RowReader, reads_rows
 from dali_alchemi.store.read.snapshot import read_through_zarr
+from dali_alchemi.store.read.spans import SpanPlan, sample_runs
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
@@ -204,13 +206,24 @@ class BlockEngine:
         if snapshot is not self._snapshot:
             self.attach(snapshot)
         handles = snapshot.handles
-        order = np.argsort(physical, kind="stable")
-        atom_plan, n_atoms = plan_rows(snapshot.atoms_ptr, physical, order)
-        edge_plan, n_edges = plan_rows(snapshot.edges_ptr, physical, order)
-        atom_starts, edge_starts = snapshot.atoms_ptr[physical], snapshot.edges_ptr[physical]
+        atoms_ptr, edges_ptr = snapshot.atoms_ptr, snapshot.edges_ptr
+        atom_starts, edge_starts = atoms_ptr[physical], edges_ptr[physical]
+        n_atoms, n_edges = atoms_ptr[physical + 1] - atom_starts, edges_ptr[physical + 1] - edge_starts
+        runs = sample_runs(physical)
+        plans: PerLevel[Plan]
+        if runs is not None:  # a few runs of consecutive samples: planned by ranges, copied by slices
+            plans = PerLevel(
+                atom=SpanPlan.of(*runs, atoms_ptr), edge=SpanPlan.of(*runs, edges_ptr), system=SpanPlan.of(*runs, None)
+            )
+        else:
+            order = np.argsort(physical, kind="stable")
+            plans = PerLevel(
+                atom=plan_rows(atoms_ptr, physical, order)[0],
+                edge=plan_rows(edges_ptr, physical, order)[0],
+                system=plan_system_rows(physical, order),
+            )
         if pointers_read is not None:
             pointers_read()
-        plans = PerLevel(atom=atom_plan, edge=edge_plan, system=plan_system_rows(physical, order))
         outputs: dict[str, NDArray[Any]] = {}
         for name in names:
             handle = handles[name]
@@ -232,7 +245,7 @@ class BlockEngine:
         self,
         handles: Mapping[str, ArrayHandle],
         names: Sequence[str],
-        plans: PerLevel[LevelPlan],
+        plans: PerLevel[Plan],
         outputs: dict[str, NDArray[Any]],
         request_rows: Callable[[Level], NDArray[np.int64]],
     ) -> None:
@@ -250,40 +263,56 @@ class BlockEngine:
         in_place = self._row_reader()
         routes = self._router.route(handles, names, plans, in_place is not None)
         for handle, plan in routes.through_zarr:
-            outputs[handle.name][plan.dest] = read_through_zarr(handle, plan.rows)
+            outputs[handle.name][plan.dest_rows] = read_through_zarr(handle, plan.rows)
 
         def take(item: tuple[str, NDArray[Any]]) -> None:
             name, whole = item
+            plan = plans[handles[name].level]
+            if isinstance(plan, SpanPlan):
+                plan.take(outputs[name], whole)
+                return
             rows = request_rows(handles[name].level)
             np.take(rows_view(whole), rows, out=rows_view(outputs[name]))
 
+        reading: list[Future[None]] = []
         if routes.in_place:
             assert in_place is not None
-            self._read_in_place(in_place, routes.in_place, outputs)
-        self._read_whole(routes)
-        self._read_blocks(routes, outputs, take)
+            reading = self._read_in_place(in_place, routes.in_place, outputs)
+        try:
+            self._read_whole(routes)
+            self._read_blocks(routes, outputs, take)
+        finally:  # the rows read in place, on the pool beside the blocks, are in before anything returns
+            errors = errors_of(reading)
+        if errors:
+            raise errors[0]
         if in_place is not None:
             self._files_read += in_place.files_read
             self._files_mapped += in_place.files_mapped
 
     def _read_in_place(
-        self, reader: RowReader, arrays: list[tuple[str, ArrayCodec, LevelPlan]], outputs: dict[str, NDArray[Any]]
-    ) -> None:
-        """Read the rows of uncompressed arrays in place, one array per task on the pool when they are many."""
-        for _, codec, plan in arrays:  # every array's rows known before the first read
-            reader.prepare(codec, plan.rows)
+        self, reader: RowReader, arrays: list[tuple[str, ArrayCodec, Plan]], outputs: dict[str, NDArray[Any]]
+    ) -> list[Future[None]]:
+        """Read the rows of uncompressed arrays in place: on this thread when they are few, else one array
+        per pool task, returned unfinished so that the blocks are decoded on the pool meanwhile."""
+        for _, codec, plan in arrays:  # every array's rows located, and shard indexes read, before the first read
+            if isinstance(plan, SpanPlan):
+                reader.prepare_spans(codec, plan.segments(codec.block_rows))
+            else:
+                reader.prepare(codec, plan.rows)
 
-        def read(item: tuple[str, ArrayCodec, LevelPlan]) -> None:
+        def read(item: tuple[str, ArrayCodec, Plan]) -> None:
             name, codec, plan = item
+            if isinstance(plan, SpanPlan):
+                reader.read_spans(codec, plan.segments(codec.block_rows), outputs[name])
+                return
             rows_view(outputs[name])[plan.dest] = rows_view(reader.read(codec, plan.rows))
 
         if len(arrays) == 1 or sum(plan.total for _, _, plan in arrays) <= INLINE_ROWS:
             for item in arrays:
                 read(item)
-            return
+            return []
         pool = self.decoder.pool.executor()
-        for task in [pool.submit(read, item) for item in arrays]:
-            task.result()
+        return [pool.submit(read, item) for item in arrays]
 
     def _read_whole(self, routes: Routes) -> None:
         """Read the arrays routed whole, now resident; one with a bad chunk is read by its blocks from now on."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dali_alchemi.csr import concat_aranges
+from dali_alchemi.store.read.spans import SpanPlan
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BlockJob",
     "LevelPlan",
+    "Plan",
     "balanced_groups",
     "block_jobs",
     "block_layout",
@@ -53,6 +55,11 @@ class LevelPlan:
     dest: NDArray[np.int64]
     total: int
 
+    @property
+    def dest_rows(self) -> NDArray[np.int64]:
+        """Each row's position in the output (:attr:`dest`; the name a span plan shares)."""
+        return self.dest
+
     def blocks(self, block_rows: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """Row blocks the plan touches (ascending) and the ``[len + 1]`` bounds of each block's slice."""
         if self.rows.size == 0:
@@ -66,6 +73,10 @@ class LevelPlan:
         bounds[:-1] = starts
         bounds[-1] = block_of_row.size
         return block_of_row[starts], bounds
+
+
+Plan = LevelPlan | SpanPlan
+"""A level's rows for a window: row by row, or as ranges (:mod:`dali_alchemi.store.read.spans`)."""
 
 
 def plan_rows(ptr: PtrArray, physical: IndexArray, order: IndexArray) -> tuple[LevelPlan, CountArray]:
@@ -92,12 +103,21 @@ class BlockJob:
 
     handle: ArrayHandle
     block: int
-    plan: LevelPlan
+    plan: Plan
     lo: int
     hi: int
     data: NDArray[Any] | None
     payloads: tuple[list[Any | None], list[str]] | None = None
     requests: tuple[list[ByteRequest | None], list[str]] | None = None  # reads still to do, and chunk keys
+
+    @property
+    def rows(self) -> int:
+        """Output rows the job fills (its rows, or the rows of its segments)."""
+        if isinstance(self.plan, SpanPlan):
+            codec = self.handle.codec
+            assert codec is not None
+            return self.plan.segment_rows(self.lo, self.hi, codec.block_rows)
+        return self.hi - self.lo
 
 
 def block_layout(job: BlockJob) -> tuple[np.dtype[Any], tuple[int, ...]]:
@@ -111,7 +131,7 @@ def balanced_groups(jobs: list[BlockJob], n_groups: int) -> list[list[BlockJob]]
     """Split jobs into at most ``n_groups`` lists of similar row counts (greedy, largest first)."""
     if len(jobs) <= n_groups:
         return [[job] for job in jobs]
-    sizes = [job.hi - job.lo + (job.hi - job.lo if job.data is None else 0) for job in jobs]
+    sizes = [job.rows * (1 if job.data is not None else 2) for job in jobs]
     loads = [(0, g) for g in range(n_groups)]  # a heap of (load, group): the lightest group on top
     groups: list[list[BlockJob]] = [[] for _ in range(n_groups)]
     for i in sorted(range(len(jobs)), key=lambda k: -sizes[k]):
@@ -134,7 +154,7 @@ def contiguous_groups(jobs: list[BlockJob], n_groups: int) -> list[list[BlockJob
     for k, job in enumerate(jobs):
         codec = job.handle.codec
         assert codec is not None
-        costs[k] = (job.hi - job.lo + (codec.block_rows if job.data is None else 0)) * codec.row_nbytes + 1
+        costs[k] = (job.rows + (codec.block_rows if job.data is None else 0)) * codec.row_nbytes + 1
     cum = np.cumsum(costs)
     cuts = np.searchsorted(cum, cum[-1] * np.arange(1, n_groups) / n_groups, side="right").tolist()
     bounds = [0, *cuts, len(jobs)]
@@ -176,16 +196,22 @@ def rows_view(arr: NDArray[Any]) -> NDArray[Any]:
     return arr.reshape(n, -1).view(row).reshape(n)
 
 
-def scatter(out: NDArray[Any], plan: LevelPlan, lo: int, hi: int, block: NDArray[Any], first_row: int) -> None:
-    """Copy plan rows ``[lo, hi)`` (all inside one block starting at ``first_row``) to their destinations."""
+def scatter(
+    out: NDArray[Any], plan: Plan, lo: int, hi: int, block: NDArray[Any], first_row: int, block_rows: int
+) -> None:
+    """Copy the plan's entries ``[lo, hi)`` of one ``block_rows``-row block (starting at row ``first_row``)
+    to their destinations: rows of a row plan, segments of a span plan (:meth:`SpanPlan.scatter`)."""
+    if isinstance(plan, SpanPlan):
+        plan.scatter(out, lo, hi, block, first_row, block_rows)
+        return
     rows = plan.rows[lo:hi] - first_row
     rows_view(out)[plan.dest[lo:hi]] = rows_view(block)[rows]
 
 
 def block_jobs(
-    handle: ArrayHandle, plan: LevelPlan, blocks: NDArray[np.int64], bounds: NDArray[np.int64]
+    handle: ArrayHandle, plan: Plan, blocks: NDArray[np.int64], bounds: NDArray[np.int64]
 ) -> list[BlockJob]:
-    """One job per row block ``blocks[k]``, for plan rows ``bounds[k]:bounds[k + 1]``."""
+    """One job per row block ``blocks[k]``, for plan entries (rows, or segments) ``bounds[k]:bounds[k + 1]``."""
     return [
         BlockJob(handle, block, plan, int(bounds[k]), int(bounds[k + 1]), None)
         for k, block in enumerate(blocks.tolist())

@@ -10,6 +10,7 @@ refuses (:func:`served_snapshot`, :func:`reconnected`). Each check is vectorised
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 from collections.abc import Sequence
@@ -82,7 +83,7 @@ def check_read_size(
     handles = [snap.handles[name] for name in names]
 
     def field_bytes(level: Level) -> int:
-        return sum(int(np.prod(h.shape[1:], dtype=np.int64)) * h.dtype.itemsize for h in handles if h.level == level)
+        return sum(math.prod(h.shape[1:]) * h.dtype.itemsize for h in handles if h.level == level)
 
     row_bytes = PerLevel(
         atom=INDEX_PLAN_BYTES + field_bytes("atom"),

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from dali_alchemi.store.read.codecs import ArrayCodec
     from dali_alchemi.store.read.decoder import BlockDecoder
-    from dali_alchemi.store.read.gather import BlockJob, LevelPlan
+    from dali_alchemi.store.read.gather import BlockJob, Plan
     from dali_alchemi.store.read.snapshot import ArrayHandle
     from dali_alchemi.types import Level, PerLevel
 
@@ -42,13 +42,13 @@ window, and per-block lookups would otherwise cost every later read (0: never)."
 class Routes:
     """How one read takes the rows of each of its arrays (arrays with no rows to read are left out)."""
 
-    through_zarr: list[tuple[ArrayHandle, LevelPlan]] = field(default_factory=list)
+    through_zarr: list[tuple[ArrayHandle, Plan]] = field(default_factory=list)
     """Arrays the engine cannot decode: read through zarr."""
-    in_place: list[tuple[str, ArrayCodec, LevelPlan]] = field(default_factory=list)
+    in_place: list[tuple[str, ArrayCodec, Plan]] = field(default_factory=list)
     """Uncompressed arrays whose rows are read in place."""
     resident: list[tuple[str, NDArray[Any]]] = field(default_factory=list)
     """Arrays held whole: one take each."""
-    whole: list[tuple[ArrayHandle, LevelPlan, NDArray[np.int64], NDArray[np.int64]]] = field(default_factory=list)
+    whole: list[tuple[ArrayHandle, Plan, NDArray[np.int64], NDArray[np.int64]]] = field(default_factory=list)
     """Arrays to read whole now (then resident), with their block plan in case a chunk is bad."""
     to_stitch: list[str] = field(default_factory=list)
     """Arrays whose every block this read decodes, to be stitched into one resident array."""
@@ -77,7 +77,7 @@ class Router:
         self._whole_failed.add(name)
 
     def route(
-        self, handles: Mapping[str, ArrayHandle], names: Sequence[str], plans: PerLevel[LevelPlan], in_place: bool
+        self, handles: Mapping[str, ArrayHandle], names: Sequence[str], plans: PerLevel[Plan], in_place: bool
     ) -> Routes:
         """Sort arrays ``names`` by how their rows are read; ``in_place``: whether uncompressed arrays are read in place."""
         routes = Routes()
@@ -106,7 +106,7 @@ class Router:
     def _route_blocks(
         self,
         handle: ArrayHandle,
-        plan: LevelPlan,
+        plan: Plan,
         blocks: NDArray[np.int64],
         bounds: NDArray[np.int64],
         routes: Routes,

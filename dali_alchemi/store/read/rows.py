@@ -6,8 +6,9 @@ which is the start of the chunk's file, or the inner chunk's offset in its shard
 structure then costs its own bytes, not the decode of every chunk it touches: that is what keeps a
 full shuffle fast on a store far larger than the decoded-chunk cache.
 
-The rows of one file are read with one ``preadv`` per cluster of nearby rows (gaps under
-:data:`MAX_GAP_BYTES`), or, when they are scattered, with one vectorised take over a read-only memory
+The rows of a span plan (:mod:`~dali_alchemi.store.read.spans`) are read segment by segment, with one
+``preadv`` per cluster of segments into their output rows. Other rows of one file are read with one
+``preadv`` per cluster of nearby rows (gaps under :data:`MAX_GAP_BYTES`), or, when they are scattered, with one vectorised take over a read-only memory
 map that is closed before the next file is opened, so a read holds at most one file's pages per thread
 in the process (the data stays in the operating system's page cache, not in this process). Every chunk's
 length is checked against its shape; a trailing ``crc32c`` is checked the first time this reader
@@ -17,10 +18,8 @@ store state, and a corrupt one is a :class:`~dali_alchemi.errors.ChunkDecodeErro
 
 from __future__ import annotations
 
-import itertools
 import mmap
 import os
-import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,25 +32,28 @@ import numpy as np
 from dali_alchemi.errors import ChunkDecodeError
 from dali_alchemi.store.read.block_reads import load_shard_indexes
 from dali_alchemi.store.read.codecs import MISSING_CHUNK
+from dali_alchemi.store.read.row_io import (
+    CHECKSUM_BYTES,
+    MAX_GAP_BYTES,
+    MAX_RUNS,
+    chunk_file_size,
+    length_error,
+    preadv_segments,
+    read_runs,
+    regular_size,
+    shrank_error,
+    take_rows,
+)
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from dali_alchemi.store.read.codecs import ArrayCodec
     from dali_alchemi.store.read.fetch import ByteFetcher
+    from dali_alchemi.store.read.spans import Segments
 
 __all__ = ["CHECKSUM_BYTES", "IN_PLACE_SPAN_SIZE", "MAX_GAP_BYTES", "MAX_RUNS", "RowReader", "reads_rows"]
 
-
-CHECKSUM_BYTES = 4
-"""Bytes of the ``crc32c`` that ends a checksummed chunk."""
-
-MAX_RUNS = 8
-"""Rows of one file lying in fewer clusters than this are read with a ``preadv`` per cluster; more
-scattered rows (a full shuffle's) are taken from a memory map of the file."""
-
-MAX_GAP_BYTES = 64 << 10
-"""Rows less than this far apart in a file are read together (the bytes between them are read too)."""
 
 IN_PLACE_SPAN_SIZE = 64
 """Structures per block-shuffle span of a store whose per-atom arrays are all read in place: no chunk
@@ -95,81 +97,6 @@ class _Locations:
             row_bounds=[*first_rows[file_starts].tolist(), int(rows.size)],
             chunk_bounds=[*file_starts.tolist(), int(touched.size)],
         )
-
-
-def _regular_size(fd: int, codec: ArrayCodec, key: str) -> int:
-    """The size of the open file ``fd``, which must be a regular file (not a directory in a chunk's place)."""
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        raise ChunkDecodeError(
-            f"Array {codec.name!r}: {key!r} is not a regular file, so it holds no chunk", array=codec.name, chunk=key
-        )
-    return info.st_size
-
-
-def _length_error(codec: ArrayCodec, chunk: int, key: str, held: int, expected: int) -> ChunkDecodeError:
-    """The error for chunk ``chunk`` of ``key`` holding ``held`` bytes where its shape needs ``expected``."""
-    return ChunkDecodeError(
-        f"Array {codec.name!r}: chunk {chunk} in {key!r} holds {held} bytes, expected {expected} for "
-        f"{codec.block_rows} rows of {codec.row_nbytes} bytes (a truncated or rewritten chunk)",
-        array=codec.name, chunk=key,
-    )  # fmt: skip
-
-
-def _read_runs(fd: int, byte_at: NDArray[np.int64], row_nbytes: int, out: NDArray[np.uint8], *, aligned: bool) -> bool:
-    """Read rows lying in fewer than :data:`MAX_RUNS` clusters with one ``preadv`` per cluster, into ``out``.
-
-    A cluster is a run of rows with gaps under :data:`MAX_GAP_BYTES` between them (a block-shuffle
-    span, a sequential window): a gap-free one is read straight into the output, another into a
-    buffer of its extent and taken from there. Returns ``False`` (reading nothing) when the rows are
-    more scattered than that: mapping the file and taking them is then cheaper than a call per cluster.
-    """
-    gaps = np.diff(byte_at) - row_nbytes  # bytes between one row's end and the next row's start
-    if gaps.size and int(gaps.min()) < 0:  # inner chunks stored out of order (the format allows it): map
-        return False
-    breaks = np.flatnonzero(gaps > MAX_GAP_BYTES) + 1
-    if breaks.size >= MAX_RUNS:
-        return False
-    bounds = [0, *breaks.tolist(), int(byte_at.size)]
-    for a, b in itertools.pairwise(bounds):  # once per cluster, fewer than MAX_RUNS
-        first, extent = int(byte_at[a]), int(byte_at[b - 1]) - int(byte_at[a]) + row_nbytes
-        if extent == (b - a) * row_nbytes:  # no gap: straight into the output
-            if os.preadv(fd, [out[a:b].data], first) != extent:
-                return False  # the file shrank: let the mapped path check it again and report it
-            continue
-        buffer = np.empty(extent, dtype=np.uint8)
-        if os.preadv(fd, [buffer.data], first) != extent:
-            return False
-        _take_rows(buffer, byte_at[a:b] - first, None, row_nbytes, out[a:b], aligned=aligned)
-    return True
-
-
-def _take_rows(
-    data: NDArray[np.uint8],
-    byte_at: NDArray[np.int64],
-    present: NDArray[np.bool_] | None,
-    row_nbytes: int,
-    out: NDArray[np.uint8],
-    *,
-    aligned: bool = False,
-) -> None:
-    """Copy the ``row_nbytes`` bytes at each of ``byte_at`` (where ``present``; all if ``None``) into ``out``.
-
-    Rows whose offsets agree modulo the row size are taken together from one ``[rows, row_nbytes]`` view
-    of the file (a contiguous view, so the take copies each row with one move and the file is never
-    copied whole). Shards whose inner chunks end with a checksum shift that residue from chunk to
-    chunk, so there are at most ``row_nbytes / 4`` groups; a chunk stored alone (``aligned``) has one.
-    """
-    residue = None if aligned else byte_at % row_nbytes
-    groups = [0] if residue is None or not residue.any() else np.unique(residue).tolist()
-    for r in groups:  # once per residue class, a handful at most
-        count = (data.size - r) // row_nbytes
-        view = data[r : r + count * row_nbytes].reshape(count, row_nbytes)
-        mine = present if len(groups) == 1 else (residue == r) if present is None else present & (residue == r)
-        if mine is None:
-            np.take(view, byte_at // row_nbytes, axis=0, out=out)
-        else:
-            out[mine] = np.take(view, byte_at[mine] // row_nbytes, axis=0)
 
 
 @dataclass(slots=True)
@@ -233,6 +160,121 @@ class RowReader:
             load_shard_indexes(self.fetcher, [(codec, codec.shard_key(f)) for f in where.files], self.shard_indexes)
         return where
 
+    def read_spans(self, codec: ArrayCodec, segments: Segments, out: NDArray[Any]) -> None:
+        """Copy ``segments`` (of ``codec``'s chunking) of ``codec``'s array straight into ``out``. The rows of a span plan are a few ranges, so each file's are read with one ``preadv`` per
+        cluster of segments (the bytes between them, such as each chunk's checksum, into scratch): no
+        row is planned or taken one by one. A file with chunks whose checksum this reader has not
+        checked yet is read whole first, checked, and copied from. Raises as :meth:`read` does.
+        """
+        if segments.block.size == 0:
+            return
+        flat = out.reshape(out.shape[0], -1).view(np.uint8).reshape(out.shape[0], codec.row_nbytes)
+        files, bounds = self.prepare_spans(codec, segments)
+        for k, file in enumerate(files):  # once per file (a chunk, or a shard of many)
+            lo, hi = bounds[k], bounds[k + 1]
+            self._read_file_spans(codec, file, segments.block[lo:hi], segments.start[lo:hi],
+                                  segments.count[lo:hi], segments.dest[lo:hi], flat)  # fmt: skip
+        if not codec.stored_dtype.isnative:
+            out.byteswap(inplace=True)
+
+    def prepare_spans(self, codec: ArrayCodec, segments: Segments) -> tuple[list[int], list[int]]:
+        """The files ``segments`` lie in, with the bounds of each one's segments; fetches their shard indexes.
+
+        :meth:`read_spans` calls it; calling it first on one thread lets several arrays then be read on
+        others (a pool task must not fetch through the pool it runs on).
+        """
+        file_of = segments.block // codec.chunks_per_shard[0]
+        bounds = [*np.flatnonzero(np.diff(file_of, prepend=-1)).tolist(), int(file_of.size)]
+        files = file_of[bounds[:-1]].tolist()
+        if codec.sharded:
+            load_shard_indexes(self.fetcher, [(codec, codec.shard_key(f)) for f in files], self.shard_indexes)
+        return files, bounds
+
+    def _read_file_spans(
+        self,
+        codec: ArrayCodec,
+        file: int,
+        blocks: NDArray[np.int64],
+        starts: NDArray[np.int64],
+        counts: NDArray[np.int64],
+        dests: NDArray[np.int64],
+        flat: NDArray[np.uint8],
+    ) -> None:
+        """:meth:`read_spans` for the segments lying in one file."""
+        key = codec.shard_key(file)
+        rb, chunk_bytes = codec.row_nbytes, codec.block_rows * codec.row_nbytes
+        stored_bytes = chunk_bytes + (CHECKSUM_BYTES if codec.chunk_checksum else 0)
+        if codec.sharded:
+            index = self.shard_indexes[(codec.name, key)]
+            inner = blocks - file * codec.chunks_per_shard[0]
+            offsets, lengths = index[inner, 0], index[inner, 1]
+            missing = (offsets == MISSING_CHUNK) & (lengths == MISSING_CHUNK)
+            offsets = np.where(missing, 0, offsets).astype(np.int64)
+            lengths = np.where(missing, stored_bytes, lengths).astype(np.int64)
+        else:
+            offsets, lengths = np.zeros(blocks.size, np.int64), np.full(blocks.size, stored_bytes, np.int64)
+            missing = np.zeros(blocks.size, dtype=np.bool_)
+        try:
+            fd = os.open(os.path.join(self.root, key), os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            missing[:] = True
+            fd = -1
+        try:
+            if missing.any():
+                rows_missing = np.zeros(flat.shape[0], dtype=np.bool_)
+                for d, c in zip(dests[missing].tolist(), counts[missing].tolist(), strict=True):
+                    rows_missing[d : d + c] = True
+                self._fill_missing(codec, key, blocks[missing], rows_missing, flat)
+                if fd < 0 or missing.all():
+                    return
+                offsets, lengths = offsets[~missing], lengths[~missing]
+                blocks, starts, counts, dests = blocks[~missing], starts[~missing], counts[~missing], dests[~missing]
+            size = regular_size(fd, codec, key) if codec.sharded else chunk_file_size(fd, codec, key, file)
+            bad = (lengths != stored_bytes) | (offsets < 0) | (offsets + lengths > size)
+            if bad.any():
+                at = int(np.argmax(bad))
+                held = int(min(lengths[at], max(size - offsets[at], 0)))
+                raise length_error(codec, int(blocks[at]), key, held, stored_bytes)
+            self._count(mapped=False)
+            byte_at = offsets + (starts - blocks * codec.block_rows) * rb
+            if codec.chunk_checksum and not self._is_verified(codec, blocks):
+                self._verify_and_copy(fd, codec, key, blocks, offsets, byte_at, counts, dests, flat)
+                return
+            short = preadv_segments(fd, byte_at, counts * rb, dests, flat)
+            if short is not None:
+                raise shrank_error(codec, int(blocks[short]), key)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _verify_and_copy(
+        self,
+        fd: int,
+        codec: ArrayCodec,
+        key: str,
+        blocks: NDArray[np.int64],
+        offsets: NDArray[np.int64],
+        byte_at: NDArray[np.int64],
+        counts: NDArray[np.int64],
+        dests: NDArray[np.int64],
+        flat: NDArray[np.uint8],
+    ) -> None:
+        """Read the chunks of one file's segments whole, check their checksums once, then copy the segments."""
+        chunk_bytes = codec.block_rows * codec.row_nbytes
+        first, stop = int(offsets.min()), int(offsets.max()) + chunk_bytes + CHECKSUM_BYTES
+        data = np.empty(stop - first, dtype=np.uint8)
+        if os.preadv(fd, [data.data], first) != data.size:
+            raise shrank_error(codec, int(blocks[0]), key)
+        corrupt = self._verify(codec, data, blocks, offsets - first, chunk_bytes)
+        if corrupt is not None:
+            raise ChunkDecodeError(
+                f"Array {codec.name!r}: chunk {corrupt} in {key!r} could not be decoded: crc32c checksum mismatch",
+                array=codec.name, chunk=key,
+            )  # fmt: skip
+        rb = codec.row_nbytes
+        for at, c, d in zip((byte_at - first).tolist(), counts.tolist(), dests.tolist(), strict=True):  # per segment
+            flat[d : d + c] = data[at : at + c * rb].reshape(c, rb)
+
     def _read_chunk(self, codec: ArrayCodec, chunk: int, local: NDArray[np.int64], out: NDArray[np.uint8]) -> None:
         """Fill ``out`` with rows ``local`` of chunk ``chunk``, stored alone in its file (unsharded)."""
         key = codec.shard_key(chunk)
@@ -244,12 +286,12 @@ class RowReader:
             self._fill_missing(codec, key, np.array([chunk]), np.ones(out.shape[0], dtype=np.bool_), out)
             return
         try:
-            size = _regular_size(fd, codec, key)
+            size = regular_size(fd, codec, key)
             if size != stored_bytes:
-                raise _length_error(codec, chunk, key, size, stored_bytes)
+                raise length_error(codec, chunk, key, size, stored_bytes)
             self._count(mapped=False)
             verified = not codec.chunk_checksum or self._is_verified(codec, np.array([chunk]))
-            if verified and _read_runs(fd, local * codec.row_nbytes, codec.row_nbytes, out, aligned=True):
+            if verified and read_runs(fd, local * codec.row_nbytes, codec.row_nbytes, out, aligned=True):
                 return
 
             def take(data: NDArray[np.uint8]) -> None:
@@ -289,21 +331,21 @@ class RowReader:
                 self._fill_missing(codec, key, touched[missing], missing[position], out)
             if fd < 0 or missing.all():
                 return
-            size = _regular_size(fd, codec, key)
+            size = regular_size(fd, codec, key)
             bad = ~missing & ((lengths != stored_bytes) | (offsets < 0) | (offsets + lengths > size))
             if bad.any():
                 at = int(np.argmax(bad))
                 held = int(min(lengths[at], max(size - offsets[at], 0)))
-                raise _length_error(codec, int(touched[at]), key, held, stored_bytes)
+                raise length_error(codec, int(touched[at]), key, held, stored_bytes)
             self._count(mapped=False)
             byte_at = offsets[position] + local * codec.row_nbytes
             verified = not codec.chunk_checksum or self._is_verified(codec, touched)
-            if not missing.any() and verified and _read_runs(fd, byte_at, codec.row_nbytes, out, aligned=False):
+            if not missing.any() and verified and read_runs(fd, byte_at, codec.row_nbytes, out, aligned=False):
                 return
             present = None if not missing.any() else ~missing[position]
 
             def take(data: NDArray[np.uint8]) -> None:
-                _take_rows(data, byte_at, present, codec.row_nbytes, out)
+                take_rows(data, byte_at, present, codec.row_nbytes, out)
 
             unverified = None if not codec.chunk_checksum else (touched[~missing], offsets[~missing])
             self._take_mapped(fd, size, codec, key, unverified, take)

@@ -56,6 +56,6 @@ def test_scatter_moves_rows_of_a_block_to_their_destinations() -> None:
     block = np.arange(24, dtype=np.float32).reshape(8, 3)
     plan = LevelPlan(rows=np.array([17, 19, 20], np.int64), dest=np.array([2, 0, 1], np.int64), total=3)
     out = np.zeros((3, 3), np.float32)
-    scatter(out, plan, 0, 3, block, 16)
+    scatter(out, plan, 0, 3, block, 16, 16)
     assert out.tolist() == [block[3].tolist(), block[4].tolist(), block[1].tolist()]
     assert rows_view(out).shape == (3,) and rows_view(out).dtype.itemsize == 12

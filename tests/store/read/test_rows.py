@@ -14,6 +14,7 @@ import zarr
 from dali_alchemi import AtomicDataZarrReader, ChunkDecodeError
 from dali_alchemi.bench.synth import write_synthetic_store
 from dali_alchemi.config import ArrayConfig, WriteConfig
+from dali_alchemi.store.read import row_io
 from dali_alchemi.store.read import rows as rows_module
 from dali_alchemi.store.read.rows import IN_PLACE_SPAN_SIZE
 
@@ -72,8 +73,8 @@ def test_in_place_rows_equal_the_decoded_ones(
 def test_scattered_rows_are_mapped_and_clustered_rows_are_read(
     raw_stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(rows_module, "MAX_GAP_BYTES", 0)  # only adjacent rows cluster
-    monkeypatch.setattr(rows_module, "MAX_RUNS", 2)
+    monkeypatch.setattr(row_io, "MAX_GAP_BYTES", 0)  # only adjacent rows cluster
+    monkeypatch.setattr(row_io, "MAX_RUNS", 2)
     with AtomicDataZarrReader(raw_stores["plain"], cache_bytes=0) as raw:
         raw.read_packed(np.arange(0, 100))  # one run per file
         assert raw.stats().files_mapped == 0 and raw.stats().files_read > 0
@@ -85,7 +86,7 @@ def test_both_ways_of_reading_a_file_agree(raw_stores: dict[str, Path], monkeypa
     indices = np.random.default_rng(2).permutation(300)[:120]
     results = []
     for max_runs in (0, 10_000):  # every file mapped; every file read by clusters
-        monkeypatch.setattr(rows_module, "MAX_RUNS", max_runs)
+        monkeypatch.setattr(row_io, "MAX_RUNS", max_runs)
         for layout in ("crc32c", "sharded-plain"):
             with AtomicDataZarrReader(raw_stores[layout], cache_bytes=0) as raw:
                 raw.read_packed(np.arange(300))  # verify every checksum first: then the cluster path may run

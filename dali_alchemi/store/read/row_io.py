@@ -1,0 +1,169 @@
+"""Byte-level reads of raw rows from one open file: the system calls under :mod:`~dali_alchemi.store.read.rows`.
+
+Rows in a few clusters are read with one ``preadv`` per cluster (straight into the output where they are
+contiguous), scattered rows are taken from a ``[rows, row bytes]`` view of a mapped file, and the
+segments of a span plan go with one ``preadv`` per cluster into their output rows. Nothing here knows
+about caches or checksums: the row reader decides what to read and checks what it read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import stat
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dali_alchemi.errors import ChunkDecodeError
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from dali_alchemi.store.read.codecs import ArrayCodec
+
+__all__ = [
+    "CHECKSUM_BYTES", "MAX_GAP_BYTES", "MAX_RUNS", "chunk_file_size", "length_error", "preadv_segments", "read_runs",
+    "regular_size", "shrank_error", "take_rows",
+]  # fmt: skip
+
+
+CHECKSUM_BYTES = 4
+"""Bytes of the ``crc32c`` that ends a checksummed chunk."""
+
+MAX_RUNS = 8
+"""Rows of one file lying in fewer clusters than this are read with a ``preadv`` per cluster; more
+scattered rows (a full shuffle's) are taken from a memory map of the file."""
+
+MAX_GAP_BYTES = 64 << 10
+"""Rows less than this far apart in a file are read together (the bytes between them are read too)."""
+
+def regular_size(fd: int, codec: ArrayCodec, key: str) -> int:
+    """The size of the open file ``fd``, which must be a regular file (not a directory in a chunk's place)."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise ChunkDecodeError(
+            f"Array {codec.name!r}: {key!r} is not a regular file, so it holds no chunk", array=codec.name, chunk=key
+        )
+    return info.st_size
+
+
+def chunk_file_size(fd: int, codec: ArrayCodec, key: str, chunk: int) -> int:
+    """The size of file ``fd`` holding chunk ``chunk`` alone, which must be exactly the chunk's stored bytes."""
+    size = regular_size(fd, codec, key)
+    stored_bytes = codec.block_rows * codec.row_nbytes + (CHECKSUM_BYTES if codec.chunk_checksum else 0)
+    if size != stored_bytes:
+        raise length_error(codec, chunk, key, size, stored_bytes)
+    return size
+
+
+def shrank_error(codec: ArrayCodec, chunk: int, key: str) -> ChunkDecodeError:
+    """The error for chunk ``chunk`` of ``key`` ending before its rows were read: the file shrank meanwhile."""
+    return ChunkDecodeError(
+        f"Array {codec.name!r}: chunk {chunk} in {key!r} ended before its rows were read (the file shrank "
+        f"while it was read: a rewrite in progress?)",
+        array=codec.name, chunk=key,
+    )  # fmt: skip
+
+
+def length_error(codec: ArrayCodec, chunk: int, key: str, held: int, expected: int) -> ChunkDecodeError:
+    """The error for chunk ``chunk`` of ``key`` holding ``held`` bytes where its shape needs ``expected``."""
+    return ChunkDecodeError(
+        f"Array {codec.name!r}: chunk {chunk} in {key!r} holds {held} bytes, expected {expected} for "
+        f"{codec.block_rows} rows of {codec.row_nbytes} bytes (a truncated or rewritten chunk)",
+        array=codec.name, chunk=key,
+    )  # fmt: skip
+
+
+def read_runs(fd: int, byte_at: NDArray[np.int64], row_nbytes: int, out: NDArray[np.uint8], *, aligned: bool) -> bool:
+    """Read rows lying in fewer than :data:`MAX_RUNS` clusters with one ``preadv`` per cluster, into ``out``.
+
+    A cluster is a run of rows with gaps under :data:`MAX_GAP_BYTES` between them (a block-shuffle
+    span, a sequential window): a gap-free one is read straight into the output, another into a
+    buffer of its extent and taken from there. Returns ``False`` (reading nothing) when the rows are
+    more scattered than that: mapping the file and taking them is then cheaper than a call per cluster.
+    """
+    gaps = np.diff(byte_at) - row_nbytes  # bytes between one row's end and the next row's start
+    if gaps.size and int(gaps.min()) < 0:  # inner chunks stored out of order (the format allows it): map
+        return False
+    breaks = np.flatnonzero(gaps > MAX_GAP_BYTES) + 1
+    if breaks.size >= MAX_RUNS:
+        return False
+    bounds = [0, *breaks.tolist(), int(byte_at.size)]
+    for a, b in itertools.pairwise(bounds):  # once per cluster, fewer than MAX_RUNS
+        first, extent = int(byte_at[a]), int(byte_at[b - 1]) - int(byte_at[a]) + row_nbytes
+        if extent == (b - a) * row_nbytes:  # no gap: straight into the output
+            if os.preadv(fd, [out[a:b].data], first) != extent:
+                return False  # the file shrank: let the mapped path check it again and report it
+            continue
+        buffer = np.empty(extent, dtype=np.uint8)
+        if os.preadv(fd, [buffer.data], first) != extent:
+            return False
+        take_rows(buffer, byte_at[a:b] - first, None, row_nbytes, out[a:b], aligned=aligned)
+    return True
+
+
+def preadv_segments(
+    fd: int,
+    byte_at: NDArray[np.int64],
+    nbytes: NDArray[np.int64],
+    dests: NDArray[np.int64],
+    flat: NDArray[np.uint8],
+) -> int | None:
+    """Read segment ``k`` (``nbytes[k]`` bytes at ``byte_at[k]``) into ``flat`` rows from ``dests[k]``.
+
+    Segments in file order less than :data:`MAX_GAP_BYTES` apart are read with one ``preadv``, the bytes
+    between them going to scratch. Returns the first segment the file ended in (it shrank), or ``None``.
+    """
+    order = np.argsort(byte_at, kind="stable")
+    at, size, dest = byte_at[order].tolist(), nbytes[order].tolist(), dests[order].tolist()
+    out = flat.reshape(-1)
+    rb = flat.shape[1]
+    scratch = np.empty(MAX_GAP_BYTES, dtype=np.uint8).data
+    k, n = 0, len(at)
+    while k < n:  # once per cluster of segments
+        first, end = at[k], at[k]
+        buffers: list[Any] = []
+        j = k
+        while j < n and len(buffers) < _IOV_MAX - 1 and 0 <= at[j] - end <= MAX_GAP_BYTES:
+            if at[j] > end:
+                buffers.append(scratch[: at[j] - end])
+            buffers.append(out[dest[j] * rb : dest[j] * rb + size[j]].data)
+            end = at[j] + size[j]
+            j += 1
+        if os.preadv(fd, buffers, first) != end - first:
+            return int(order[j - 1])
+        k = j
+    return None
+
+
+_IOV_MAX = 1024
+"""Buffers one ``preadv`` takes at most (Linux's ``IOV_MAX``)."""
+
+
+def take_rows(
+    data: NDArray[np.uint8],
+    byte_at: NDArray[np.int64],
+    present: NDArray[np.bool_] | None,
+    row_nbytes: int,
+    out: NDArray[np.uint8],
+    *,
+    aligned: bool = False,
+) -> None:
+    """Copy the ``row_nbytes`` bytes at each of ``byte_at`` (where ``present``; all if ``None``) into ``out``.
+
+    Rows whose offsets agree modulo the row size are taken together from one ``[rows, row_nbytes]`` view
+    of the file (a contiguous view, so the take copies each row with one move and the file is never
+    copied whole). Shards whose inner chunks end with a checksum shift that residue from chunk to
+    chunk, so there are at most ``row_nbytes / 4`` groups; a chunk stored alone (``aligned``) has one.
+    """
+    residue = None if aligned else byte_at % row_nbytes
+    groups = [0] if residue is None or not residue.any() else np.unique(residue).tolist()
+    for r in groups:  # once per residue class, a handful at most
+        count = (data.size - r) // row_nbytes
+        view = data[r : r + count * row_nbytes].reshape(count, row_nbytes)
+        mine = present if len(groups) == 1 else (residue == r) if present is None else present & (residue == r)
+        if mine is None:
+            np.take(view, byte_at // row_nbytes, axis=0, out=out)
+        else:
+            out[mine] = np.take(view, byte_at[mine] // row_nbytes, axis=0)

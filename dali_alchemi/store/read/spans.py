@@ -1,0 +1,157 @@
+"""Span planning for a windowed read: the window's rows as a few ranges, not one entry per row.
+
+A sequential window, or a block-order window of spans, is a few runs of consecutive samples, so each
+level's rows are a few ranges of consecutive rows. :class:`SpanPlan` keeps them as ranges: split at
+the row blocks of a chunking, they become *segments* (a block, the rows of it to copy, and where they go
+in the output), one or two per block touched. Reading a segment is then one slice copy, and planning
+costs per block, not per row, which is what lets a read that misses the cache run near the codec's speed
+(a row plan, :class:`~dali_alchemi.store.read.gather.LevelPlan`, spends more on its index arrays than
+the decode). A window of scattered samples (a full shuffle) keeps the row plan.
+
+Pure numpy over pointer arrays; no zarr, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dali_alchemi.csr import concat_aranges
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from dali_alchemi.types import IndexArray, PtrArray
+
+__all__ = ["MIN_MEAN_RUN", "Segments", "SpanPlan", "sample_runs"]
+
+
+MIN_MEAN_RUN = 8
+"""Samples per run, on average, from which a window is read by spans: below it (a full shuffle's
+scattered samples) the per-segment copies cost more than one fancy-index take per block."""
+
+
+def sample_runs(physical: IndexArray) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
+    """Runs of consecutive samples in ``physical`` (distinct, request order): ``(first, stop)`` per run.
+
+    ``None`` when the runs are shorter than :data:`MIN_MEAN_RUN` samples on average.
+    """
+    if physical.size == 0:
+        return None
+    breaks = np.flatnonzero(np.diff(physical) != 1) + 1
+    if (breaks.size + 1) * MIN_MEAN_RUN > physical.size:
+        return None
+    first = physical[np.concatenate(([0], breaks))]
+    last = physical[np.concatenate((breaks - 1, [physical.size - 1]))]
+    return first.astype(np.int64, copy=False), last.astype(np.int64) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Segments:
+    """A span plan split at the row blocks of one chunking: segment ``k`` copies rows
+    ``[start[k], start[k] + count[k])`` of the store, all in block ``block[k]``, to output rows from ``dest[k]``.
+
+    Segments are sorted by ``start``, so each block's are consecutive (at most one per run).
+    """
+
+    block: NDArray[np.int64]
+    start: NDArray[np.int64]
+    count: NDArray[np.int64]
+    dest: NDArray[np.int64]
+    rows_before: list[int]
+    """``[len + 1]`` rows of the segments before segment ``k`` (Python ints: read once per block job)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpanPlan:
+    """Rows of one level for a window, as ranges sorted by their first row.
+
+    Range ``k`` is the store's rows ``[starts[k], stops[k])``, going to output rows from ``dest[k]``
+    (the output is in request order). ``total`` is the output length. ``rows`` and ``dest_rows`` give the
+    same plan row by row, for the routes that read rows one by one (arrays read through zarr).
+    """
+
+    starts: NDArray[np.int64]
+    stops: NDArray[np.int64]
+    dest: NDArray[np.int64]
+    total: int
+    _segments: dict[int, Segments] = field(default_factory=dict, compare=False, repr=False)
+    _rows: list[NDArray[np.int64]] = field(default_factory=list, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, first: NDArray[np.int64], stop: NDArray[np.int64], ptr: PtrArray | None) -> SpanPlan:
+        """The plan of sample runs ``[first[k], stop[k])`` (request order) under CSR pointer ``ptr``.
+
+        ``ptr=None`` plans system-level rows: one row per sample.
+        """
+        starts, stops = (first, stop) if ptr is None else (ptr[first], ptr[stop])
+        counts = stops - starts
+        dest = np.cumsum(counts) - counts
+        order = np.argsort(starts, kind="stable")
+        return cls(starts=starts[order], stops=stops[order], dest=dest[order], total=int(counts.sum()))
+
+    @property
+    def rows(self) -> NDArray[np.int64]:
+        """Every row of the plan, ascending (computed once)."""
+        if not self._rows:
+            self._rows.append(concat_aranges(self.starts, self.stops - self.starts))
+            self._rows.append(concat_aranges(self.dest, self.stops - self.starts))
+        return self._rows[0]
+
+    @property
+    def dest_rows(self) -> NDArray[np.int64]:
+        """Each row of :attr:`rows`' position in the output."""
+        self.rows  # noqa: B018  # computes both
+        return self._rows[1]
+
+    def segments(self, block_rows: int) -> Segments:
+        """The plan split at every ``block_rows``-row block (computed once per chunking)."""
+        found = self._segments.get(block_rows)
+        if found is not None:
+            return found
+        nonempty = self.stops > self.starts
+        starts, stops, dest = self.starts[nonempty], self.stops[nonempty], self.dest[nonempty]
+        first_block, last_block = starts // block_rows, (stops - 1) // block_rows
+        per_run = last_block - first_block + 1
+        block = concat_aranges(first_block, per_run)
+        run = np.repeat(np.arange(starts.size), per_run)
+        start = np.maximum(starts[run], block * block_rows)
+        stop = np.minimum(stops[run], (block + 1) * block_rows)
+        count = stop - start
+        rows_before = [0, *np.cumsum(count).tolist()]
+        found = Segments(
+            block=block, start=start, count=count, dest=(dest[run] + (start - starts[run])).astype(np.int64), rows_before=rows_before
+        )
+        return self._segments.setdefault(block_rows, found)
+
+    def blocks(self, block_rows: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """Row blocks the plan touches (ascending) and the ``[len + 1]`` bounds of each block's segments."""
+        block = self.segments(block_rows).block
+        if block.size == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
+        change = np.empty(block.size, dtype=np.bool_)
+        change[0] = True
+        np.not_equal(block[1:], block[:-1], out=change[1:])
+        starts = np.flatnonzero(change)
+        return block[starts], np.append(starts, block.size).astype(np.int64, copy=False)
+
+    def segment_rows(self, lo: int, hi: int, block_rows: int) -> int:
+        """Rows that segments ``[lo, hi)`` of the ``block_rows`` chunking copy."""
+        rows_before = self.segments(block_rows).rows_before
+        return rows_before[hi] - rows_before[lo]
+
+    def scatter(self, out: NDArray[Any], lo: int, hi: int, data: NDArray[Any], first_row: int, block_rows: int) -> None:
+        """Copy segments ``[lo, hi)`` of the ``block_rows`` chunking (all in one block, whose first row is
+        ``first_row``) from the block ``data`` to their places in ``out``."""
+        seg = self.segments(block_rows)
+        for start, count, dest in zip(
+            seg.start[lo:hi].tolist(), seg.count[lo:hi].tolist(), seg.dest[lo:hi].tolist(), strict=True
+        ):  # one or two per block
+            out[dest : dest + count] = data[start - first_row : start - first_row + count]
+
+    def take(self, out: NDArray[Any], whole: NDArray[Any]) -> None:
+        """Copy the plan's rows of an array held whole into ``out``: one slice per range."""
+        for start, stop, dest in zip(self.starts.tolist(), self.stops.tolist(), self.dest.tolist(), strict=True):
+            out[dest : dest + stop - start] = whole[start:stop]

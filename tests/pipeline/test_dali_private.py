@@ -13,6 +13,7 @@ from nvidia.dali import fn
 from nvidia.dali.pipeline import Pipeline
 
 from dali_alchemi.pipeline import dali_private
+from dali_alchemi.pipeline.source import standard_exception_pickling
 
 pytestmark = pytest.mark.dali
 
@@ -24,6 +25,9 @@ def _window(info: object) -> list[np.ndarray]:
 
 
 def test_the_worker_pool_processes_and_shutdown_are_where_dali_private_looks(tmp_path: Path) -> None:
+    # As the loader does: a test run earlier in this process may have imported ``distributed``, whose
+    # exception reducers DALI's workers could not hand back (the StopIteration that ends the epoch).
+    standard_exception_pickling()
     pipe = Pipeline(batch_size=1, num_threads=1, device_id=None, py_num_workers=2, py_start_method="fork")
     with pipe:
         out = fn.external_source(source=_window, batch=True, batch_info=True, parallel=True, prefetch_queue_depth=2)

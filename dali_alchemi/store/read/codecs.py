@@ -259,6 +259,11 @@ class ArrayCodec:
         return key
 
     @property
+    def one_chunk_blocks(self) -> bool:
+        """Whether each row block is one chunk (trailing dims whole and unsplit): a block is one decode."""
+        return self._one_chunk
+
+    @property
     def stored_dtype(self) -> np.dtype[Any]:
         """The dtype of the stored bytes (its byte order as written)."""
         return self._chain.stored_dtype

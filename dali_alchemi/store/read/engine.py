@@ -31,6 +31,7 @@ from dali_alchemi.csr import concat_aranges
 from dali_alchemi.errors import ConfigError
 from dali_alchemi.store.read.cache import CacheStats
 from dali_alchemi.store.read.decoder import INLINE_ROWS, BlockDecoder, errors_of
+from dali_alchemi.store.read.fetch import LocalFetcher
 from dali_alchemi.store.read.gather import (
     Plan,
     block_jobs,
@@ -42,6 +43,7 @@ from dali_alchemi.store.read.gather import (
 from dali_alchemi.store.read.routes import Router
 from dali_alchemi.store.read.rows import RowReader, reads_rows
 from dali_alchemi.store.read.snapshot import read_through_zarr
+from dali_alchemi.store.read.span_blocks import decode_span_jobs, takes_span_job
 from dali_alchemi.store.read.spans import SpanPlan, sample_runs
 from dali_alchemi.types import PerLevel
 
@@ -327,8 +329,19 @@ class BlockEngine:
     def _read_blocks(
         self, routes: Routes, outputs: dict[str, NDArray[Any]], take: Callable[[tuple[str, NDArray[Any]]], None]
     ) -> None:
-        """Decode the block jobs group by group (the resident takes with the last), then stitch what was read whole."""
-        groups = working_set_groups(routes.jobs, self.working_set_bytes)
+        """Decode the block jobs group by group (the resident takes with the last), then stitch what was read whole.
+
+        The blocks of span plans from a local store go the lean way (:mod:`~dali_alchemi.store.read.span_blocks`)
+        when they fit the working set; the rest through the decoder's groups.
+        """
+        jobs = routes.jobs
+        fetcher = self.decoder.pool.fetcher() if jobs else None
+        if isinstance(fetcher, LocalFetcher) and not self.decoder.shares_blocks:
+            spans = [job for job in jobs if takes_span_job(job)]
+            if spans:
+                left = decode_span_jobs(self.decoder, fetcher, spans, outputs, self.working_set_bytes)
+                jobs = left + [job for job in jobs if not takes_span_job(job)]
+        groups = working_set_groups(jobs, self.working_set_bytes)
         for k, group in enumerate(groups):
             self.decoder.decode_group(group, outputs, routes.resident if k == len(groups) - 1 else [], take)
             for job in group:  # release the group's decoded blocks (the cache keeps what fits)

@@ -183,9 +183,7 @@ class RowReader:
         :meth:`read_spans` calls it; calling it first on one thread lets several arrays then be read on
         others (a pool task must not fetch through the pool it runs on).
         """
-        file_of = segments.block // codec.chunks_per_shard[0]
-        bounds = [*np.flatnonzero(np.diff(file_of, prepend=-1)).tolist(), int(file_of.size)]
-        files = file_of[bounds[:-1]].tolist()
+        files, bounds = segments.files(codec.chunks_per_shard[0])
         if codec.sharded:
             load_shard_indexes(self.fetcher, [(codec, codec.shard_key(f)) for f in files], self.shard_indexes)
         return files, bounds

@@ -62,6 +62,17 @@ class Segments:
     dest: NDArray[np.int64]
     rows_before: list[int]
     """``[len + 1]`` rows of the segments before segment ``k`` (Python ints: read once per block job)."""
+    _files: dict[int, tuple[list[int], list[int]]] = field(default_factory=dict, compare=False, repr=False)
+
+    def files(self, blocks_per_file: int) -> tuple[list[int], list[int]]:
+        """The files the segments lie in (``blocks_per_file`` blocks each, ascending), and the ``[len + 1]``
+        bounds of each file's segments (computed once per file size)."""
+        found = self._files.get(blocks_per_file)
+        if found is None:
+            file_of = self.block // blocks_per_file
+            bounds = [*np.flatnonzero(np.diff(file_of, prepend=-1)).tolist(), int(file_of.size)]
+            found = self._files.setdefault(blocks_per_file, (file_of[bounds[:-1]].tolist(), bounds))
+        return found
 
 
 @dataclass(frozen=True, slots=True)

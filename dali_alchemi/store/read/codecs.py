@@ -347,6 +347,16 @@ class ArrayCodec:
         out.flags.writeable = False
         return out
 
+    def decode_block_into(self, block: int, payload: Any | None, key: str, out: NDArray[Any]) -> NDArray[Any]:
+        """Decode full row block ``block``, one chunk (:attr:`one_chunk_blocks`), straight into ``out``.
+
+        ``out`` is C-contiguous, of the block's shape and :attr:`dtype` (rows of a window's output); it is
+        returned. Raises as :meth:`decode_block` does.
+        """
+        if not self._one_chunk or out.shape != tuple(self.chunk_shape) or (block + 1) * self.block_rows > self.shape[0]:
+            raise ValueError(f"Array {self.name!r}: block {block} is not one full chunk of shape {self.chunk_shape}")
+        return self._decode_one(payload, key, self.chunk_shape, out)
+
     def _decode_one(
         self, payload: Any | None, key: str, shape: tuple[int, ...], out: NDArray[Any] | None
     ) -> NDArray[Any]:

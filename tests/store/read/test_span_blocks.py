@@ -82,3 +82,27 @@ def test_span_blocks_beyond_the_working_set_go_through_the_bounded_groups(
         lean = reader.read_packed(np.arange(0, 300), fields=["positions"]).fields["positions"]
     assert not any(groups)  # within the working set: the lean way
     np.testing.assert_array_equal(lean, bounded)
+
+
+def test_blocks_a_window_covers_whole_are_decoded_into_it_when_the_cache_cannot_keep_them(small_store: Path) -> None:
+    cache_bytes = 8 << 10  # smaller than the positions array (~100 KB decoded): its blocks would not last a pass
+    with AtomicDataZarrReader(small_store, cache_bytes=cache_bytes, fields=["positions"]) as reader:
+        got = reader.read_packed(np.arange(10, 290)).fields["positions"]
+        stats = reader.stats()
+    with AtomicDataZarrReader(small_store, cache_bytes=0, fields=["positions"]) as reader:
+        reader._engine.working_set_bytes = 1  # the general decoder, block by block
+        want = reader.read_packed(np.arange(10, 290)).fields["positions"]
+    np.testing.assert_array_equal(got, want)
+    assert stats.blocks_decoded > 2
+    assert stats.cache.entries <= 2  # only the two blocks the window cuts were cached
+
+
+def test_decoding_into_the_output_takes_only_full_one_chunk_blocks(small_store: Path) -> None:
+    with AtomicDataZarrReader(small_store, fields=["positions"]) as reader:
+        codec = reader._snapshot.handles["positions"].codec
+        assert codec is not None and codec.one_chunk_blocks
+        with pytest.raises(ValueError, match="is not one full chunk"):
+            codec.decode_block_into(0, None, "k", np.empty((codec.block_rows - 1, 3), dtype=codec.dtype))
+        last = codec.n_blocks - 1  # a short last block is never decoded into the output
+        with pytest.raises(ValueError, match=f"block {last} is not one full chunk"):
+            codec.decode_block_into(last, None, "k", np.empty((codec.block_rows, 3), dtype=codec.dtype))

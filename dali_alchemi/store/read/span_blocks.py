@@ -20,7 +20,7 @@ import numpy as np
 
 from dali_alchemi.store.read.block_reads import load_shard_indexes
 from dali_alchemi.store.read.codecs import MISSING_CHUNK
-from dali_alchemi.store.read.decoder import TASKS_PER_THREAD, errors_of
+from dali_alchemi.store.read.decoder import errors_of
 from dali_alchemi.store.read.fetch import ByteRequest
 from dali_alchemi.store.read.spans import SpanPlan
 
@@ -32,7 +32,14 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.fetch import LocalFetcher
     from dali_alchemi.store.read.gather import BlockJob
 
-__all__ = ["decode_span_jobs", "takes_span_job"]
+__all__ = ["THREADS_PER_TASK", "decode_span_jobs", "takes_span_job"]
+
+
+THREADS_PER_TASK = 2
+"""Pool threads per task of span blocks (one task, on the calling thread, below four threads). About half
+of a block's work here is Python, which holds the GIL: on 2 cores, decode tasks on both pool threads ran a
+sequential 16 MiB-cache read at 70-75k structures/s, one task (the raw arrays' reads on the pool beside
+it) at 83-90k."""
 
 
 def takes_span_job(job: BlockJob) -> bool:
@@ -82,12 +89,11 @@ def decode_span_jobs(
         run.ranges = _byte_ranges(decoder, run)
     decoder.blocks_decoded += sum(d is None for run in runs for d in run.data)
     decoder.chunks_fetched += sum(r is not None for run in runs for d, r in zip(run.data, run.ranges, strict=True) if d is None)
-    pieces = _pieces(runs, decoder.pool.num_threads * TASKS_PER_THREAD)
-    if len(pieces) == 1:
-        _finish(decoder, fetcher, *pieces[0])
-        return []
-    pool = decoder.pool.executor()
-    errors = errors_of([pool.submit(_finish, decoder, fetcher, *piece) for piece in pieces])
+    n_tasks = max(1, decoder.pool.num_threads // THREADS_PER_TASK)
+    pieces = _pieces(runs, n_tasks)
+    tasks = [pieces[k::n_tasks] for k in range(min(n_tasks, len(pieces)))]
+    pool = decoder.pool.executor()  # even one task: this thread waits, so no more threads run than the pool's
+    errors = errors_of([pool.submit(_finish_all, decoder, fetcher, task) for task in tasks])
     if errors:
         raise errors[0]
     return []
@@ -139,6 +145,12 @@ def _pieces(runs: list[_Run], n_pieces: int) -> list[tuple[_Run, int, int]]:
                 start, held = k + 1, 0
         pieces.append((run, start, len(cost)))
     return pieces
+
+
+def _finish_all(decoder: BlockDecoder, fetcher: LocalFetcher, pieces: list[tuple[_Run, int, int]]) -> None:
+    """One task: :func:`_finish` each of ``pieces`` in turn."""
+    for piece in pieces:
+        _finish(decoder, fetcher, *piece)
 
 
 def _finish(decoder: BlockDecoder, fetcher: LocalFetcher, run: _Run, first: int, stop: int) -> None:

@@ -1,13 +1,17 @@
 """The chunk-block engine: read the rows of a window from a snapshot's arrays, block by block.
 
-For each level the window's rows are planned (:mod:`dali_alchemi.store.read.gather`), and each array
-is routed (:mod:`dali_alchemi.store.read.routes`) to the way its rows are read: through zarr (arrays
-the engine cannot decode), in place (:mod:`dali_alchemi.store.read.rows`: uncompressed arrays of a
-local store too big for the cache), with one take from an array held whole ("resident"), or block by
-block. Every row block the plan touches is then fetched and decoded at most once per call by the
-decoder (:mod:`dali_alchemi.store.read.decoder`, which owns the cache and the thread pool), in groups
-that bound the decoded bytes one read holds. An array that fits in a quarter of the cache is read whole
-once reads have touched a quarter of its blocks, and kept whole: later reads take its rows with one take.
+For each level the window's rows are planned: as ranges when the window is a few runs of consecutive
+samples (:mod:`dali_alchemi.store.read.spans`: a sequential or block-order window), else row by row
+(:mod:`dali_alchemi.store.read.gather`: a shuffled window). Each array is routed
+(:mod:`dali_alchemi.store.read.routes`) to the way its rows are read: through zarr (arrays the engine
+cannot decode), in place (:mod:`dali_alchemi.store.read.rows`: uncompressed arrays of a local store too
+big for the cache), with one take from an array held whole ("resident"), or block by block. Every row
+block the plan touches is then fetched and decoded at most once per call by the decoder
+(:mod:`dali_alchemi.store.read.decoder`, which owns the cache and the thread pool), in groups that bound
+the decoded bytes one read holds; the blocks of a span plan from a local store go a leaner way
+(:mod:`dali_alchemi.store.read.span_blocks`) when they fit that bound. An array that fits in a quarter
+of the cache is read whole once reads have touched a quarter of its blocks, and kept whole: later reads
+take its rows with one take.
 
 Threads do not survive ``fork`` (DALI's default worker start), so the pool and the fetcher that reads
 on it are rebuilt in a new process (:mod:`dali_alchemi.store.read.pool`). Reconnecting to a non-local

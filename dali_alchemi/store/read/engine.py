@@ -48,7 +48,7 @@ from dali_alchemi.store.read.routes import Router
 from dali_alchemi.store.read.rows import RowReader, reads_rows
 from dali_alchemi.store.read.snapshot import read_through_zarr
 from dali_alchemi.store.read.span_blocks import decode_span_jobs, takes_span_job
-from dali_alchemi.store.read.spans import SpanPlan, sample_runs
+from dali_alchemi.store.read.spans import SpanPlan, rows_in_request_order, sample_runs, take_rows
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
@@ -215,14 +215,17 @@ class BlockEngine:
         atoms_ptr, edges_ptr = snapshot.atoms_ptr, snapshot.edges_ptr
         atom_starts, edge_starts = atoms_ptr[physical], edges_ptr[physical]
         n_atoms, n_edges = atoms_ptr[physical + 1] - atom_starts, edges_ptr[physical + 1] - edge_starts
-        runs = sample_runs(physical)
+        runs, order = sample_runs(physical), None
+        if runs is None:  # shuffled: maybe a few runs all the same (a block shuffle's buffer), read sorted
+            order = np.argsort(physical, kind="stable")
+            runs = sample_runs(physical[order])
         plans: PerLevel[Plan]
         if runs is not None:  # a few runs of consecutive samples: planned by ranges, copied by slices
             plans = PerLevel(
                 atom=SpanPlan.of(*runs, atoms_ptr), edge=SpanPlan.of(*runs, edges_ptr), system=SpanPlan.of(*runs, None)
             )
         else:
-            order = np.argsort(physical, kind="stable")
+            assert order is not None
             plans = PerLevel(
                 atom=plan_rows(atoms_ptr, physical, order)[0],
                 edge=plan_rows(edges_ptr, physical, order)[0],
@@ -243,6 +246,14 @@ class BlockEngine:
             return physical
 
         self._gather(handles, names, plans, outputs, request_rows)
+        if runs is not None and order is not None:  # read in store order: one take per array to request order
+            counts = PerLevel(atom=n_atoms, edge=n_edges, system=np.ones(physical.size, dtype=np.int64))
+            positions: dict[Level, NDArray[np.int64]] = {}
+            for name in names:
+                level = handles[name].level
+                if level not in positions:
+                    positions[level] = rows_in_request_order(counts[level], order)
+                outputs[name] = take_rows(outputs[name], positions[level])
         self._packed_reads += 1
         self._samples_read += int(physical.size)
         return RowsRead(fields=outputs, n_atoms=n_atoms, n_edges=n_edges, atom_starts=atom_starts)

@@ -6,7 +6,9 @@ the row blocks of a chunking, they become *segments* (a block, the rows of it to
 in the output), one or two per block touched. Reading a segment is then one slice copy, and planning
 costs per block, not per row, which is what lets a read that misses the cache run near the codec's speed
 (a row plan, :class:`~dali_alchemi.store.read.gather.LevelPlan`, spends more on its index arrays than
-the decode). A window of scattered samples (a full shuffle) keeps the row plan.
+the decode). A window whose samples are a few runs in shuffled order (a block shuffle's buffer) is read by spans
+in store order and put in request order with one take per array. A window of scattered samples (a full
+shuffle) keeps the row plan.
 
 Pure numpy over pointer arrays; no zarr, no I/O.
 """
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 
     from dali_alchemi.types import IndexArray, PtrArray
 
-__all__ = ["MIN_MEAN_RUN", "Segments", "SpanPlan", "sample_runs"]
+__all__ = ["MIN_MEAN_RUN", "Segments", "SpanPlan", "rows_in_request_order", "sample_runs", "take_rows"]
 
 
 MIN_MEAN_RUN = 8
@@ -46,6 +48,28 @@ def sample_runs(physical: IndexArray) -> tuple[NDArray[np.int64], NDArray[np.int
     first = physical[np.concatenate(([0], breaks))]
     last = physical[np.concatenate((breaks - 1, [physical.size - 1]))]
     return first.astype(np.int64, copy=False), last.astype(np.int64) + 1
+
+
+def rows_in_request_order(counts: NDArray[np.int64], order: IndexArray) -> NDArray[np.int64]:
+    """Where each row of a window read in store order goes back to request order.
+
+    ``counts`` are the request-ordered samples' rows, ``order`` the stable argsort of their physical
+    indices (the order they were read in). Returns, for each output row in request order, its row in
+    the store-ordered read.
+    """
+    sorted_counts = counts[order]
+    start_of = np.empty(order.size, dtype=np.int64)
+    start_of[order] = np.cumsum(sorted_counts) - sorted_counts
+    return concat_aranges(start_of, counts)
+
+
+def take_rows(arr: NDArray[Any], rows: NDArray[np.int64]) -> NDArray[Any]:
+    """``arr[rows]`` along the first axis, moving each row with one copy (a new array)."""
+    if arr.ndim == 1:
+        return arr[rows]
+    row = np.dtype((np.void, arr.dtype.itemsize * (arr.size // max(arr.shape[0], 1))))
+    taken = arr.reshape(arr.shape[0], -1).view(row).reshape(arr.shape[0])[rows]
+    return taken.view(arr.dtype).reshape((rows.size, *arr.shape[1:]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from dali_alchemi.csr import exclusive_cumsum
 from dali_alchemi.store.read import spans
 from dali_alchemi.store.read.gather import plan_rows
 from dali_alchemi.store.read.rows import RowReader
-from dali_alchemi.store.read.spans import MIN_MEAN_RUN, SpanPlan, sample_runs
+from dali_alchemi.store.read.spans import MIN_MEAN_RUN, SpanPlan, rows_in_request_order, sample_runs, take_rows
 
 
 def test_sample_runs_of_sequential_block_and_scattered_windows() -> None:
@@ -70,6 +70,19 @@ def test_span_plan_copies_the_rows_of_the_row_plan(counts: list[int], data: st.D
     np.testing.assert_array_equal(taken, want)
 
 
+def test_rows_read_in_store_order_go_back_to_request_order() -> None:
+    counts = np.array([2, 0, 3, 1], dtype=np.int64)  # request order; physical, say, [7, 5, 9, 6]
+    order = np.array([1, 3, 0, 2])  # argsort of the physical indices: read as samples 5, 6, 7, 9
+    rows = rows_in_request_order(counts, order)
+    # store-ordered read: sample 5 (0 rows), 6 (1 row: 0), 7 (2 rows: 1, 2), 9 (3 rows: 3, 4, 5)
+    assert rows.tolist() == [1, 2, 3, 4, 5, 0]
+    read = np.arange(12, dtype=np.float32).reshape(6, 2)
+    taken = take_rows(read, rows)
+    assert taken.dtype == np.float32 and taken.shape == (6, 2)
+    assert taken.tolist() == read[rows].tolist()
+    assert take_rows(np.arange(6), rows).tolist() == rows.tolist()
+
+
 def test_system_rows_are_one_per_sample() -> None:
     plan = SpanPlan.of(np.array([5, 0]), np.array([8, 2]), None)
     assert plan.total == 5
@@ -81,6 +94,7 @@ WINDOWS = {
     "sequential": np.arange(20, 260),
     "spans": np.concatenate([np.arange(200, 264), np.arange(0, 48), np.arange(120, 180)]),
     "tail": np.arange(236, 300),
+    "shuffled spans": np.random.default_rng(4).permutation(np.concatenate([np.arange(200, 264), np.arange(0, 48)])),
 }
 
 

@@ -48,7 +48,7 @@ from dali_alchemi.store.read.routes import Router
 from dali_alchemi.store.read.rows import RowReader, reads_rows
 from dali_alchemi.store.read.snapshot import read_through_zarr
 from dali_alchemi.store.read.span_blocks import decode_span_jobs, takes_span_job
-from dali_alchemi.store.read.spans import SpanPlan, covering_runs, rows_in_cover, sample_runs, take_rows
+from dali_alchemi.store.read.spans import SpanPlan, rows_in_request_order, sample_runs, take_rows
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
@@ -216,9 +216,9 @@ class BlockEngine:
         atom_starts, edge_starts = atoms_ptr[physical], edges_ptr[physical]
         n_atoms, n_edges = atoms_ptr[physical + 1] - atom_starts, edges_ptr[physical + 1] - edge_starts
         runs, order = sample_runs(physical), None
-        if runs is None:  # shuffled: maybe a few runs with small gaps (a block shuffle's window), read sorted
+        if runs is None:  # shuffled: maybe a few runs all the same (a block shuffle's buffer), read sorted
             order = np.argsort(physical, kind="stable")
-            runs = covering_runs(physical[order])
+            runs = sample_runs(physical[order])
         plans: PerLevel[Plan]
         if runs is not None:  # a few runs of consecutive samples: planned by ranges, copied by slices
             plans = PerLevel(
@@ -231,14 +231,6 @@ class BlockEngine:
                 edge=plan_rows(edges_ptr, physical, order)[0],
                 system=plan_system_rows(physical, order),
             )
-        positions: dict[Level, NDArray[np.int64]] = {}  # where a read in store order puts each request row
-        if runs is not None and order is not None:
-            counts = PerLevel(atom=n_atoms, edge=n_edges, system=np.ones(physical.size, dtype=np.int64))
-            pointers = PerLevel(atom=atoms_ptr, edge=edges_ptr, system=None)
-            for level in {handles[name].level for name in names}:
-                level_plan = plans[level]
-                assert isinstance(level_plan, SpanPlan)
-                positions[level] = rows_in_cover(physical, counts[level], runs[0], level_plan, pointers[level])
         if pointers_read is not None:
             pointers_read()
         outputs: dict[str, NDArray[Any]] = {}
@@ -254,8 +246,14 @@ class BlockEngine:
             return physical
 
         self._gather(handles, names, plans, outputs, request_rows)
-        for name in names if positions else ():  # read in store order: one take per array to request order
-            outputs[name] = take_rows(outputs[name], positions[handles[name].level])
+        if runs is not None and order is not None:  # read in store order: one take per array to request order
+            counts = PerLevel(atom=n_atoms, edge=n_edges, system=np.ones(physical.size, dtype=np.int64))
+            positions: dict[Level, NDArray[np.int64]] = {}
+            for name in names:
+                level = handles[name].level
+                if level not in positions:
+                    positions[level] = rows_in_request_order(counts[level], order)
+                outputs[name] = take_rows(outputs[name], positions[level])
         self._packed_reads += 1
         self._samples_read += int(physical.size)
         return RowsRead(fields=outputs, n_atoms=n_atoms, n_edges=n_edges, atom_starts=atom_starts)

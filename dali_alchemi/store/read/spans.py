@@ -6,9 +6,8 @@ the row blocks of a chunking, they become *segments* (a block, the rows of it to
 in the output), one or two per block touched. Reading a segment is then one slice copy, and planning
 costs per block, not per row, which is what lets a read that misses the cache run near the codec's speed
 (a row plan, :class:`~dali_alchemi.store.read.gather.LevelPlan`, spends more on its index arrays than
-the decode). A window whose samples, sorted, are a few runs with small gaps (a block shuffle's window, which takes
-most of its buffer's spans) is read by spans over those runs, gaps included, and put in request order with
-one take per array. A window of scattered samples (a full
+the decode). A window whose samples are a few runs in shuffled order (a block shuffle's buffer) is read by spans
+in store order and put in request order with one take per array. A window of scattered samples (a full
 shuffle) keeps the row plan.
 
 Pure numpy over pointer arrays; no zarr, no I/O.
@@ -28,10 +27,7 @@ if TYPE_CHECKING:
 
     from dali_alchemi.types import IndexArray, PtrArray
 
-__all__ = [
-    "MAX_GAP_SAMPLES", "MAX_OVERREAD", "MIN_MEAN_RUN", "Segments", "SpanPlan", "covering_runs", "rows_in_cover",
-    "sample_runs", "take_rows",
-]  # fmt: skip
+__all__ = ["MIN_MEAN_RUN", "Segments", "SpanPlan", "rows_in_request_order", "sample_runs", "take_rows"]
 
 
 MIN_MEAN_RUN = 8
@@ -54,41 +50,17 @@ def sample_runs(physical: IndexArray) -> tuple[NDArray[np.int64], NDArray[np.int
     return first.astype(np.int64, copy=False), last.astype(np.int64) + 1
 
 
-MAX_GAP_SAMPLES = 8
-"""Samples a window may skip between two of its runs and still read them as one span (reading the skipped
-samples too): a block shuffle's window takes most, not all, of the structures of its buffer's spans."""
+def rows_in_request_order(counts: NDArray[np.int64], order: IndexArray) -> NDArray[np.int64]:
+    """Where each row of a window read in store order goes back to request order.
 
-MAX_OVERREAD = 2.0
-"""At most this many samples read per sample asked for, when skipped samples are read to make spans."""
-
-
-def covering_runs(sorted_physical: IndexArray) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
-    """Runs ``(first, stop)`` covering ascending distinct samples, bridging gaps of at most
-    :data:`MAX_GAP_SAMPLES`; ``None`` unless they average :data:`MIN_MEAN_RUN` samples and cover at most
-    :data:`MAX_OVERREAD` times the samples asked for."""
-    if sorted_physical.size == 0:
-        return None
-    breaks = np.flatnonzero(np.diff(sorted_physical) > MAX_GAP_SAMPLES + 1) + 1
-    first = sorted_physical[np.concatenate(([0], breaks))].astype(np.int64)
-    stop = sorted_physical[np.concatenate((breaks - 1, [sorted_physical.size - 1]))].astype(np.int64) + 1
-    covered = int((stop - first).sum())
-    if first.size * MIN_MEAN_RUN > covered or covered > MAX_OVERREAD * sorted_physical.size:
-        return None
-    return first, stop
-
-
-def rows_in_cover(
-    physical: IndexArray, counts: NDArray[np.int64], first: NDArray[np.int64], plan: SpanPlan, ptr: PtrArray | None
-) -> NDArray[np.int64]:
-    """Where the rows of each of ``physical`` (request order, ``counts`` rows each) lie in a read of the
-    covering runs starting at ``first`` (ascending) planned as ``plan`` under ``ptr`` (``None``: one row per
-    sample). Taking these rows puts the read in request order, without the samples it read to bridge gaps."""
-    run = np.searchsorted(first, physical, side="right") - 1
-    if ptr is None:
-        start = plan.dest[run] + (physical - first[run])
-    else:
-        start = plan.dest[run] + (ptr[physical] - ptr[first[run]])
-    return concat_aranges(start.astype(np.int64, copy=False), counts)
+    ``counts`` are the request-ordered samples' rows, ``order`` the stable argsort of their physical
+    indices (the order they were read in). Returns, for each output row in request order, its row in
+    the store-ordered read.
+    """
+    sorted_counts = counts[order]
+    start_of = np.empty(order.size, dtype=np.int64)
+    start_of[order] = np.cumsum(sorted_counts) - sorted_counts
+    return concat_aranges(start_of, counts)
 
 
 def take_rows(arr: NDArray[Any], rows: NDArray[np.int64]) -> NDArray[Any]:

@@ -15,15 +15,7 @@ from dali_alchemi.csr import exclusive_cumsum
 from dali_alchemi.store.read import spans
 from dali_alchemi.store.read.gather import plan_rows
 from dali_alchemi.store.read.rows import RowReader
-from dali_alchemi.store.read.spans import (
-    MAX_GAP_SAMPLES,
-    MIN_MEAN_RUN,
-    SpanPlan,
-    covering_runs,
-    rows_in_cover,
-    sample_runs,
-    take_rows,
-)
+from dali_alchemi.store.read.spans import MIN_MEAN_RUN, SpanPlan, rows_in_request_order, sample_runs, take_rows
 
 
 def test_sample_runs_of_sequential_block_and_scattered_windows() -> None:
@@ -78,31 +70,17 @@ def test_span_plan_copies_the_rows_of_the_row_plan(counts: list[int], data: st.D
     np.testing.assert_array_equal(taken, want)
 
 
-def test_covering_runs_bridge_small_gaps_within_the_overread_bound() -> None:
-    window = np.concatenate([np.arange(0, 40, 2), np.arange(100, 140)])  # every other sample, then a run
-    first, stop = covering_runs(window)  # type: ignore[misc]
-    assert first.tolist() == [0, 100] and stop.tolist() == [39, 140]  # the gaps of one bridged
-    far = np.concatenate([np.arange(0, 40), np.arange(40 + MAX_GAP_SAMPLES + 1, 90)])
-    assert covering_runs(far)[0].tolist() == [0, 49]  # type: ignore[index]  # a gap too wide: two runs
-    sparse = np.arange(0, 400, 4)  # bridging would read 4 samples per sample asked for
-    assert covering_runs(sparse) is None
-    assert covering_runs(np.zeros(0, dtype=np.int64)) is None
-
-
-def test_rows_of_a_covering_read_go_back_to_request_order_without_the_bridged_samples() -> None:
-    ptr = np.array([0, 2, 3, 6, 7, 9], dtype=np.int64)  # five samples of 2, 1, 3, 1, 2 rows
-    physical = np.array([3, 0, 4, 2])  # sample 1 is only read to bridge the gap
-    first, stop = np.array([0]), np.array([5])  # the covering run (too short for covering_runs to pick)
-    plan = SpanPlan.of(first, stop, ptr)
-    counts = ptr[physical + 1] - ptr[physical]
-    rows = rows_in_cover(physical, counts, first, plan, ptr)
-    assert rows.tolist() == [6, 0, 1, 7, 8, 3, 4, 5]  # sample 3's row, sample 0's, sample 4's, sample 2's
-    system = SpanPlan.of(first, stop, None)
-    assert rows_in_cover(physical, np.ones(4, np.int64), first, system, None).tolist() == [3, 0, 4, 2]
-    read = np.arange(18, dtype=np.float32).reshape(9, 2)
+def test_rows_read_in_store_order_go_back_to_request_order() -> None:
+    counts = np.array([2, 0, 3, 1], dtype=np.int64)  # request order; physical, say, [7, 5, 9, 6]
+    order = np.array([1, 3, 0, 2])  # argsort of the physical indices: read as samples 5, 6, 7, 9
+    rows = rows_in_request_order(counts, order)
+    # store-ordered read: sample 5 (0 rows), 6 (1 row: 0), 7 (2 rows: 1, 2), 9 (3 rows: 3, 4, 5)
+    assert rows.tolist() == [1, 2, 3, 4, 5, 0]
+    read = np.arange(12, dtype=np.float32).reshape(6, 2)
     taken = take_rows(read, rows)
-    assert taken.dtype == np.float32 and taken.shape == (8, 2) and taken.tolist() == read[rows].tolist()
-    assert take_rows(np.arange(9), rows).tolist() == rows.tolist()
+    assert taken.dtype == np.float32 and taken.shape == (6, 2)
+    assert taken.tolist() == read[rows].tolist()
+    assert take_rows(np.arange(6), rows).tolist() == rows.tolist()
 
 
 def test_system_rows_are_one_per_sample() -> None:
@@ -117,9 +95,6 @@ WINDOWS = {
     "spans": np.concatenate([np.arange(200, 264), np.arange(0, 48), np.arange(120, 180)]),
     "tail": np.arange(236, 300),
     "shuffled spans": np.random.default_rng(4).permutation(np.concatenate([np.arange(200, 264), np.arange(0, 48)])),
-    "shuffled spans with gaps": np.random.default_rng(5).permutation(
-        np.concatenate([np.arange(200, 290, 3), np.arange(201, 290, 3), np.arange(0, 60)])
-    ),
 }
 
 

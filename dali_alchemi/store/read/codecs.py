@@ -20,7 +20,7 @@ import numcodecs.blosc
 import numpy as np
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
 
-from dali_alchemi.errors import ChunkDecodeError, UnsupportedCodecError
+from dali_alchemi.errors import ChunkDecodeError, ConfigError, UnsupportedCodecError
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -354,7 +354,7 @@ class ArrayCodec:
         returned. Raises as :meth:`decode_block` does.
         """
         if not self._one_chunk or out.shape != tuple(self.chunk_shape) or (block + 1) * self.block_rows > self.shape[0]:
-            raise ValueError(f"Array {self.name!r}: block {block} is not one full chunk of shape {self.chunk_shape}")
+            raise ConfigError(f"Array {self.name!r}: block {block} is not one full chunk of shape {self.chunk_shape}")
         return self._decode_one(payload, key, self.chunk_shape, out)
 
     def _decode_one(

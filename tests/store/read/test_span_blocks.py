@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dali_alchemi import AtomicDataZarrReader, ChunkDecodeError
+from dali_alchemi.errors import ConfigError
 from dali_alchemi.store.read.decoder import BlockDecoder
 
 _general_decode = BlockDecoder.decode_group
@@ -101,8 +102,8 @@ def test_decoding_into_the_output_takes_only_full_one_chunk_blocks(small_store: 
     with AtomicDataZarrReader(small_store, fields=["positions"]) as reader:
         codec = reader._snapshot.handles["positions"].codec
         assert codec is not None and codec.one_chunk_blocks
-        with pytest.raises(ValueError, match="is not one full chunk"):
+        with pytest.raises(ConfigError, match="is not one full chunk"):
             codec.decode_block_into(0, None, "k", np.empty((codec.block_rows - 1, 3), dtype=codec.dtype))
         last = codec.n_blocks - 1  # a short last block is never decoded into the output
-        with pytest.raises(ValueError, match=f"block {last} is not one full chunk"):
+        with pytest.raises(ConfigError, match=f"block {last} is not one full chunk"):
             codec.decode_block_into(last, None, "k", np.empty((codec.block_rows, 3), dtype=codec.dtype))

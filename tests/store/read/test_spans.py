@@ -31,7 +31,7 @@ def test_sample_runs_of_sequential_block_and_scattered_windows() -> None:
     assert sample_runs(np.arange(MIN_MEAN_RUN - 1)) is None  # fewer samples than one run's worth
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     counts=st.lists(st.integers(0, 9), min_size=1, max_size=60),
     data=st.data(),
@@ -105,9 +105,11 @@ def _read_by_rows(path: Path, indices: np.ndarray, cache_bytes: int, monkeypatch
             return reader.read_packed(indices)
 
 
-@pytest.mark.parametrize("store", ["small_store", "sharded_store", "raw_store"])
+@pytest.mark.parametrize(
+    ("store", "cache_bytes"),
+    [("small_store", 0), ("small_store", 1 << 30), ("sharded_store", 0), ("raw_store", 0)],
+)  # compressed blocks decoded, compressed arrays held whole, shards, raw arrays read in place
 @pytest.mark.parametrize("window", sorted(WINDOWS))
-@pytest.mark.parametrize("cache_bytes", [0, 1 << 30])
 def test_span_windows_read_what_row_windows_read(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, store: str, window: str, cache_bytes: int
 ) -> None:

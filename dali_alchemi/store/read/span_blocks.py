@@ -1,15 +1,15 @@
 """Block jobs of span plans from a local store: read, decoded and copied with the least Python per block.
 
 A span plan (:mod:`~dali_alchemi.store.read.spans`) touches runs of neighbouring blocks of each array (a
-sequential or block-order window), whose chunks lie side by side in their shards. Each pool task takes a
-run of one array's blocks: one ``pread`` per shard for the chunks the cache lacks, then per block one
-decode (:meth:`~dali_alchemi.store.read.codecs.ArrayCodec.decode_block`, which checks crc32c, lengths and
-missing chunks as on every other path) into the cache, and one slice copy per segment. No byte request,
-chunk location or job state is built per block. Everything else (other stores, a folder shared with other
-processes, chunks split along trailing dims, row plans) goes through the general decoder
-(:mod:`~dali_alchemi.store.read.decoder`).
+sequential or block-order window), whose chunks lie side by side in their shards. Each pool task takes
+runs of blocks (one task per :data:`THREADS_PER_TASK` threads): one ``pread`` per shard for the chunks
+the cache lacks, then per block one decode (:meth:`~dali_alchemi.store.read.codecs.ArrayCodec.decode_block`,
+which checks crc32c, lengths and missing chunks as on every other path) into the cache, or straight into
+the window where it holds the whole block and the cache could not keep it, and one slice copy per segment.
+No byte request, chunk location or job state is built per block. Everything else (other stores, a folder
+shared with other processes, chunks split along trailing dims, row plans) goes through the general
+decoder (:mod:`~dali_alchemi.store.read.decoder`).
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,7 +39,7 @@ THREADS_PER_TASK = 2
 """Pool threads per task of span blocks (one task, on the calling thread, below four threads). About half
 of a block's work here is Python, which holds the GIL: on 2 cores, decode tasks on both pool threads ran a
 sequential 16 MiB-cache read at 70-75k structures/s, one task (the raw arrays' reads on the pool beside
-it) at 83-90k."""
+it) at 89-97k, as fast as a pool of one thread."""
 
 
 def takes_span_job(job: BlockJob) -> bool:

@@ -10,6 +10,7 @@ No byte request, chunk location or job state is built per block. Everything else
 shared with other processes, chunks split along trailing dims, row plans) goes through the general
 decoder (:mod:`~dali_alchemi.store.read.decoder`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

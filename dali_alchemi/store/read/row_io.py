@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.codecs import ArrayCodec
 
 __all__ = [
-    "CHECKSUM_BYTES", "MAX_GAP_BYTES", "MAX_RUNS", "chunk_file_size", "length_error", "preadv_segments", "read_runs",
-    "regular_size", "shrank_error", "take_rows",
+    "CHECKSUM_BYTES", "MAX_GAP_BYTES", "MAX_RUNS", "check_lengths", "chunk_file_size", "length_error",
+    "preadv_segments", "read_runs", "regular_size", "shrank_error", "stored_chunk_bytes", "take_rows",
 ]  # fmt: skip
 
 
@@ -48,10 +48,36 @@ def regular_size(fd: int, codec: ArrayCodec, key: str) -> int:
     return info.st_size
 
 
+def stored_chunk_bytes(codec: ArrayCodec) -> int:
+    """The bytes a full raw chunk of ``codec`` takes on disk: its rows, and its crc32c if it has one."""
+    return codec.block_rows * codec.row_nbytes + (CHECKSUM_BYTES if codec.chunk_checksum else 0)
+
+
+def check_lengths(
+    codec: ArrayCodec,
+    key: str,
+    chunks: NDArray[np.int64],
+    offsets: NDArray[np.int64],
+    lengths: NDArray[np.int64],
+    size: int,
+    present: NDArray[np.bool_] | None,
+) -> None:
+    """Raise :func:`length_error` for the first of ``chunks`` (where ``present``) whose stored length is not its
+    shape's, or whose range leaves the ``size``-byte file."""
+    stored_bytes = stored_chunk_bytes(codec)
+    bad = (lengths != stored_bytes) | (offsets < 0) | (offsets + lengths > size)
+    if present is not None:
+        bad &= present
+    if bad.any():
+        at = int(np.argmax(bad))
+        held = int(min(lengths[at], max(size - offsets[at], 0)))
+        raise length_error(codec, int(chunks[at]), key, held, stored_bytes)
+
+
 def chunk_file_size(fd: int, codec: ArrayCodec, key: str, chunk: int) -> int:
     """The size of file ``fd`` holding chunk ``chunk`` alone, which must be exactly the chunk's stored bytes."""
     size = regular_size(fd, codec, key)
-    stored_bytes = codec.block_rows * codec.row_nbytes + (CHECKSUM_BYTES if codec.chunk_checksum else 0)
+    stored_bytes = stored_chunk_bytes(codec)
     if size != stored_bytes:
         raise length_error(codec, chunk, key, size, stored_bytes)
     return size

@@ -36,12 +36,13 @@ from dali_alchemi.store.read.row_io import (
     CHECKSUM_BYTES,
     MAX_GAP_BYTES,
     MAX_RUNS,
+    check_lengths,
     chunk_file_size,
-    length_error,
     preadv_segments,
     read_runs,
     regular_size,
     shrank_error,
+    stored_chunk_bytes,
     take_rows,
 )
 
@@ -200,18 +201,8 @@ class RowReader:
     ) -> None:
         """:meth:`read_spans` for the segments lying in one file."""
         key = codec.shard_key(file)
-        rb, chunk_bytes = codec.row_nbytes, codec.block_rows * codec.row_nbytes
-        stored_bytes = chunk_bytes + (CHECKSUM_BYTES if codec.chunk_checksum else 0)
-        if codec.sharded:
-            index = self.shard_indexes[(codec.name, key)]
-            inner = blocks - file * codec.chunks_per_shard[0]
-            offsets, lengths = index[inner, 0], index[inner, 1]
-            missing = (offsets == MISSING_CHUNK) & (lengths == MISSING_CHUNK)
-            offsets = np.where(missing, 0, offsets).astype(np.int64)
-            lengths = np.where(missing, stored_bytes, lengths).astype(np.int64)
-        else:
-            offsets, lengths = np.zeros(blocks.size, np.int64), np.full(blocks.size, stored_bytes, np.int64)
-            missing = np.zeros(blocks.size, dtype=np.bool_)
+        rb = codec.row_nbytes
+        offsets, lengths, missing = self._entries(codec, key, file, blocks)
         try:
             fd = os.open(os.path.join(self.root, key), os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
@@ -228,11 +219,7 @@ class RowReader:
                 offsets, lengths = offsets[~missing], lengths[~missing]
                 blocks, starts, counts, dests = blocks[~missing], starts[~missing], counts[~missing], dests[~missing]
             size = regular_size(fd, codec, key) if codec.sharded else chunk_file_size(fd, codec, key, file)
-            bad = (lengths != stored_bytes) | (offsets < 0) | (offsets + lengths > size)
-            if bad.any():
-                at = int(np.argmax(bad))
-                held = int(min(lengths[at], max(size - offsets[at], 0)))
-                raise length_error(codec, int(blocks[at]), key, held, stored_bytes)
+            check_lengths(codec, key, blocks, offsets, lengths, size, None)
             self._count(mapped=False)
             byte_at = offsets + (starts - blocks * codec.block_rows) * rb
             if codec.chunk_checksum and not self._is_verified(codec, blocks):
@@ -277,16 +264,13 @@ class RowReader:
         """Fill ``out`` with rows ``local`` of chunk ``chunk``, stored alone in its file (unsharded)."""
         key = codec.shard_key(chunk)
         chunk_bytes = codec.block_rows * codec.row_nbytes
-        stored_bytes = chunk_bytes + (CHECKSUM_BYTES if codec.chunk_checksum else 0)
         try:
             fd = os.open(os.path.join(self.root, key), os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
             self._fill_missing(codec, key, np.array([chunk]), np.ones(out.shape[0], dtype=np.bool_), out)
             return
         try:
-            size = regular_size(fd, codec, key)
-            if size != stored_bytes:
-                raise length_error(codec, chunk, key, size, stored_bytes)
+            size = chunk_file_size(fd, codec, key, chunk)
             self._count(mapped=False)
             verified = not codec.chunk_checksum or self._is_verified(codec, np.array([chunk]))
             if verified and read_runs(fd, local * codec.row_nbytes, codec.row_nbytes, out, aligned=True):
@@ -311,14 +295,7 @@ class RowReader:
     ) -> None:
         """Fill ``out`` with rows of one shard: chunk ``touched[position[i]]``, row ``local[i]`` of it, for row i."""
         key = codec.shard_key(file)
-        chunk_bytes = codec.block_rows * codec.row_nbytes
-        stored_bytes = chunk_bytes + (CHECKSUM_BYTES if codec.chunk_checksum else 0)
-        index = self.shard_indexes[(codec.name, key)]
-        inner = touched - file * codec.chunks_per_shard[0]
-        offsets, lengths = index[inner, 0], index[inner, 1]
-        missing = (offsets == MISSING_CHUNK) & (lengths == MISSING_CHUNK)
-        offsets = np.where(missing, 0, offsets).astype(np.int64)
-        lengths = np.where(missing, stored_bytes, lengths).astype(np.int64)
+        offsets, lengths, missing = self._entries(codec, key, file, touched)
         try:
             fd = os.open(os.path.join(self.root, key), os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
@@ -330,11 +307,7 @@ class RowReader:
             if fd < 0 or missing.all():
                 return
             size = regular_size(fd, codec, key)
-            bad = ~missing & ((lengths != stored_bytes) | (offsets < 0) | (offsets + lengths > size))
-            if bad.any():
-                at = int(np.argmax(bad))
-                held = int(min(lengths[at], max(size - offsets[at], 0)))
-                raise length_error(codec, int(touched[at]), key, held, stored_bytes)
+            check_lengths(codec, key, touched, offsets, lengths, size, ~missing)
             self._count(mapped=False)
             byte_at = offsets[position] + local * codec.row_nbytes
             verified = not codec.chunk_checksum or self._is_verified(codec, touched)
@@ -350,6 +323,22 @@ class RowReader:
         finally:
             if fd >= 0:
                 os.close(fd)
+
+    def _entries(
+        self, codec: ArrayCodec, key: str, file: int, blocks: NDArray[np.int64]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.bool_]]:
+        """``(offsets, lengths, missing)`` of chunks ``blocks`` in file ``file`` (``key``): from its shard index,
+        or the whole file for an unsharded chunk; a never-written chunk gets offset 0 and its full length."""
+        stored_bytes = stored_chunk_bytes(codec)
+        if not codec.sharded:
+            zeros = np.zeros(blocks.size, np.int64)
+            return zeros, np.full(blocks.size, stored_bytes, np.int64), np.zeros(blocks.size, dtype=np.bool_)
+        index = self.shard_indexes[(codec.name, key)]
+        inner = blocks - file * codec.chunks_per_shard[0]
+        offsets, lengths = index[inner, 0], index[inner, 1]
+        missing = (offsets == MISSING_CHUNK) & (lengths == MISSING_CHUNK)
+        return (np.where(missing, 0, offsets).astype(np.int64), np.where(missing, stored_bytes, lengths).astype(np.int64),
+                missing)  # fmt: skip
 
     def _take_mapped(
         self,

@@ -41,6 +41,7 @@ from dali_alchemi.store.read.gather import (
     block_jobs,
     plan_rows,
     plan_system_rows,
+    reorder_rows,
     rows_view,
     working_set_groups,
 )
@@ -48,7 +49,7 @@ from dali_alchemi.store.read.routes import Router
 from dali_alchemi.store.read.rows import RowReader, reads_rows
 from dali_alchemi.store.read.snapshot import read_through_zarr
 from dali_alchemi.store.read.span_blocks import decode_span_jobs, takes_span_job
-from dali_alchemi.store.read.spans import SpanPlan, rows_in_request_order, sample_runs, take_rows
+from dali_alchemi.store.read.spans import SpanPlan, rows_in_request_order, sample_runs
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
@@ -253,7 +254,7 @@ class BlockEngine:
                 level = handles[name].level
                 if level not in positions:
                     positions[level] = rows_in_request_order(counts[level], order)
-                outputs[name] = take_rows(outputs[name], positions[level])
+                outputs[name] = reorder_rows(outputs[name], positions[level])
         self._packed_reads += 1
         self._samples_read += int(physical.size)
         return RowsRead(fields=outputs, n_atoms=n_atoms, n_edges=n_edges, atom_starts=atom_starts)

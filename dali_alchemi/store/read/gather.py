@@ -37,6 +37,7 @@ __all__ = [
     "every_block",
     "plan_rows",
     "plan_system_rows",
+    "reorder_rows",
     "rows_view",
     "scatter",
     "working_set_groups",
@@ -193,7 +194,12 @@ def rows_view(arr: NDArray[Any]) -> NDArray[Any]:
     row = _ROW_DTYPES.get(row_bytes)
     if row is None:
         row = _ROW_DTYPES.setdefault(row_bytes, np.dtype((np.void, row_bytes)))
-    return arr.reshape(n, -1).view(row).reshape(n)
+    return arr.reshape(n, math.prod(arr.shape[1:])).view(row).reshape(n)  # no -1: an empty array has no rows to infer
+
+
+def reorder_rows(arr: NDArray[Any], rows: NDArray[np.int64]) -> NDArray[Any]:
+    """``arr[rows]`` along the first axis as a new array, each row moved with one copy (:func:`rows_view`)."""
+    return rows_view(arr)[rows].view(arr.dtype).reshape((rows.size, *arr.shape[1:]))
 
 
 def scatter(

@@ -13,7 +13,7 @@ decoder (:mod:`~dali_alchemi.store.read.decoder`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
@@ -61,8 +61,8 @@ class _Run:
     bounds: list[tuple[int, int]]
     data: list[NDArray[Any] | None]
     ranges: list[tuple[int, int] | None]  # byte range of each block to read in its shard (None: never written)
-    stream: bool = False  # the array outgrows the cache: a block the window covers whole is decoded into it
-    direct: set[int] | None = None  # the blocks decoded straight into the output (nothing to copy)
+    stream: bool  # the array outgrows the cache: a block the window covers whole is decoded into it
+    direct: set[int] = field(default_factory=set)  # the blocks decoded straight into the output (nothing to copy)
 
 
 def decode_span_jobs(
@@ -82,7 +82,7 @@ def decode_span_jobs(
         data = [decoder.cache.get((name, block)) for block in blocks]
         stream = codec.row_nbytes * codec.shape[0] > decoder.cache.capacity_bytes
         runs.append(_Run(name, codec, run_jobs[0].plan, outputs[name], blocks,
-                         [(job.lo, job.hi) for job in run_jobs], data, [], stream, set()))  # fmt: skip
+                         [(job.lo, job.hi) for job in run_jobs], data, [], stream))  # fmt: skip
     missing = sum(run.codec.block_rows * run.codec.row_nbytes for run in runs for d in run.data if d is None)
     if missing > working_set_bytes:
         return jobs
@@ -160,7 +160,7 @@ def _finish(decoder: BlockDecoder, fetcher: LocalFetcher, run: _Run, first: int,
     _read_and_decode(decoder, fetcher, run, [k for k in range(first, stop) if run.data[k] is None])
     for k in range(first, stop):
         lo, hi = run.bounds[k]
-        if hi > lo and not (run.direct and k in run.direct):
+        if hi > lo and k not in run.direct:
             data = run.data[k]
             assert data is not None
             plan.scatter(run.out, lo, hi, data, run.blocks[k] * block_rows, block_rows)
@@ -184,7 +184,6 @@ def _read_and_decode(decoder: BlockDecoder, fetcher: LocalFetcher, run: _Run, to
             # the window holds the whole block, and the cache could not keep it for a later pass: no copy
             dest = int(segments.dest[lo])
             run.data[k] = codec.decode_block_into(run.blocks[k], payload, key, run.out[dest : dest + codec.block_rows])
-            assert run.direct is not None
             run.direct.add(k)
             continue
         data = codec.decode_block(run.blocks[k], [payload], [key])

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from dali_alchemi.types import IndexArray, PtrArray
 
-__all__ = ["MIN_MEAN_RUN", "Segments", "SpanPlan", "rows_in_request_order", "sample_runs", "take_rows"]
+__all__ = ["MIN_MEAN_RUN", "Segments", "SpanPlan", "rows_in_request_order", "sample_runs"]
 
 
 MIN_MEAN_RUN = 8
@@ -61,15 +61,6 @@ def rows_in_request_order(counts: NDArray[np.int64], order: IndexArray) -> NDArr
     start_of = np.empty(order.size, dtype=np.int64)
     start_of[order] = np.cumsum(sorted_counts) - sorted_counts
     return concat_aranges(start_of, counts)
-
-
-def take_rows(arr: NDArray[Any], rows: NDArray[np.int64]) -> NDArray[Any]:
-    """``arr[rows]`` along the first axis, moving each row with one copy (a new array)."""
-    if arr.ndim == 1:
-        return arr[rows]
-    row = np.dtype((np.void, arr.dtype.itemsize * (arr.size // max(arr.shape[0], 1))))
-    taken = arr.reshape(arr.shape[0], -1).view(row).reshape(arr.shape[0])[rows]
-    return taken.view(arr.dtype).reshape((rows.size, *arr.shape[1:]))
 
 
 @dataclass(frozen=True, slots=True)

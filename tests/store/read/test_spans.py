@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from dali_alchemi import AtomicDataZarrReader, ChunkDecodeError
 from dali_alchemi.csr import exclusive_cumsum
 from dali_alchemi.store.read import spans
-from dali_alchemi.store.read.gather import plan_rows
+from dali_alchemi.store.read.gather import plan_rows, reorder_rows
 from dali_alchemi.store.read.rows import RowReader
-from dali_alchemi.store.read.spans import MIN_MEAN_RUN, SpanPlan, rows_in_request_order, sample_runs, take_rows
+from dali_alchemi.store.read.spans import MIN_MEAN_RUN, SpanPlan, rows_in_request_order, sample_runs
 
 
 def test_sample_runs_of_sequential_block_and_scattered_windows() -> None:
@@ -77,10 +77,11 @@ def test_rows_read_in_store_order_go_back_to_request_order() -> None:
     # store-ordered read: sample 5 (0 rows), 6 (1 row: 0), 7 (2 rows: 1, 2), 9 (3 rows: 3, 4, 5)
     assert rows.tolist() == [1, 2, 3, 4, 5, 0]
     read = np.arange(12, dtype=np.float32).reshape(6, 2)
-    taken = take_rows(read, rows)
+    taken = reorder_rows(read, rows)
     assert taken.dtype == np.float32 and taken.shape == (6, 2)
     assert taken.tolist() == read[rows].tolist()
-    assert take_rows(np.arange(6), rows).tolist() == rows.tolist()
+    assert reorder_rows(np.arange(6), rows).tolist() == rows.tolist()
+    assert reorder_rows(np.zeros((0, 2)), np.zeros(0, dtype=np.int64)).shape == (0, 2)  # a level with no rows
 
 
 def test_system_rows_are_one_per_sample() -> None:
@@ -131,16 +132,22 @@ def _no_row_reads(*_: object) -> None:
     raise AssertionError("a span window was read row by row")
 
 
+def _raw_copy(raw_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of ``raw_store`` to damage, read with row-by-row reads forbidden (so by spans)."""
+    path = tmp_path / "raw.zarr"
+    shutil.copytree(raw_store, path)
+    monkeypatch.setattr(RowReader, "read", _no_row_reads)
+    return path
+
+
 def test_a_corrupt_raw_chunk_read_by_spans_names_the_chunk(
     raw_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "raw.zarr"
-    shutil.copytree(raw_store, path)
+    path = _raw_copy(raw_store, tmp_path, monkeypatch)
     victim = path / "core" / "positions" / "c" / "0" / "0"
     data = bytearray(victim.read_bytes())
     data[0] ^= 0xFF  # the first row's first byte: the chunk's crc32c no longer matches
     victim.write_bytes(bytes(data))
-    monkeypatch.setattr(RowReader, "read", _no_row_reads)
     with AtomicDataZarrReader(path, cache_bytes=0) as reader:
         with pytest.raises(ChunkDecodeError, match=r"'core/positions': chunk 0 in 'core/positions/c/0/0'.*crc32c"):
             reader.read_packed(np.arange(0, 64), fields=["positions"])
@@ -150,10 +157,8 @@ def test_a_corrupt_raw_chunk_read_by_spans_names_the_chunk(
 def test_a_lost_raw_chunk_read_by_spans_is_an_error_in_a_complete_store(
     raw_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "raw.zarr"
-    shutil.copytree(raw_store, path)
+    path = _raw_copy(raw_store, tmp_path, monkeypatch)
     (path / "core" / "positions" / "c" / "1" / "0").unlink()
-    monkeypatch.setattr(RowReader, "read", _no_row_reads)
     with AtomicDataZarrReader(path, cache_bytes=0) as reader:
         with pytest.raises(ChunkDecodeError, match=r"chunk 1 .*is missing, but the store promises"):
             reader.read_packed(np.arange(0, 64), fields=["positions"])
@@ -162,11 +167,9 @@ def test_a_lost_raw_chunk_read_by_spans_is_an_error_in_a_complete_store(
 def test_a_truncated_raw_chunk_read_by_spans_is_a_length_error(
     raw_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "raw.zarr"
-    shutil.copytree(raw_store, path)
+    path = _raw_copy(raw_store, tmp_path, monkeypatch)
     victim = path / "core" / "positions" / "c" / "0" / "0"
     victim.write_bytes(victim.read_bytes()[:-100])
-    monkeypatch.setattr(RowReader, "read", _no_row_reads)
     with AtomicDataZarrReader(path, cache_bytes=0) as reader:
         with pytest.raises(ChunkDecodeError, match=r"chunk 0 in 'core/positions/c/0/0' holds \d+ bytes, expected"):
             reader.read_packed(np.arange(0, 64), fields=["positions"])

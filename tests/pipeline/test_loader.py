@@ -322,6 +322,8 @@ from dali_alchemi import DALIDataLoader
 from dali_alchemi.pipeline.dali_private import worker_processes
 
 if __name__ == "__main__":
+    # Ctrl-C as in a terminal, even when the suite was started with SIGINT ignored (a background job)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     loader = DALIDataLoader(sys.argv[1], batch_size=10, batches_per_window=2, num_workers=2, start_method=sys.argv[3], device="cpu")
     for k, batch in enumerate(loader):
         if k == 0:

@@ -620,9 +620,14 @@ def test_ctrl_c_while_workers_are_forked_waits_until_they_have_started() -> None
     from dali_alchemi.pipeline.lifetime import WorkerGuard, starting_workers
 
     reached = []
-    with pytest.raises(KeyboardInterrupt), starting_workers(WorkerGuard.for_current_thread(), fork=True):
-        signal.raise_signal(signal.SIGINT)
-        time.sleep(0.05)  # where the handler would run, were it not held
-        reached.append("after the forks")
-    assert reached == ["after the forks"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    # Ctrl-C as in a terminal, also where the suite runs with SIGINT ignored (a non-interactive shell's background job)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), starting_workers(WorkerGuard.for_current_thread(), fork=True):
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(0.05)  # where the handler would run, were it not held
+            reached.append("after the forks")
+        assert reached == ["after the forks"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    finally:
+        signal.signal(signal.SIGINT, inherited)

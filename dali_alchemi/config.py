@@ -29,7 +29,7 @@ __all__ = [
     "CHUNKS_PER_SHARD", "COMPRESSED_ARRAYS", "COMPRESSED_CODEC", "DEFAULT_BATCHES_PER_WINDOW", "DEFAULT_CHUNK_BYTES",
     "DEFAULT_COMPRESSORS", "DEFAULT_NUM_WORKERS",
     "DENSE_GAIN", "DENSE_MIN_SAVING", "DENSE_SMALL_CHUNK_CODEC", "DISK_BUDGET", "FAST_SMALL_CHUNK_CODEC",
-    "LAYOUTS", "RAW_ARRAYS", "SAMPLE_BYTES", "SHARD_INDEX_ENTRY_BYTES", "SMALL_CHUNK_BYTES", "START_METHODS",
+    "LAYOUTS", "RAW_ARRAYS", "SAMPLE_BYTES", "SHARD_BYTES", "SHARD_INDEX_ENTRY_BYTES", "SMALL_CHUNK_BYTES", "START_METHODS",
     "ArrayConfig", "FetchConfig", "LoaderConfig", "WriteConfig", "compressed_ratio", "default_array_configs",
     "layout_config", "small_chunk_rows"
 ]
@@ -139,25 +139,31 @@ COMPRESSED_ARRAYS = ArrayConfig(compressors=(COMPRESSED_CODEC,))
 RAW_ARRAYS = ArrayConfig(compressors=())
 """Raw little-endian rows in chunks of about 4 MiB: the ``"uncompressed"`` layout."""
 
-SMALL_CHUNK_BYTES = 32 << 10
+SMALL_CHUNK_BYTES = 128 << 10
 """Target bytes per inner chunk of a core or custom array in the default layout: a random structure
-decodes one such chunk per compressed array (4,096 int64 atomic numbers), not a 4 MiB one, and the
-last, partly filled chunk of a raw array wastes at most this much disk."""
+decodes one such chunk per compressed array (16,384 int64 atomic numbers), not a 4 MiB one, and the
+last, partly filled chunk of a raw array wastes at most this much disk. Chosen by measurement against
+32, 64 and 256 KiB (docs/stores.md, "Choosing the chunk size"): 80x past the cache, 128 KiB reads 1.5x
+faster in store and block order than 32 KiB (2.7-2.9x on a realistic MD store), at a block-order shuffle
+quality of 0.73-0.80 instead of 0.90-0.93, since block-order spans follow the chunks."""
 
-CHUNKS_PER_SHARD = 1024
-"""Inner chunks per shard in the default layout (32 MiB of rows per file): small chunks in few files, so a
-shuffled window opens a few dozen files, not hundreds."""
+SHARD_BYTES = 32 << 20
+"""Target bytes of rows per shard file in the default layout: small chunks in few files, so a shuffled
+window opens a few dozen files, not hundreds."""
+
+CHUNKS_PER_SHARD = SHARD_BYTES // SMALL_CHUNK_BYTES
+"""Inner chunks per shard in the default layout (256: :data:`SHARD_BYTES` of rows per file)."""
 
 
 FAST_SMALL_CHUNK_CODEC = BloscCodec(cname="blosclz", clevel=5, shuffle="shuffle")
 """blosc's own blosclz with byte shuffle: the fastest to decode of blosc's codecs on small chunks (a
-32 KiB chunk of atomic numbers or neighbor lists in 7-8 µs, against 26 µs for lz4 with bit shuffle and
-14-17 µs for lz4 with byte shuffle, measured side by side), keeping 0.13-0.15 of them (lz4 with bit
-shuffle: 0.09-0.13). A random structure decodes one chunk per compressed array, so decode speed sets
-the speed of shuffled reads."""
+128 KiB chunk of atomic numbers in 11 µs and of neighbor lists in 20 µs, against 14 and 30 µs for lz4 with
+byte shuffle and 50 and 73 µs for lz4 with bit shuffle, measured side by side on one thread), keeping
+0.13-0.15 of them (lz4 with bit shuffle: 0.08-0.13). A random structure decodes one chunk per compressed
+array, so decode speed sets the speed of shuffled reads."""
 
 DENSE_SMALL_CHUNK_CODEC = BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle")
-"""blosc-zstd level 1 with bit shuffle: 40-45 µs per 32 KiB chunk, but keeps 2-3x fewer bytes of
+"""blosc-zstd level 1 with bit shuffle: 77-91 µs per 128 KiB chunk, but keeps 2-3x fewer bytes of
 repetitive arrays (periodic shifts of a crystal: 0.02-0.04 against 0.05-0.09 with lz4)."""
 
 DENSE_GAIN = 2.0

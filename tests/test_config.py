@@ -53,17 +53,20 @@ def test_the_default_layout_keeps_raw_what_the_disk_budget_allows() -> None:
     from dali_alchemi.config import DISK_BUDGET, FAST_SMALL_CHUNK_CODEC, default_array_configs
 
     rng = np.random.default_rng(0)
+    n = 400_000  # many 128 KiB chunks per array, so a raw array's partly filled last chunk is small beside it
     arrays = {
-        "positions": rng.standard_normal((50_000, 3)).astype(np.float32),  # barely compresses
-        "atomic_numbers": rng.integers(1, 20, 50_000),  # int64 of 19 values: shrinks about 10x
-        "labels": np.zeros(50_000, dtype=np.int64),  # shrinks to nothing
+        "positions": rng.standard_normal((n, 3)).astype(np.float32),  # barely compresses
+        "atomic_numbers": rng.integers(1, 20, n),  # int64 of 19 values: shrinks about 10x
+        "labels": np.zeros(n, dtype=np.int64),  # shrinks to nothing
     }
     configs = default_array_configs("core", arrays)
     assert configs["positions"].compressors == ()
     assert configs["labels"].compressors == (FAST_SMALL_CHUNK_CODEC,)  # the largest saving goes first
-    # raw positions (600 kB) and numbers (400 kB) would exceed 1.2x of all compressed (~600 kB): numbers too
+    # raw positions (4.8 MB) and numbers (3.2 MB) would exceed 1.2x of all compressed (~4.7 MB): numbers too
     assert configs["atomic_numbers"].compressors and DISK_BUDGET == 1.2
-    assert configs["positions"].chunk_size == 2048 and configs["positions"].shard_size == 2048 * 1024
+    # 128 KiB inner chunks (a power of two of rows) in shards of 32 MiB
+    assert configs["positions"].chunk_size == 8192 and configs["positions"].shard_size == 8192 * 256
+    assert configs["atomic_numbers"].chunk_size == 16384 and configs["atomic_numbers"].shard_size == 16384 * 256
     assert default_array_configs("meta", {"atoms_ptr": np.arange(10)})["atoms_ptr"] == ArrayConfig()
     # alone, an array that barely compresses is raw and one that shrinks is compressed
     assert WriteConfig().for_array("core", "forces", arrays["positions"]).compressors == ()

@@ -59,7 +59,9 @@ def test_every_layout_keeps_structures_fields_custom_arrays_and_deleted_masks(
     assert np.array_equal(old["custom/tag"][:], new["custom/tag"][:])  # deleted rows included
     assert new.attrs["dali_alchemi"]["checksums"] == "crc32c" and new.attrs["dali_alchemi"]["complete_chunks"]
     codecs = str(new["core/positions"].metadata.codecs)
-    assert ("Blosc" in codecs) == (name == "compressed") and ("Sharding" in codecs) == (name == "default")
+    assert ("Sharding" in codecs) == (name == "default")
+    if name != "default":  # the default layout compresses an array or keeps it raw by its disk budget
+        assert ("Blosc" in codecs) == (name == "compressed")
     assert not staging_path(out).exists()
 
 

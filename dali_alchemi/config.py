@@ -9,6 +9,7 @@ own automatic guess (which splits trailing dims and is frozen at the first write
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from zarr.abc.codec import BytesBytesCodec
 from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
+from zarr.codecs.numcodecs import LZ4
 
 from dali_alchemi.bench.names import STORE_LAYOUTS
 from dali_alchemi.errors import ConfigError, ConfigTypeError
@@ -29,6 +31,7 @@ __all__ = [
     "CHUNKS_PER_SHARD", "COMPRESSED_ARRAYS", "COMPRESSED_CODEC", "DEFAULT_BATCHES_PER_WINDOW", "DEFAULT_CHUNK_BYTES",
     "DEFAULT_COMPRESSORS", "DEFAULT_NUM_WORKERS",
     "DENSE_GAIN", "DENSE_MIN_SAVING", "DENSE_SMALL_CHUNK_CODEC", "DISK_BUDGET", "FAST_SMALL_CHUNK_CODEC",
+    "INFLATE_CODEC",
     "LAYOUTS", "RAW_ARRAYS", "SAMPLE_BYTES", "SHARD_BYTES", "SHARD_INDEX_ENTRY_BYTES", "SMALL_CHUNK_BYTES",
     "START_METHODS",
     "ArrayConfig", "FetchConfig", "LoaderConfig", "WriteConfig", "compressed_ratio", "default_array_configs",
@@ -50,11 +53,13 @@ def _codec_from_json(spec: Mapping[str, Any]) -> BytesBytesCodec:
     name = spec.get("name")
     conf = dict(spec.get("configuration", {}))
     codecs: dict[str, type[BytesBytesCodec]] = {
-        "zstd": ZstdCodec, "blosc": BloscCodec, "gzip": GzipCodec, "crc32c": Crc32cCodec,
+        "zstd": ZstdCodec, "blosc": BloscCodec, "gzip": GzipCodec, "crc32c": Crc32cCodec, "numcodecs.lz4": LZ4,
     }  # fmt: skip
     if name not in codecs:
         raise ConfigError(f"Unsupported compressor {name!r}: expected one of {sorted(codecs)}")
-    return codecs[str(name)](**conf)
+    with warnings.catch_warnings():  # zarr warns that numcodecs.lz4 is outside the zarr v3 spec
+        warnings.simplefilter("ignore")
+        return codecs[str(name)](**conf)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,6 +182,13 @@ DISK_BUDGET = 1.2
 """The default layout stores a group's arrays in at most this many times the bytes the ``"compressed"``
 layout would (blosc-lz4 in 4 MiB chunks), as estimated from each array's first rows."""
 
+with warnings.catch_warnings():  # zarr warns that numcodecs' codecs are outside the zarr v3 spec
+    warnings.simplefilter("ignore")
+    INFLATE_CODEC: BytesBytesCodec = LZ4(acceleration=1)
+"""numcodecs' LZ4 (zarr's ``numcodecs.lz4``): each chunk is its decoded size in 4 bytes, then one raw LZ4
+block, which DALI's nvCOMP inflate (``fn.decoders.inflate``, ``algorithm="LZ4"``) decodes on the GPU as
+stored. The ``"inflate"`` layout compresses with it the arrays the default layout compresses."""
+
 SHARD_INDEX_ENTRY_BYTES = 16
 """Bytes of one inner chunk's entry (offset and length) in a shard's index."""
 
@@ -224,7 +236,9 @@ def _best_codec(sample: NDArray[Any], rows: int) -> tuple[BloscCodec, float]:
     return FAST_SMALL_CHUNK_CODEC, fast
 
 
-def default_array_configs(group: str, arrays: Mapping[str, Any]) -> dict[str, ArrayConfig]:
+def default_array_configs(
+    group: str, arrays: Mapping[str, Any], *, codec: BytesBytesCodec | None = None
+) -> dict[str, ArrayConfig]:
     """The default layout's configs for the arrays of one group, written together (values or arrays).
 
     Arrays stored raw are read in place by a local reader, a structure's rows at a time, at any cache
@@ -239,9 +253,12 @@ def default_array_configs(group: str, arrays: Mapping[str, Any]) -> dict[str, Ar
     :data:`CHUNKS_PER_SHARD` chunks; compressed ones with :data:`FAST_SMALL_CHUNK_CODEC`, or
     :data:`DENSE_SMALL_CHUNK_CODEC` where it keeps :data:`DENSE_GAIN` times fewer bytes. The metadata
     group (pointers, masks) keeps 4 MiB compressed chunks: it is read whole when a store is opened.
+    ``codec``, when given, replaces the chosen blosc codec of every compressed array (the ``"inflate"``
+    layout's :data:`INFLATE_CODEC`); which arrays are compressed is decided as without it.
     """
     if group == "meta":
         return {name: COMPRESSED_ARRAYS for name in arrays}
+    replacement = codec
     plans: dict[str, tuple[int, BloscCodec | None, int, int]] = {}  # rows per chunk, codec, raw and packed bytes
     reference: dict[str, int] = {}  # bytes in the "compressed" layout: the budget's measure
     for name, data in arrays.items():
@@ -270,11 +287,11 @@ def default_array_configs(group: str, arrays: Mapping[str, Any]) -> dict[str, Ar
         size -= total - packed
     return {
         name: ArrayConfig(
-            compressors=(codec,) if name in compressed and codec is not None else (),
+            compressors=(replacement or chosen,) if name in compressed and chosen is not None else (),
             chunk_size=rows,
             shard_size=rows * CHUNKS_PER_SHARD,
         )
-        for name, (rows, codec, _, _) in plans.items()
+        for name, (rows, chosen, _, _) in plans.items()
     }
 
 
@@ -293,8 +310,16 @@ class WriteConfig:
     core: ArrayConfig | None = None
     custom: ArrayConfig | None = None
     field_overrides: Mapping[str, ArrayConfig] = field(default_factory=dict)
+    compressed_codec: BytesBytesCodec | None = None
+    """The codec of the arrays the default layout compresses, instead of its blosc choice (``None``: blosc)."""
 
     def __post_init__(self) -> None:
+        codec = self.compressed_codec
+        if isinstance(codec, Mapping):
+            codec = _codec_from_json(codec)
+            object.__setattr__(self, "compressed_codec", codec)
+        if codec is not None and (not isinstance(codec, BytesBytesCodec) or isinstance(codec, Crc32cCodec)):
+            raise ConfigTypeError(f"WriteConfig.compressed_codec must be a zarr bytes-to-bytes compressor, got {codec!r}")
         for group in ("meta", "core", "custom"):
             value = getattr(self, group)
             if isinstance(value, Mapping):
@@ -321,7 +346,7 @@ class WriteConfig:
         if chosen is not None:
             configs.update({name: chosen for name in rest})
         elif rest:
-            configs.update(default_array_configs(group, rest))
+            configs.update(default_array_configs(group, rest, codec=self.compressed_codec))
         return {name: configs[name] for name in arrays}
 
     def for_array(self, group: str, name: str, data: Any = None) -> ArrayConfig:
@@ -331,12 +356,14 @@ class WriteConfig:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``None`` for a group that follows the default layout)."""
         groups = {g: None if getattr(self, g) is None else getattr(self, g).to_dict() for g in ("meta", "core", "custom")}
-        return {**groups, "field_overrides": {k: v.to_dict() for k, v in sorted(self.field_overrides.items())}}
+        codec = None if self.compressed_codec is None else self.compressed_codec.to_dict()
+        overrides = {k: v.to_dict() for k, v in sorted(self.field_overrides.items())}
+        return {**groups, "field_overrides": overrides, "compressed_codec": codec}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> WriteConfig:
         """Inverse of :meth:`to_dict`; also accepts nvalchemi-style plain mappings."""
-        unknown = set(data) - {"meta", "core", "custom", "field_overrides"}
+        unknown = set(data) - {"meta", "core", "custom", "field_overrides", "compressed_codec"}
         if unknown:
             raise ConfigError(f"Unknown WriteConfig keys: {sorted(unknown)}")
         return cls(**dict(data))
@@ -347,10 +374,14 @@ def layout_config(name: str) -> WriteConfig:
 
     ``"default"`` is ``WriteConfig()``; ``"compressed"`` stores every array blosc-lz4 in 4 MiB chunks
     (this project's default before, and close to what nvalchemi writes); ``"uncompressed"`` stores
-    every core and custom array raw (metadata stays compressed).
+    every core and custom array raw (metadata stays compressed); ``"inflate"`` is the default layout with
+    :data:`INFLATE_CODEC` for its compressed arrays, whose chunks DALI can inflate on the GPU as stored
+    (``DALIDataLoader(layout="inflate")``).
     """
     if name == "default":
         return WriteConfig()
+    if name == "inflate":
+        return WriteConfig(compressed_codec=INFLATE_CODEC)
     if name == "compressed":
         return WriteConfig(meta=COMPRESSED_ARRAYS, core=COMPRESSED_ARRAYS, custom=COMPRESSED_ARRAYS)
     if name == "uncompressed":
@@ -367,9 +398,10 @@ DEFAULT_BATCHES_PER_WINDOW = 16
 """Batches read with one call to the reader by default (nvalchemi's ``prefetch_factor``)."""
 
 START_METHODS = ("auto", "fork", "spawn")
-LAYOUTS = ("window", "blob")
-"""How a window goes through DALI: one sample per output (``"window"``), or every output in one byte
-buffer (``"blob"``: one host-to-device copy per window)."""
+LAYOUTS = ("window", "blob", "inflate")
+"""How a window goes through DALI: one sample per output (``"window"``), every output in one byte
+buffer (``"blob"``: one host-to-device copy per window), or the fields stored as LZ4 blocks as their
+compressed chunks, inflated on the GPU by nvCOMP (``"inflate"``: :mod:`dali_alchemi.pipeline.inflate`)."""
 
 
 @checks_keywords()

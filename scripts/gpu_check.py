@@ -12,6 +12,8 @@ only itself):
 4. ``store``: a synthetic store for the benchmarks (``dali-alchemi synth``).
 5. ``loader-window``, ``loader-blob``: the loader on the GPU, structures/s and atoms/s, and the
    host-to-device GB/s it achieves beside a pinned torch copy of the same bytes (``dali-alchemi h2d``).
+   ``store-inflate``, ``loader-inflate``: a store of LZ4 blocks (``synth --layout inflate``) read in the
+   ``"inflate"`` layout (chunks inflated on the GPU by nvCOMP) beside the ``"window"`` layout.
 6. ``pinned-copy``, only when DALI cannot be imported: the pinned torch copy alone.
 7. ``augment``: the augmentations on CUDA (``dali-alchemi augment-cost --device cuda``).
 
@@ -236,15 +238,32 @@ class Check:
                     result.update(status="failed", reason=f"no JSON result: {err}")
         return self.record(name, needs, result)
 
-    def loader(self, layout: str, store: Path) -> None:
+    def loader(self, layout: str, store: Path, layouts: str | None = None) -> None:
+        """Step ``loader-<layout>``: the loader on the GPU in ``layouts`` (default: ``layout`` alone) side by side."""
         name = f"loader-{layout}"
         out = self.scratch / f"{name}.json"
-        cmd = [self.python, "-m", "dali_alchemi.cli", "h2d", str(store), "--layouts", layout,
+        cmd = [self.python, "-m", "dali_alchemi.cli", "h2d", str(store), "--layouts", layouts or layout,
                "--epochs", str(self.args.epochs), "--json", str(out)]  # fmt: skip
         result = self.command(name, "dali", cmd, 240, out)
         if result["status"] == "passed":
             self.h2d += result["figures"]
             (self.results / "h2d.json").write_text(json.dumps(self.h2d, indent=2) + "\n")
+
+    def inflate(self, args: argparse.Namespace, info: dict[str, Any], dali: bool, needs_cuda: str) -> None:
+        """Steps ``store-inflate`` and ``loader-inflate``: a store of LZ4 blocks, read with its chunks inflated
+        on the GPU by nvCOMP beside the window layout's host decoding of the same store."""
+        if args.cpu or not dali:
+            why = needs_cuda if args.cpu else info.get("dali_error", "no DALI")
+            for name, needs in (("store-inflate", "torch"), ("loader-inflate", "dali")):
+                self.record(name, needs, {"status": "skipped", "reason": why})
+            return
+        store = self.scratch / "inflate.zarr"
+        cmd = [self.python, "-m", "dali_alchemi.cli", "synth", str(store), "--n", str(args.n), "--seed", "42",
+               "--layout", "inflate"]  # fmt: skip
+        if self.command("store-inflate", "torch", cmd, 120)["status"] == "passed":
+            self.loader("inflate", store, layouts="window,inflate")
+        else:
+            self.record("loader-inflate", "dali", {"status": "skipped", "reason": "no inflate store"})
 
     def main(self) -> int:
         try:
@@ -290,6 +309,7 @@ class Check:
                 self.record(f"loader-{layout}", "dali", {"status": "skipped", "reason": why})
             else:
                 self.loader(layout, store)
+        self.inflate(args, info, dali, needs_cuda)
         if not dali and not args.cpu:
             out = self.scratch / "pinned.json"
             cmd = [self.python, "-c", PINNED_PROBE, str(2**30), str(4 * 2**20), str(out)]
@@ -358,6 +378,7 @@ def describe(name: str, step: dict[str, Any]) -> str:
         if not isinstance(fig, dict):
             continue
         if "samples_per_s" in fig:
+            text += f" {fig['layout']}:" if fig.get("layout") else ""
             text += (f" {fig['samples_per_s']:,.0f} structures/s, {fig['atoms_per_s']:,.0f} atoms/s, loader "
                      f"{fig['loader_gb_per_s']:.2f} GB/s vs pinned copy {fig['pinned_copy_gb_per_s']:.2f} GB/s")  # fmt: skip
         elif "ms_per_batch" in fig:

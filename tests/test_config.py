@@ -106,3 +106,24 @@ def test_the_disk_budget_is_measured_against_the_compressed_layout() -> None:
         for a in (smooth, noise)
     )
     assert noise.nbytes <= DISK_BUDGET * reference  # what stays raw fits the budget
+
+
+def test_the_inflate_layout_is_the_default_with_lz4_blocks_for_what_it_compresses() -> None:
+    from zarr.codecs.numcodecs import LZ4
+
+    from dali_alchemi.config import INFLATE_CODEC, default_array_configs, layout_config
+
+    rng = np.random.default_rng(0)
+    n = 400_000
+    arrays = {"positions": rng.standard_normal((n, 3)).astype(np.float32), "labels": np.zeros(n, dtype=np.int64)}
+    default = WriteConfig().for_arrays("core", arrays)
+    inflate = layout_config("inflate").for_arrays("core", arrays)
+    assert inflate["positions"] == default["positions"] and inflate["positions"].compressors == ()  # raw stays raw
+    assert inflate["labels"].compressors == (INFLATE_CODEC,) and isinstance(INFLATE_CODEC, LZ4)
+    assert inflate["labels"].chunk_size == default["labels"].chunk_size == 16384  # the same 128 KiB chunks
+    assert inflate["labels"].codecs[-1].to_dict() == {"name": "crc32c"}  # checksummed like every array
+    assert default_array_configs("meta", {"atoms_ptr": np.arange(10)}, codec=INFLATE_CODEC)["atoms_ptr"] == ArrayConfig()
+    again = WriteConfig.from_dict(layout_config("inflate").to_dict())
+    assert again.compressed_codec == INFLATE_CODEC and again.to_dict()["compressed_codec"]["name"] == "numcodecs.lz4"
+    with pytest.raises(TypeError, match="compressed_codec must be a zarr bytes-to-bytes compressor"):
+        WriteConfig(compressed_codec="lz4")  # type: ignore[arg-type]

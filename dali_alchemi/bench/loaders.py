@@ -375,7 +375,7 @@ class _SequentialDecode(_PackedReads):
 
 
 _PATTERN = re.compile(
-    r"^(?P<kind>dali|torch|torch-batched|pyg-dynamic)(?:-w(?P<workers>\d+))?(?:-(?P<layout>blob|window))?"
+    r"^(?P<kind>dali|torch|torch-batched|pyg-dynamic)(?:-w(?P<workers>\d+))?(?:-(?P<layout>blob|window|inflate))?"
     r"(?P<shared>-shared)?$"
 )
 

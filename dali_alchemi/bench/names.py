@@ -12,7 +12,8 @@ __all__ = ["CODECS", "DEFAULT_LOADERS", "LAYOUT_ROWS", "LIMITS", "LOADER_HELP", 
 
 LOADER_HELP = (
     "dali-wN (the DALI loader with N worker processes; dali-w0 reads on a background thread; dali: the "
-    "default), optionally with a DALI layout suffix -window or -blob, and -shared (the workers share decoded "
+    "default), optionally with a DALI layout suffix -window, -blob or -inflate (CUDA only: LZ4 chunks inflated on the GPU; "
+    "needs a store written with --layout inflate), and -shared (the workers share decoded "
     "chunks through a shared-memory folder: DALIDataLoader(shared_cache=True)); torch-wN (plain "
     "DataLoader, per-sample reads), torch-batched-wN (one read per batch, split into samples), pyg-dynamic-wN (PyG's DataLoader "
     "with its DynamicBatchSampler; needs --max-atoms), nvalchemi (nvalchemi-toolkit's "
@@ -55,7 +56,7 @@ LAYOUT_ROWS = ("limit", "page-cache")
 """The rows the ``limit`` name adds (:mod:`dali_alchemi.bench.limit`): the store's codecs on one core, and
 reading the same bytes from the page cache. No loader runs; they are measured once per round."""
 
-STORE_LAYOUTS = ("default", "compressed", "uncompressed")
+STORE_LAYOUTS = ("default", "compressed", "uncompressed", "inflate")
 """Named store layouts (:func:`dali_alchemi.config.layout_config`; the ``--layout`` of ``synth``, ``bench`` and ``rewrite``)."""
 
 CODECS = ("lz4", "zstd", "zstd3", "none")

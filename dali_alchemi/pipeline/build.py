@@ -22,10 +22,12 @@ from nvidia.dali import fn, types
 from nvidia.dali.pipeline import Pipeline
 
 from dali_alchemi.pipeline.dali_private import close_pipeline
+from dali_alchemi.pipeline.inflate import inflate_nodes
 from dali_alchemi.pipeline.lifetime import GuardedSource, WorkerGuard, starting_workers
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
+    from dali_alchemi.pipeline.inflate import InflateRoute
     from dali_alchemi.pipeline.source import OutputSpec
     from dali_alchemi.plan import EpochPlan
     from dali_alchemi.types import CountArray
@@ -58,8 +60,13 @@ def build_pipeline(
     queue_depth: int,
     bytes_per_window: int,
     num_threads: int = 2,
+    route: InflateRoute | None = None,
 ) -> tuple[Pipeline, PipelineOutputs]:
-    """Build (and start) the pipeline; returns it with the names of its outputs."""
+    """Build (and start) the pipeline; returns it with the names of its outputs.
+
+    With an inflate ``route`` (a CUDA device only), each inflated field's blocks go to nvCOMP's inflate
+    and the field's output is its inflated chunks (:mod:`dali_alchemi.pipeline.inflate`).
+    """
     parallel = num_workers > 0
     pipe = Pipeline(
         batch_size=1,
@@ -95,8 +102,13 @@ def build_pipeline(
             by_name = dict(zip((s.name for s in specs), nodes, strict=True))
             on_device = [spec.name for spec in specs if spec.placement in ("device", "both")]
             host = [spec.name for spec in specs if spec.placement in ("host", "both")]
+            inflated: dict[str, Any] = {}
+            if route is not None:
+                inflated = inflate_nodes(by_name, route)
+                on_device = route.device_outputs(on_device)
             outputs = PipelineOutputs(device_names=tuple(on_device), host_names=tuple(host))
-            pipe.set_outputs(*(by_name[name].gpu() for name in on_device), *(by_name[name] for name in host))
+            device_nodes = (inflated[name] if name in inflated else by_name[name].gpu() for name in on_device)
+            pipe.set_outputs(*device_nodes, *(by_name[name] for name in host))
     try:
         with starting_workers(guard, fork=parallel and start_method == "fork"):  # the workers start in build()
             pipe.build()

@@ -28,6 +28,7 @@ import torch
 from dali_alchemi.batch import Batch, collate
 from dali_alchemi.errors import LoaderError
 from dali_alchemi.pipeline.dali_private import worker_processes, workers_hidden
+from dali_alchemi.pipeline.inflate import ATOM_STARTS, ROWS, assemble
 from dali_alchemi.pipeline.source import (
     BATCH_BOUNDS,
     BATCH_IDX,
@@ -43,6 +44,7 @@ from dali_alchemi.pipeline.source import (
 
 if TYPE_CHECKING:
     from dali_alchemi.pipeline.build import PipelineOutputs
+    from dali_alchemi.pipeline.inflate import InflateRoute
     from dali_alchemi.types import Level
 
 __all__ = ["STOP_TIMEOUT_S", "WORKER_POLL_S", "Handoff", "WindowIterator", "dead_worker"]
@@ -140,12 +142,20 @@ class WindowIterator:
     not reused or shut down.
     """
 
-    def __init__(self, pipe: Any, outputs: PipelineOutputs, specs: tuple[OutputSpec, ...], device: torch.device) -> None:
+    def __init__(
+        self, pipe: Any, outputs: PipelineOutputs, specs: tuple[OutputSpec, ...], device: torch.device,
+        route: InflateRoute | None = None,
+    ) -> None:  # fmt: skip
         self.pipe = pipe
         self.outputs = outputs
         self.specs = specs  # what the window holds; with the blob layout, what the blob holds
+        self.route = route  # the inflate layout's fields, inflated on the device
         self.trailing = {spec.name: spec.trailing for spec in specs}
         self.levels: dict[str, Level] = {spec.name: spec.level for spec in specs if spec.is_field and spec.level}
+        if route is not None:
+            self.trailing.update({f.name: f.chunk_shape for f in route.inflated})  # an inflated output is its chunks
+            self.levels.update({f.name: f.level for f in route.inflated})
+            self.levels = {name: self.levels[name] for name in route.fields}
         self.device = device
         self.broken = False
         self._handoff = Handoff(capacity=2)
@@ -236,6 +246,12 @@ class WindowIterator:
         else:
             flat = {name: _flat_view(on_device[name], self.trailing[name]) for name in on_device}
             host = {name: _flat_view(on_host[name], ()).numpy() for name in (N_ATOMS, N_EDGES, INDICES, BATCH_BOUNDS)}
+            if self.route is not None:
+                flat.update(assemble(
+                    flat, {f.name: flat[ROWS + f.name] for f in self.route.inflated}, self.route,
+                    n_atoms=flat[N_ATOMS], n_edges=flat[N_EDGES], atom_starts=flat.get(ATOM_STARTS),
+                    host_n_edges=host[N_EDGES], sample_indices=host[INDICES],
+                ))  # fmt: skip
         return collate(
             fields={name: flat[name] for name in self.levels},
             levels=self.levels,

@@ -26,6 +26,7 @@ from dali_alchemi.pipeline import lifetime
 from dali_alchemi.pipeline.build import PipelineOutputs, build_pipeline, window_bytes_hint
 from dali_alchemi.pipeline.dali_private import CLOSE_TIMEOUT_S, close_pipeline, disarm_pool, kill_workers
 from dali_alchemi.pipeline.device import resolve_device
+from dali_alchemi.pipeline.inflate import inflate_route
 from dali_alchemi.pipeline.iterator import WindowIterator
 from dali_alchemi.pipeline.source import BLOB_OUTPUTS, OutputSpec, ReadAheadSource, WindowSource, output_specs
 from dali_alchemi.plan import PlanArguments, restore
@@ -127,7 +128,9 @@ class DALIDataLoader:
         How a window goes through DALI: ``"window"`` (the default: one DALI sample per output), or
         ``"blob"`` (every array of the window in one byte buffer: one host-to-device copy per window
         instead of one per field; measured equal on the CPU, and the one to try where many small copies
-        cost more than one large one). Batches are identical either way.
+        cost more than one large one), or ``"inflate"`` (CUDA only: fields stored as LZ4 blocks, the
+        ``"inflate"`` store layout, cross as their compressed chunks and nvCOMP inflates them on the GPU;
+        :mod:`dali_alchemi.pipeline.inflate`). Batches are identical in every layout.
     augmentations
         Per-structure transforms applied on ``device`` to every batch (see :mod:`dali_alchemi.augment`),
         seeded by ``(seed, epoch, batch index)`` so they are reproducible, also after a resume.
@@ -216,6 +219,7 @@ class DALIDataLoader:
                 store_or_reader, plan=plan, arguments=arguments, fields=self.config.fields,
                 cache_bytes=cache_bytes, loader="DALIDataLoader", shared_cache=self._shared_folder,
             )  # fmt: skip
+            self._route = inflate_route(inputs.reader, tuple(inputs.fields), self.device) if layout == "inflate" else None
         except BaseException:
             if self._shared_folder is not None:
                 remove_shared_folder(self._shared_folder)
@@ -225,7 +229,7 @@ class DALIDataLoader:
         self._to_nvalchemi = nvalchemi_batches() if batch_type == "nvalchemi" else None
         # On the CPU the batch index and neighbor-list offsets are computed where the window is read (in
         # the workers); on a GPU they are computed on the device (batch.collate).
-        self.specs: tuple[OutputSpec, ...] = output_specs(
+        self.specs: tuple[OutputSpec, ...] = self._route.specs if self._route else output_specs(
             self.reader.field_specs, tuple(self.fields), host_collation=self.device.type == "cpu"
         )
         self._epoch = 0
@@ -307,7 +311,7 @@ class DALIDataLoader:
 
     def _iterate(self, generation: int) -> Iterator[Any]:
         assert self._outputs is not None
-        windows = self._windows = WindowIterator(self._pipe, self._outputs, self.specs, self.device)
+        windows = self._windows = WindowIterator(self._pipe, self._outputs, self.specs, self.device, self._route)
         self._pipe_next = None  # mid-epoch until the epoch ends cleanly
         try:
             for window in windows.windows():
@@ -345,7 +349,7 @@ class DALIDataLoader:
         self._discard_pipeline()
         source = WindowSource(
             self.reader, self.plan, self.specs, batches_per_window=self.config.batches_per_window,
-            start_epoch=epoch, start_batch=batch, layout=self.layout,
+            start_epoch=epoch, start_batch=batch, layout=self.layout, route=self._route,
         )  # fmt: skip
         workers = self.config.num_workers
         if workers == 0:
@@ -361,7 +365,7 @@ class DALIDataLoader:
             device_id=self.device.index if self.device.type == "cuda" else None,
             num_workers=workers,
             start_method=start_method,
-            queue_depth=self.config.queue_depth,
+            queue_depth=self.config.queue_depth, route=self._route,
             bytes_per_window=window_bytes_hint(
                 self.specs, self._size_sample(), self.epoch_plan(epoch), self.config.batches_per_window
             ),

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
     from numpy.typing import NDArray
 
+    from dali_alchemi.pipeline.inflate import InflateRoute
     from dali_alchemi.plan.base import EpochPlan, Plan
     from dali_alchemi.store.format.protocol import FieldSpec, PackedReader
     from dali_alchemi.types import Level
@@ -229,10 +230,14 @@ class WindowSource:
         start_epoch: int = 0,
         start_batch: int = 0,
         layout: str = "window",
+        route: InflateRoute | None = None,
     ) -> None:
         if layout not in LAYOUTS:
             raise ConfigError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if (layout == "inflate") != (route is not None):
+            raise ConfigError("layout='inflate' and an inflate route go together")
         self.layout = layout
+        self.route = route
         self.reader = reader
         self.plan = plan
         self.specs = specs
@@ -270,6 +275,8 @@ class WindowSource:
         if iteration >= epoch_plan.num_windows(self.batches_per_window, first_batch):
             raise StopIteration
         window = epoch_plan.window(iteration, self.batches_per_window, first_batch)
+        if self.route is not None:
+            return self.route.read(self.reader, window)
         packed = self.reader.read_packed(window.indices, fields=self.fields)
         arrays: dict[str, NDArray[Any]] = {
             **packed.fields,

@@ -66,14 +66,14 @@ elif args[:2] == ["-m", "pytest"]:
     print(f"{{4}} passed" + (", 1 failed" if failing else ""))
     sys.exit(1 if failing else 0)
 elif args[:2] == ["-m", "dali_alchemi.cli"] and args[2] == "synth":
-    step("store")
+    step("store-inflate" if "--layout" in args and value("--layout") == "inflate" else "store")
     os.makedirs(args[3])
 elif args[:2] == ["-m", "dali_alchemi.cli"] and args[2] == "h2d":
-    layout = value("--layouts")
-    step("loader-" + layout)
-    record = {{"device": "Stand-in GPU", "layout": layout, "samples_per_s": 100000.0, "atoms_per_s": 5.5e6,
-              "loader_gb_per_s": 3.25, "pinned_copy_gb_per_s": 50.0}}
-    json.dump([record], open(value("--json"), "w"))
+    layouts = value("--layouts").split(",")
+    step("loader-" + layouts[-1])
+    records = [{{"device": "Stand-in GPU", "layout": layout, "samples_per_s": 100000.0, "atoms_per_s": 5.5e6,
+                "loader_gb_per_s": 3.25, "pinned_copy_gb_per_s": 50.0}} for layout in layouts]
+    json.dump(records, open(value("--json"), "w"))
 elif args[:2] == ["-m", "dali_alchemi.cli"] and args[2] == "augment-cost":
     step("augment")
     json.dump([{{"augmentation": "rotation", "ms_per_batch": 0.125, "device": value("--device")}}],

@@ -45,7 +45,7 @@ def _trace(results: Path) -> list[dict]:
 def test_the_steps_run_most_valuable_first_and_each_result_is_saved_at_once(machine) -> None:
     code, summary, results = machine({})
     assert code == 0
-    order = ["tests-torch", "tests-dali", "store", "loader-window", "loader-blob", "augment"]
+    order = ["tests-torch", "tests-dali", "store", "loader-window", "loader-blob", "store-inflate", "loader-inflate", "augment"]
     assert list(summary["steps"]) == order and all(s["status"] == "passed" for s in summary["steps"].values())
     trace = _trace(results)
     assert [t["step"] for t in trace] == order
@@ -54,7 +54,7 @@ def test_the_steps_run_most_valuable_first_and_each_result_is_saved_at_once(mach
     assert summary["env"]["device"] == "Stand-in GPU" and summary["env"]["dali"] == "2.4.0"
     assert summary["steps"]["tests-dali"]["counts"] == {"tests": 4, "failed": 0, "errors": 0, "skipped": 0, "passed": 4}
     h2d = json.loads((results / "h2d.json").read_text())
-    assert [r["layout"] for r in h2d] == ["window", "blob"] and h2d[0]["loader_gb_per_s"] == 3.25
+    assert [r["layout"] for r in h2d] == ["window", "blob", "window", "inflate"] and h2d[0]["loader_gb_per_s"] == 3.25
     assert json.loads((results / "augment.json").read_text())[0]["device"] == "cuda"
     assert sorted(p.name for p in results.iterdir()) == ["augment.json", "gpu-check.log", "h2d.json", "summary.json"]
     lines = summary["report"]["lines"]
@@ -76,7 +76,7 @@ def test_without_dali_the_pure_torch_parts_still_run_and_are_reported_apart(mach
         "pinned-copy",
         "augment",
     ]
-    for name in ("tests-dali", "loader-window", "loader-blob"):
+    for name in ("tests-dali", "loader-window", "loader-blob", "store-inflate", "loader-inflate"):
         assert steps[name]["status"] == "skipped" and "No module named 'nvidia.dali'" in steps[name]["reason"]
     assert json.loads((results / "h2d.json").read_text())[0]["pinned_copy_gb_per_s"] == 51.5
     lines = summary["report"]["lines"]
@@ -103,7 +103,7 @@ def test_the_budget_stops_a_hanging_step_and_skips_what_no_longer_fits(machine) 
     assert steps["tests-torch"]["status"] == "passed"
     assert steps["tests-dali"]["status"] == "timeout"
     assert all(steps[n]["status"] == "skipped" and "out of time" in steps[n]["reason"]
-               for n in ("store", "augment"))  # fmt: skip
+               for n in ("store", "store-inflate", "augment"))  # fmt: skip
 
 
 def test_no_cuda_is_a_clear_error_and_cpu_mode_rehearses_without_it(machine) -> None:
@@ -112,7 +112,8 @@ def test_no_cuda_is_a_clear_error_and_cpu_mode_rehearses_without_it(machine) -> 
     code, summary, results = machine({"cuda": False}, "--cpu", "--pytest-args", "tests/test_batch.py")
     assert code == 0 and summary["mode"] == "cpu"
     assert summary["steps"]["tests-cpu"]["status"] == "passed"
-    assert all(summary["steps"][n]["reason"] == "--cpu: needs CUDA" for n in ("store", "loader-window", "loader-blob"))
+    cuda_steps = ("store", "loader-window", "loader-blob", "store-inflate", "loader-inflate")
+    assert all(summary["steps"][n]["reason"] == "--cpu: needs CUDA" for n in cuda_steps)
     assert json.loads((results / "augment.json").read_text())[0]["device"] == "cpu"
     assert "pure torch (--cpu: no CUDA):" in summary["report"]["lines"]
 

@@ -11,7 +11,7 @@ subclass live in :mod:`dali_alchemi.testing.reader`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -34,6 +34,9 @@ class FieldSpec:
     level: Level
     dtype: np.dtype[Any]
     trailing: tuple[int, ...]
+    inflate_rows: int | None = field(default=None, compare=False)
+    """Rows per chunk when the field is stored as LZ4 blocks DALI's GPU inflate decodes as stored (the
+    ``"inflate"`` layout; ``DALIDataLoader(layout="inflate")``); ``None`` otherwise."""
 
     @property
     def row_nbytes(self) -> int:

@@ -17,15 +17,17 @@ from typing import TYPE_CHECKING, Any
 import google_crc32c
 import numcodecs
 import numcodecs.blosc
+import numcodecs.lz4
 import numpy as np
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
+from zarr.codecs.numcodecs import LZ4 as NumcodecsLZ4
 
 from dali_alchemi.errors import ChunkDecodeError, ConfigError, UnsupportedCodecError
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-__all__ = ["MISSING_CHUNK", "ArrayCodec", "ChunkLocation"]
+__all__ = ["LZ4_HEADER", "MISSING_CHUNK", "ArrayCodec", "ChunkLocation"]
 
 
 MISSING_CHUNK = (1 << 64) - 1
@@ -35,6 +37,10 @@ _BLOSC_SIZES = struct.Struct("<III")
 """The three uint32 sizes of a blosc1 frame header (at byte 4): decoded, block and compressed bytes."""
 
 _blosc_decompress = numcodecs.blosc.decompress
+_lz4_decompress = numcodecs.lz4.decompress
+
+LZ4_HEADER = struct.Struct("<I")
+"""numcodecs' LZ4 chunk: this uint32 (the decoded size), then one raw LZ4 block (what nvCOMP inflates)."""
 
 
 class _CheckedBlosc:
@@ -59,8 +65,27 @@ class _CheckedBlosc:
         return _blosc_decompress(buf, out)
 
 
+class _CheckedLZ4:
+    """numcodecs' LZ4 decoding that first checks the chunk's decoded size against ``out``.
+
+    The payload is a 4-byte little-endian decoded size followed by one raw LZ4 block; liblz4's safe
+    decoder never reads past the block, and numcodecs raises when the block decodes to another size.
+    """
+
+    def decode(self, buf: Any, out: Any = None) -> Any:
+        size = buf.nbytes if isinstance(buf, (np.ndarray, memoryview)) else len(buf)
+        if size < LZ4_HEADER.size + 1:
+            raise ChunkDecodeError(f"lz4 chunk of {size} bytes is shorter than its header and one block byte")
+        (nbytes,) = LZ4_HEADER.unpack_from(buf, 0)
+        if out is not None and nbytes != out.nbytes:
+            raise ChunkDecodeError(f"lz4 chunk decodes to {nbytes} bytes, expected {out.nbytes}")
+        return _lz4_decompress(buf, out)
+
+
 def _compressor(codec: Any) -> Any:
     """numcodecs decoder for one zarr v3 bytes-to-bytes codec (``None`` for crc32c, handled apart)."""
+    if isinstance(codec, NumcodecsLZ4):
+        return _CheckedLZ4()
     if isinstance(codec, ZstdCodec):
         return numcodecs.Zstd()
     if isinstance(codec, BloscCodec):
@@ -80,11 +105,17 @@ def _chain_name(codecs: tuple[Any, ...]) -> str:
             names.append(f"zstd-{codec.level}")
         elif isinstance(codec, Crc32cCodec):
             names.append("crc32c")
+        elif isinstance(codec, NumcodecsLZ4):
+            names.append("lz4")
         else:
             names.append(type(codec).__name__.removesuffix("Codec").lower())
     if not names or names == ["crc32c"]:
         names.insert(0, "raw")
     return "+".join(names)
+
+
+_EXACT = (_CheckedBlosc, _CheckedLZ4)
+"""Decoders whose header gives the decoded size, checked against ``out`` before decoding into it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +157,8 @@ class _Chain:
                 if google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:].tobytes(), "little"):
                     raise ChunkDecodeError("crc32c checksum mismatch")
                 data = raw[:-4]  # the view, not a copy
-            elif pos == last and out is not None and self.stored_dtype == out.dtype and isinstance(step, _CheckedBlosc):
-                # Only blosc decodes straight into ``out``: its frame header says how many bytes it holds,
+            elif pos == last and out is not None and self.stored_dtype == out.dtype and isinstance(step, _EXACT):
+                # Only blosc and lz4 decode straight into ``out``: their headers say how many bytes they hold,
                 # checked against ``out``. numcodecs' zstd and gzip fill a larger ``out`` only in part
                 # and say nothing, which would leave rows of uninitialised memory in the block.
                 data = step.decode(data, out=out)
@@ -278,6 +309,17 @@ class ArrayCodec:
         """The decoder of the chunks' compression step (blosc, zstd or gzip); ``None`` for raw rows."""
         steps = [step for step in self._chain.steps if not isinstance(step, str)]
         return steps[-1] if steps else None
+
+    @property
+    def inflatable(self) -> bool:
+        """Whether every chunk is one row block stored as numcodecs LZ4 (a decoded-size header, then one raw
+        LZ4 block, at most followed by ``crc32c``) of native-order rows: what DALI's nvCOMP inflate decodes
+        on the GPU as stored (:mod:`~dali_alchemi.store.read.compressed`)."""
+        steps = self._chain.steps
+        return (
+            bool(steps) and isinstance(steps[0], _CheckedLZ4) and all(step == "crc32c" for step in steps[1:])
+            and len(steps) <= 2 and self._chain.stored_dtype.isnative and self._one_chunk
+        )  # fmt: skip
 
     @property
     def chunk_checksum(self) -> bool:

@@ -34,6 +34,7 @@ from zarr.storage import LocalStore
 from dali_alchemi.csr import concat_aranges
 from dali_alchemi.errors import ConfigError
 from dali_alchemi.store.read.cache import CacheStats
+from dali_alchemi.store.read.compressed import CompressedWindow, compressed_window
 from dali_alchemi.store.read.decoder import INLINE_ROWS, BlockDecoder, errors_of
 from dali_alchemi.store.read.fetch import LocalFetcher
 from dali_alchemi.store.read.gather import (
@@ -258,6 +259,17 @@ class BlockEngine:
         self._packed_reads += 1
         self._samples_read += int(physical.size)
         return RowsRead(fields=outputs, n_atoms=n_atoms, n_edges=n_edges, atom_starts=atom_starts)
+
+    def read_compressed(self, snapshot: Snapshot, physical: IndexArray, names: tuple[str, ...]) -> CompressedWindow:
+        """The chunks holding the rows of ``physical`` of arrays ``names``, as raw LZ4 blocks for DALI's GPU
+        inflate (:func:`~dali_alchemi.store.read.compressed.compressed_window`): fetched, never decoded."""
+        if snapshot is not self._snapshot:
+            self.attach(snapshot)
+        fetcher = self.decoder.pool.fetcher()
+        window = compressed_window(snapshot, physical, names, fetcher, self.decoder.shard_indexes)
+        self._packed_reads += 1
+        self._samples_read += int(physical.size)
+        return window
 
     def _gather(
         self,

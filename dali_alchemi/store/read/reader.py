@@ -31,6 +31,7 @@ from dali_alchemi.store.format.packed import PackedSamples
 from dali_alchemi.store.format.protocol import FieldSpec, as_field_names
 from dali_alchemi.store.read import geometry, guards
 from dali_alchemi.store.read.cache import DEFAULT_CACHE_BYTES
+from dali_alchemi.store.read.compressed import inflatable_rows
 from dali_alchemi.store.read.engine import BlockEngine, ReadStats
 from dali_alchemi.store.read.identity import SnapshotIdentity, identify
 from dali_alchemi.store.read.mapped_pages import MappedPages
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     import torch
     from numpy.typing import NDArray
 
+    from dali_alchemi.store.read.compressed import CompressedWindow
     from dali_alchemi.types import CountArray, IndexArray, Level
 
 __all__ = ["AtomicDataZarrReader"]
@@ -218,7 +220,7 @@ class AtomicDataZarrReader:
     def field_specs(self) -> dict[str, FieldSpec]:
         """Level, dtype and trailing shape of every field the reader returns, in its order."""
         return {
-            name: FieldSpec(level=h.level, dtype=h.dtype, trailing=h.shape[1:])
+            name: FieldSpec(level=h.level, dtype=h.dtype, trailing=h.shape[1:], inflate_rows=inflatable_rows(h.codec))
             for name, h in ((name, self._snapshot.handles[name]) for name in self._fields)
         }
 
@@ -294,6 +296,17 @@ class AtomicDataZarrReader:
             packed = self._read_unique(unique, names)
             return replace(packed.take(inverse.reshape(-1)), logical_indices=logical)
         return self._read_unique(logical, names)
+
+    def read_compressed(self, indices: Sequence[int] | NDArray[Any], *, fields: Iterable[str]) -> CompressedWindow:
+        """A window's rows of ``fields`` as the LZ4 chunks holding them, for DALI's GPU inflate (:mod:`.compressed`)."""
+        self._check_open()
+        self._check_process()
+        names, logical = narrow_fields(tuple(fields), self._fields, self._snapshot), self.normalize_indices(indices)
+        window = self._engine.read_compressed(self._snapshot, self._snapshot.physical(logical), names)
+        if self._check_unchanged():  # the store grew: its last shards' indexes may be stale, so read afresh
+            self._engine.attach(self._snapshot)
+            window = self._engine.read_compressed(self._snapshot, self._snapshot.physical(logical), names)
+        return window
 
     def _read_unique(self, logical: IndexArray, names: Sequence[str]) -> PackedSamples:
         """:meth:`read_packed` for distinct indices."""
@@ -411,9 +424,7 @@ class AtomicDataZarrReader:
     def __enter__(self) -> AtomicDataZarrReader:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -426,9 +437,7 @@ class AtomicDataZarrReader:
         return f"AtomicDataZarrReader({self.source!r}, {state})"
 
 
-def _reopen(
-    store: StoreLike, options: dict[str, Any], identity: SnapshotIdentity | None = None
-) -> AtomicDataZarrReader:
+def _reopen(store: StoreLike, options: dict[str, Any], identity: SnapshotIdentity | None = None) -> AtomicDataZarrReader:
     reader = AtomicDataZarrReader(store, **options)
     if identity is not None:
         reader._serve(identity)

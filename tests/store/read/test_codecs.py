@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import zarr
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, TransposeCodec, ZstdCodec
+from zarr.codecs.numcodecs import LZ4
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import MemoryStore
@@ -45,10 +46,17 @@ def _block(codec: ArrayCodec, store: MemoryStore, block: int) -> np.ndarray:
 
 @pytest.mark.parametrize(
     "compressors",
-    [None, [BloscCodec()], [BloscCodec(cname="zstd", clevel=5)], [ZstdCodec(level=3)], [GzipCodec()], [Crc32cCodec()]],
-    ids=["raw", "blosc-lz4", "blosc-zstd", "zstd", "gzip", "crc32c"],
+    [
+        None, [BloscCodec()], [BloscCodec(cname="zstd", clevel=5)], [ZstdCodec(level=3)], [GzipCodec()], [Crc32cCodec()],
+        "lz4",
+    ],
+    ids=["raw", "blosc-lz4", "blosc-zstd", "zstd", "gzip", "crc32c", "numcodecs-lz4"],
 )
-def test_every_block_decodes_to_the_stored_rows(compressors: list[Any] | None) -> None:
+def test_every_block_decodes_to_the_stored_rows(compressors: list[Any] | str | None) -> None:
+    if compressors == "lz4":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # zarr: numcodecs' codecs are outside the zarr v3 spec
+            compressors = [LZ4(), Crc32cCodec()]
     arr, store = _array(chunks=(4, 3), compressors=compressors)
     codec = _codec(arr)
     assert (codec.n_blocks, codec.block_rows, codec.row_nbytes, codec.sharded) == (3, 4, 12, False)
@@ -112,6 +120,22 @@ def test_a_blosc_frame_that_claims_more_bytes_than_it_has_is_refused() -> None:
         _codec(arr).decode_block(0, [good + b"\0" * 4], ["x/c/0/0"])
     with pytest.raises(ChunkDecodeError, match="shorter than its 16-byte header"):
         _codec(arr).decode_block(0, [good[:10]], ["x/c/0/0"])
+
+
+def test_an_lz4_chunk_whose_header_disagrees_with_the_chunk_is_refused() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        arr, store = _array(chunks=(4, 3), compressors=[LZ4()])
+    codec = _codec(arr)
+    assert codec.codec_name == "lz4" and codec.inflatable
+    good = _raw(store, "x/c/0/0")
+    assert good is not None and int.from_bytes(good[:4], "little") == 4 * 3 * 4
+    with pytest.raises(ChunkDecodeError, match=r"lz4 chunk decodes to 96 bytes, expected 48"):
+        codec.decode_block(0, [(96).to_bytes(4, "little") + good[4:]], ["x/c/0/0"])
+    with pytest.raises(ChunkDecodeError, match="shorter than its header"):
+        codec.decode_block(0, [good[:4]], ["x/c/0/0"])
+    with pytest.raises(ChunkDecodeError, match=r"chunk 'x/c/0/0' could not be decoded"):
+        codec.decode_block(0, [good[:-3]], ["x/c/0/0"])  # a truncated block
 
 
 def test_a_crc32c_mismatch_is_a_decode_error() -> None:

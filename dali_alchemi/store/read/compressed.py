@@ -1,0 +1,236 @@
+"""A window's rows as the compressed chunks that hold them, for decoding on the GPU.
+
+DALI's nvCOMP inflate (``fn.decoders.inflate``, ``algorithm="LZ4"``) decodes raw LZ4 blocks on the
+device. An array stored as numcodecs LZ4 (:attr:`~dali_alchemi.store.read.codecs.ArrayCodec.inflatable`:
+the ``"inflate"`` layout) holds one such block per chunk, after a 4-byte decoded size and before the
+optional crc32c. So a window's rows of that array need no decoding on the host: the chunks that hold
+them are fetched, checked (crc32c, decoded size) and cut down to their blocks, and the window carries
+the blocks, their sizes and, per wanted row, where that row lies in the inflated chunks. The GPU then
+inflates every chunk to the same ``chunk_shape`` and takes the rows with one gather
+(:func:`take_rows`).
+
+Each chunk the window touches is sent once, whatever the number of its rows the window wants; a chunk
+never written is sent as the compressed fill chunk (or refused, when the store promises every chunk).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import google_crc32c
+import numcodecs
+import numcodecs.lz4
+import numpy as np
+
+from dali_alchemi.csr import concat_aranges
+from dali_alchemi.errors import ChunkDecodeError, ConfigError
+from dali_alchemi.store.read.block_reads import fetch_blocks
+from dali_alchemi.store.read.codecs import LZ4_HEADER
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from dali_alchemi.store.read.codecs import ArrayCodec
+    from dali_alchemi.store.read.fetch import ByteFetcher
+    from dali_alchemi.store.read.snapshot import Snapshot
+    from dali_alchemi.types import IndexArray, Level
+
+__all__ = [
+    "MAX_WINDOW_BYTES", "CompressedRows", "CompressedWindow", "compressed_rows", "compressed_window", "inflatable_rows",
+    "inflate_reference", "take_rows",
+]  # fmt: skip
+
+
+MAX_WINDOW_BYTES = (1 << 31) - 1
+"""Most compressed bytes of one array in one window: DALI's inflate takes chunk sizes as int32."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompressedRows:
+    """The rows a window wants of one array, as the raw LZ4 blocks of the chunks holding them.
+
+    Attributes
+    ----------
+    name, level
+        The array and its level.
+    blocks
+        ``[bytes]`` uint8: every chunk's raw LZ4 block, one after the other (never empty: a window
+        that wants no row of the array still carries its first chunk, since DALI refuses an empty input).
+    sizes
+        ``[chunks]`` int32: the bytes of each block in ``blocks``.
+    rows
+        ``[rows]`` int64: for each wanted row, in the window's order, its row in the inflated chunks
+        seen as one ``[chunks * chunk_rows, *trailing]`` array.
+    chunk_shape, dtype
+        What each block inflates to.
+    """
+
+    name: str
+    level: Level
+    blocks: NDArray[np.uint8]
+    sizes: NDArray[np.int32]
+    rows: NDArray[np.int64]
+    chunk_shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+    @property
+    def trailing(self) -> tuple[int, ...]:
+        return self.chunk_shape[1:]
+
+
+@dataclass(frozen=True, slots=True)
+class CompressedWindow:
+    """A window's compressed rows of each array, and each structure's first atom row in the store (what
+    makes the store-global atom indices of ``neighbor_list`` sample-local once inflated)."""
+
+    parts: dict[str, CompressedRows]
+    atom_starts: NDArray[np.int64]
+
+
+def inflatable_rows(codec: ArrayCodec | None) -> int | None:
+    """Rows per chunk of an array DALI can inflate as stored (one with rows, in LZ4 blocks); else ``None``."""
+    if codec is None or not codec.inflatable or not codec.shape or codec.shape[0] == 0:
+        return None
+    return int(codec.block_rows)
+
+
+def compressed_rows(
+    codec: ArrayCodec,
+    level: Level,
+    rows: NDArray[np.int64],
+    fetcher: ByteFetcher,
+    shard_indexes: dict[tuple[str, str], NDArray[np.uint64]],
+) -> CompressedRows:
+    """The chunks of ``codec``'s array holding ``rows`` (store rows, in the window's order), checked and cut.
+
+    ``shard_indexes`` caches the shard indexes already read (shared with the reader's engine).
+
+    Raises
+    ------
+    ConfigError
+        If the array is not stored as LZ4 blocks DALI can inflate, or is empty.
+    ChunkDecodeError
+        If a chunk fails its checksum, says it decodes to another size than a chunk, or is missing from
+        a store that promises every chunk.
+    """
+    if not codec.inflatable:
+        raise ConfigError(
+            f"Array {codec.name!r} is stored as {codec.codec_name}, not as numcodecs LZ4 blocks of whole rows: "
+            "DALI cannot inflate it (rewrite the store with layout='inflate')"
+        )
+    if not codec.shape or codec.shape[0] == 0:
+        raise ConfigError(f"Array {codec.name!r} has no rows: there is no chunk to inflate")
+    block_rows = codec.block_rows
+    wanted = rows // block_rows
+    touched = np.zeros(codec.n_blocks, dtype=np.bool_)  # one pass, no sort: a window holds ~10^6 edge rows
+    touched[wanted] = True
+    touched[0] |= not touched.any()  # DALI refuses an empty input sample: then send the first chunk
+    chunks = np.flatnonzero(touched)
+    position = np.cumsum(touched, dtype=np.int64) - 1  # a touched chunk's place among those sent
+    gather = position[wanted] * block_rows + rows % block_rows
+    payloads, _ = fetch_blocks(fetcher, [(codec, int(b)) for b in chunks.tolist()], shard_indexes)
+    chunk_bytes = int(np.prod(codec.chunk_shape)) * codec.dtype.itemsize
+    checksum = codec.chunk_checksum
+    cut = [
+        _block_of(codec, parts[0], keys[0], chunk_bytes, checksum) for parts, keys in payloads
+    ]
+    sizes = np.fromiter((b.size for b in cut), dtype=np.int64, count=len(cut))
+    if int(sizes.sum()) > MAX_WINDOW_BYTES:
+        raise ConfigError(
+            f"Array {codec.name!r}: one window needs {int(sizes.sum())} compressed bytes, more than DALI's inflate "
+            f"takes ({MAX_WINDOW_BYTES}); use fewer batches per window"
+        )
+    return CompressedRows(
+        name=codec.name,
+        level=level,
+        blocks=np.concatenate(cut),
+        sizes=sizes.astype(np.int32),
+        rows=gather,
+        chunk_shape=tuple(codec.chunk_shape),
+        dtype=codec.dtype,
+    )
+
+
+def compressed_window(
+    snapshot: Snapshot,
+    physical: IndexArray,
+    names: tuple[str, ...],
+    fetcher: ByteFetcher,
+    shard_indexes: dict[tuple[str, str], NDArray[np.uint64]],
+) -> CompressedWindow:
+    """:func:`compressed_rows` of arrays ``names`` for the samples ``physical`` (store rows, request order)."""
+    starts = {"atom": snapshot.atoms_ptr, "edge": snapshot.edges_ptr}
+    rows: dict[str, NDArray[np.int64]] = {"system": np.asarray(physical, dtype=np.int64)}
+    out: dict[str, CompressedRows] = {}
+    for name in names:
+        handle = snapshot.handles[name]
+        if handle.codec is None:
+            raise ConfigError(f"Array {name!r} is read through zarr here: DALI cannot inflate it")
+        if handle.level not in rows:
+            ptr = starts[handle.level]
+            rows[handle.level] = concat_aranges(ptr[physical], ptr[physical + 1] - ptr[physical])
+        out[name] = compressed_rows(handle.codec, handle.level, rows[handle.level], fetcher, shard_indexes)
+    return CompressedWindow(parts=out, atom_starts=snapshot.atoms_ptr[physical])
+
+
+def _block_of(codec: ArrayCodec, payload: Any | None, key: str, chunk_bytes: int, checksum: bool) -> NDArray[np.uint8]:
+    """One chunk's raw LZ4 block, after its checksum and decoded size were checked."""
+    if payload is None:
+        if codec.complete:
+            raise ChunkDecodeError(
+                f"Array {codec.name!r}: chunk {key!r} is missing, but the store promises that every chunk "
+                "was written (a deleted or lost file)",
+                array=codec.name, chunk=key,
+            )  # fmt: skip
+        return _fill_block(codec)
+    raw = np.frombuffer(payload, dtype=np.uint8)
+    if checksum:
+        if raw.size < 4 or google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:].tobytes(), "little"):
+            raise ChunkDecodeError(
+                f"Array {codec.name!r}: chunk {key!r} could not be decoded: crc32c checksum mismatch",
+                array=codec.name, chunk=key,
+            )  # fmt: skip
+        raw = raw[:-4]
+    found = int(raw[: LZ4_HEADER.size].view("<u4")[0]) if raw.size >= LZ4_HEADER.size else None
+    if raw.size <= LZ4_HEADER.size or found != chunk_bytes:
+        raise ChunkDecodeError(
+            f"Array {codec.name!r}: chunk {key!r} could not be decoded: its lz4 header says {found} bytes, "
+            f"expected {chunk_bytes} (one chunk of shape {tuple(codec.chunk_shape)})",
+            array=codec.name, chunk=key,
+        )  # fmt: skip
+    return raw[LZ4_HEADER.size :]
+
+
+_FILL_BLOCKS: dict[tuple[Any, ...], NDArray[np.uint8]] = {}
+
+
+def _fill_block(codec: ArrayCodec) -> NDArray[np.uint8]:
+    """The raw LZ4 block of a chunk at the fill value (what a chunk never written reads as), made once."""
+    fill = np.asarray(codec.fill_value).item()
+    key = (tuple(codec.chunk_shape), codec.dtype.str, fill)
+    block = _FILL_BLOCKS.get(key)
+    if block is None:
+        chunk = np.full(codec.chunk_shape, fill, dtype=codec.dtype)
+        block = _FILL_BLOCKS.setdefault(key, np.frombuffer(numcodecs.LZ4().encode(chunk), np.uint8)[LZ4_HEADER.size :])
+    return block
+
+
+def inflate_reference(part: CompressedRows) -> NDArray[Any]:
+    """What DALI's inflate makes of ``part`` on the GPU, decoded on the host: ``[chunks, *chunk_shape]``.
+
+    Each block gets its decoded-size header back and goes through liblz4; this is the CPU stand-in for
+    nvCOMP that tests and machines without a GPU use.
+    """
+    chunk_bytes = int(np.prod(part.chunk_shape)) * part.dtype.itemsize
+    header = LZ4_HEADER.pack(chunk_bytes)
+    out = np.empty((part.sizes.size, *part.chunk_shape), dtype=part.dtype)
+    ends = np.cumsum(part.sizes.astype(np.int64))
+    for i, (start, stop) in enumerate(zip((ends - part.sizes).tolist(), ends.tolist(), strict=True)):
+        numcodecs.lz4.decompress(header + part.blocks[start:stop].tobytes(), out[i])
+    return out
+
+
+def take_rows(inflated: Any, rows: Any, trailing: tuple[int, ...]) -> Any:
+    """The wanted rows of inflated chunks (``[chunks, *chunk_shape]``, numpy or torch): one gather."""
+    return inflated.reshape(-1, *trailing)[rows]

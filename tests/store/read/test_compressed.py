@@ -1,0 +1,136 @@
+"""store/read/compressed.py: a window's rows as the raw LZ4 blocks of the chunks holding them."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BloscCodec
+from zarr.codecs.numcodecs import LZ4
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+from zarr.storage import MemoryStore
+
+from dali_alchemi import AtomicDataZarrReader
+from dali_alchemi.errors import ChunkDecodeError, ConfigError
+from dali_alchemi.store.read.codecs import ArrayCodec
+from dali_alchemi.store.read.compressed import compressed_rows, inflate_reference, take_rows
+from dali_alchemi.store.read.fetch import StoreFetcher
+
+
+def _inflatable(reader: AtomicDataZarrReader) -> tuple[str, ...]:
+    return tuple(name for name, spec in reader.field_specs.items() if spec.inflate_rows is not None)
+
+
+@pytest.mark.parametrize(
+    "indices",
+    [np.random.default_rng(3).permutation(300)[:70], np.arange(40, 140), np.array([5, 5, 299, 0, 5]), np.array([17])],
+    ids=["shuffled", "sequential", "repeated", "one"],
+)
+def test_inflated_rows_are_what_the_host_reads(inflate_store: Path, reader: AtomicDataZarrReader, indices: Any) -> None:
+    with AtomicDataZarrReader(inflate_store) as r:
+        names = _inflatable(r)
+        assert set(names) >= {"atomic_numbers", "positions", "neighbor_list", "energy", "cell"}
+        assert all(r.field_specs[n].inflate_rows == 64 for n in names)
+        window = r.read_compressed(indices, fields=names)
+        host = reader.read_packed(indices, fields=names)
+        assert np.array_equal(window.atom_starts, reader.atoms_ptr[host.physical_indices])
+        for name in names:
+            part = window.parts[name]
+            values = take_rows(inflate_reference(part), part.rows, part.trailing)
+            expected = host.fields[name]
+            if name == "neighbor_list":  # stored store-global; the loader makes them sample-local on the GPU
+                expected = expected + np.repeat(window.atom_starts, host.n_edges)[:, None]
+            assert values.dtype == expected.dtype and np.array_equal(values, expected), name
+            assert part.sizes.dtype == np.int32 and part.rows.dtype == np.int64
+            assert int(part.sizes.sum()) == part.blocks.size
+
+
+def test_each_chunk_a_window_touches_is_sent_once(inflate_store: Path) -> None:
+    with AtomicDataZarrReader(inflate_store) as r:
+        ptr = r.atoms_ptr
+        window = r.read_compressed(np.arange(0, 300, 2), fields=("atomic_numbers", "energy"))
+        atoms = np.concatenate([np.arange(ptr[i], ptr[i + 1]) for i in range(0, 300, 2)])
+        assert window.parts["atomic_numbers"].sizes.size == np.unique(atoms // 64).size
+        assert window.parts["energy"].sizes.size == 5  # structures 0..298 lie in chunks 0..4 of 64 rows
+
+
+def _lz4() -> LZ4:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zarr: numcodecs' codecs are outside the zarr v3 spec
+        return LZ4()
+
+
+def _memory_array(values: np.ndarray, compressors: list[Any], chunks: int) -> tuple[ArrayCodec, MemoryStore, Any]:
+    store = MemoryStore()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        arr = zarr.open_group(store, mode="w").create_array(
+            "x", shape=values.shape, dtype=values.dtype, chunks=(chunks, *values.shape[1:]), compressors=compressors,
+            fill_value=-7,
+        )  # fmt: skip
+    return ArrayCodec(name="core/x", path=arr.store_path.path, metadata=arr.metadata), store, arr
+
+
+def test_a_chunk_never_written_inflates_to_the_fill_value() -> None:
+    values = np.arange(36, dtype=np.int64).reshape(12, 3)
+    codec, store, arr = _memory_array(values, [_lz4()], chunks=4)
+    arr[:4] = values[:4]  # chunks 1 and 2 are never written
+    part = compressed_rows(codec, "atom", np.arange(12), StoreFetcher(store), {})
+    got = take_rows(inflate_reference(part), part.rows, part.trailing)
+    assert np.array_equal(got[:4], values[:4]) and (got[4:] == -7).all()
+
+
+def test_a_window_that_wants_no_row_still_sends_one_chunk() -> None:
+    codec, store, arr = _memory_array(np.ones((8, 2), np.float32), [_lz4()], chunks=4)
+    arr[:] = 1.0
+    part = compressed_rows(codec, "edge", np.zeros(0, dtype=np.int64), StoreFetcher(store), {})
+    assert part.sizes.size == 1 and part.rows.size == 0  # DALI refuses an empty input sample
+    assert take_rows(inflate_reference(part), part.rows, part.trailing).shape == (0, 2)
+
+
+def test_a_chunk_whose_header_is_not_a_chunk_is_refused() -> None:
+    values = np.arange(24, dtype=np.int32).reshape(8, 3)
+    codec, store, arr = _memory_array(values, [_lz4()], chunks=4)
+    arr[:] = values
+    good = sync(store.get("x/c/1/0", prototype=default_buffer_prototype()))
+    assert good is not None
+    sync(store.set("x/c/1/0", default_buffer_prototype().buffer.from_bytes((5).to_bytes(4, "little") + good.to_bytes()[4:])))
+    with pytest.raises(ChunkDecodeError, match=r"Array 'core/x': chunk 'x/c/1/0'.*lz4 header says 5 bytes, expected 48"):
+        compressed_rows(codec, "atom", np.arange(8), StoreFetcher(store), {})
+
+
+def test_only_lz4_blocks_of_whole_rows_can_be_inflated(reader: AtomicDataZarrReader) -> None:
+    codec, store, arr = _memory_array(np.ones((8, 2), np.float32), [BloscCodec()], chunks=4)
+    arr[:] = 1.0
+    with pytest.raises(ConfigError, match=r"Array 'core/x' is stored as blosc-zstd.*layout='inflate'"):
+        compressed_rows(codec, "atom", np.arange(8), StoreFetcher(store), {})
+    assert all(spec.inflate_rows is None for spec in reader.field_specs.values())  # the blosc store
+    with pytest.raises(ConfigError, match=r"Array 'core/atomic_numbers' is stored as blosc-lz4"):
+        reader.read_compressed([0, 1], fields=["atomic_numbers"])
+
+
+def test_a_corrupt_chunk_fails_its_checksum(inflate_store: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy.zarr"
+    shutil.copytree(inflate_store, copy)
+    shard = copy / "core" / "atomic_numbers" / "c" / "0"
+    data = bytearray(shard.read_bytes())
+    data[20] ^= 0xFF  # inside the first inner chunk (the shard index is at the end)
+    shard.write_bytes(bytes(data))
+    with AtomicDataZarrReader(copy) as r:
+        with pytest.raises(ChunkDecodeError, match=r"atomic_numbers.*crc32c checksum mismatch"):
+            r.read_compressed([0, 1, 2], fields=["atomic_numbers"])
+
+
+def test_a_missing_chunk_of_a_complete_store_is_an_error(inflate_store: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy.zarr"
+    shutil.copytree(inflate_store, copy)
+    (copy / "core" / "positions" / "c" / "0" / "0").unlink()  # the first shard: the first 256 atoms
+    with AtomicDataZarrReader(copy) as r:
+        with pytest.raises(ChunkDecodeError, match=r"positions.*is missing, but the store promises"):
+            r.read_compressed([0], fields=["positions"])

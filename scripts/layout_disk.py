@@ -2,8 +2,8 @@
 
     python scripts/layout_disk.py [FRAMES] [OUT_DIR]
 
-Writes the same frames (108-atom copper, with forces and momenta) in the ``compressed``, ``default`` and
-``uncompressed`` layouts, without and with a 5 Å neighbor list, and prints each size and its ratio to
+Writes the same frames (108-atom copper, with forces and momenta) in the ``compressed``, ``default``,
+``uncompressed`` and ``inflate`` layouts, without and with a 5 Å neighbor list, and prints each size and its ratio to
 ``compressed``. Needs ase.
 """
 
@@ -26,7 +26,7 @@ def main(frames: int, out: Path) -> None:
     trajectory = list(emt_frames(frames))
     for cutoff in (None, 5.0):
         sizes = {}
-        for name in ("compressed", "default", "uncompressed"):
+        for name in ("compressed", "default", "uncompressed", "inflate"):
             path = out / f"emt-{name}-{cutoff}.zarr"
             shutil.rmtree(path, ignore_errors=True)
             write_atoms(trajectory, path, cutoff=cutoff, config=layout_config(name))

@@ -12,7 +12,7 @@ import torch
 
 from dali_alchemi import AtomicDataZarrReader
 from dali_alchemi.bench.synth import write_synthetic_store
-from dali_alchemi.config import INFLATE_CODEC, ArrayConfig, WriteConfig
+from dali_alchemi.config import INFLATE_CODECS, ArrayConfig, WriteConfig
 
 NV_FIXTURE_DIR = Path(__file__).parent / "fixtures" / "nvalchemi-0.2.0"
 """A store written by nvalchemi 0.2.0 and what its reader returned (see its README)."""
@@ -87,10 +87,10 @@ def raw_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def inflate_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same 300 structures, every core array in LZ4 blocks of 64 rows (4 per shard): what DALI's GPU
-    inflate decodes as stored (``layout="inflate"``)."""
+    """The same 300 structures, every core array byte-shuffled in LZ4 blocks of 64 rows (4 per shard): what
+    DALI's GPU inflate decodes as stored (``layout="inflate"``)."""
     path = tmp_path_factory.mktemp("stores") / "inflate.zarr"
-    config = WriteConfig(core=ArrayConfig(compressors=(INFLATE_CODEC,), chunk_size=64, shard_size=256))
+    config = WriteConfig(core=ArrayConfig(compressors=INFLATE_CODECS, chunk_size=64, shard_size=256))
     return write_synthetic_store(path, 300, seed=7, min_atoms=10, max_atoms=40, config=config)
 
 

@@ -109,9 +109,9 @@ def test_the_disk_budget_is_measured_against_the_compressed_layout() -> None:
 
 
 def test_the_inflate_layout_is_the_default_with_lz4_blocks_for_what_it_compresses() -> None:
-    from zarr.codecs.numcodecs import LZ4
+    from zarr.codecs.numcodecs import LZ4, Shuffle
 
-    from dali_alchemi.config import INFLATE_CODEC, default_array_configs, layout_config
+    from dali_alchemi.config import INFLATE_CODECS, default_array_configs, layout_config
 
     rng = np.random.default_rng(0)
     n = 400_000
@@ -119,11 +119,14 @@ def test_the_inflate_layout_is_the_default_with_lz4_blocks_for_what_it_compresse
     default = WriteConfig().for_arrays("core", arrays)
     inflate = layout_config("inflate").for_arrays("core", arrays)
     assert inflate["positions"] == default["positions"] and inflate["positions"].compressors == ()  # raw stays raw
-    assert inflate["labels"].compressors == (INFLATE_CODEC,) and isinstance(INFLATE_CODEC, LZ4)
+    assert inflate["labels"].compressors == INFLATE_CODECS
+    assert [type(c) for c in INFLATE_CODECS] == [Shuffle, LZ4]  # shuffled by element, then raw LZ4 blocks
     assert inflate["labels"].chunk_size == default["labels"].chunk_size == 16384  # the same 128 KiB chunks
     assert inflate["labels"].codecs[-1].to_dict() == {"name": "crc32c"}  # checksummed like every array
-    assert default_array_configs("meta", {"atoms_ptr": np.arange(10)}, codec=INFLATE_CODEC)["atoms_ptr"] == ArrayConfig()
+    meta = default_array_configs("meta", {"atoms_ptr": np.arange(10)}, codecs=INFLATE_CODECS)
+    assert meta["atoms_ptr"] == ArrayConfig()
     again = WriteConfig.from_dict(layout_config("inflate").to_dict())
-    assert again.compressed_codec == INFLATE_CODEC and again.to_dict()["compressed_codec"]["name"] == "numcodecs.lz4"
-    with pytest.raises(TypeError, match="compressed_codec must be a zarr bytes-to-bytes compressor"):
-        WriteConfig(compressed_codec="lz4")  # type: ignore[arg-type]
+    assert again.compressed_codecs == INFLATE_CODECS
+    assert [c["name"] for c in again.to_dict()["compressed_codecs"]] == ["numcodecs.shuffle", "numcodecs.lz4"]
+    with pytest.raises(TypeError, match="compressed_codecs must be zarr bytes-to-bytes compressors"):
+        WriteConfig(compressed_codecs=("lz4",))  # type: ignore[arg-type]

@@ -25,6 +25,7 @@ import torch
 from dali_alchemi.errors import ConfigError, DeviceError, StoreFormatError
 from dali_alchemi.pipeline.source import BATCH_BOUNDS, INDICES, N_ATOMS, N_EDGES, OutputSpec, output_specs
 from dali_alchemi.store.format.layout import ATOM_INDEX_FIELDS
+from dali_alchemi.store.read.compressed import take_rows
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -53,16 +54,22 @@ ARGUMENT = "argument"
 
 @dataclass(frozen=True, slots=True)
 class InflatedField:
-    """A field the GPU inflates: its level, dtype and the shape of one inflated chunk."""
+    """A field the GPU inflates: its level, dtype, the shape of one chunk, and its byte shuffle (0: none)."""
 
     name: str
     level: Level
     dtype: np.dtype[Any]
     chunk_shape: tuple[int, ...]
+    shuffle: int = 0
 
     @property
     def trailing(self) -> tuple[int, ...]:
         return self.chunk_shape[1:]
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one inflated chunk: what nvCOMP inflates each block to (as uint8)."""
+        return int(np.prod(self.chunk_shape)) * self.dtype.itemsize
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +116,12 @@ def inflate_route(reader: PackedReader, fields: Sequence[str], device: torch.dev
         )
     specs: Mapping[str, FieldSpec] = reader.field_specs
     inflated = tuple(
-        InflatedField(name=n, level=specs[n].level, dtype=specs[n].dtype, chunk_shape=(rows, *specs[n].trailing))
+        InflatedField(
+            name=n, level=specs[n].level, dtype=specs[n].dtype, chunk_shape=(chunks.rows, *specs[n].trailing),
+            shuffle=chunks.shuffle,
+        )
         for n in fields
-        if (rows := specs[n].inflate_rows) is not None
+        if (chunks := specs[n].inflate) is not None
     )
     if not inflated:
         raise ConfigError(
@@ -154,20 +164,22 @@ def read_inflate_window(reader: Any, window: Window, route: InflateRoute) -> tup
 
 
 def inflate_nodes(nodes: Mapping[str, Any], route: InflateRoute) -> dict[str, Any]:
-    """The pipeline's inflate operators: each field's blocks, inflated on the device, by field name."""
+    """The pipeline's inflate operators: each field's blocks inflated on the device to ``[chunks, chunk_bytes]``
+    bytes (still shuffled, when stored so), by field name."""
     from nvidia.dali import fn, types
 
     inflate = fn.decoders.inflate  # nvCOMP (fn.experimental.inflate is its older name)
     return {
         f.name: inflate(
-            nodes[BLOCKS + f.name].gpu(),
-            chunk_sizes=nodes[SIZES + f.name],
-            shape=list(f.chunk_shape),
-            dtype=types.to_dali_type(f.dtype),
-            algorithm="LZ4",
+            nodes[BLOCKS + f.name].gpu(), chunk_sizes=nodes[SIZES + f.name], shape=[f.chunk_bytes],
+            dtype=types.DALIDataType.UINT8, algorithm="LZ4",
         )
         for f in route.inflated
     }
+
+
+def _torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
 
 
 def assemble(
@@ -181,7 +193,7 @@ def assemble(
     host_n_edges: NDArray[np.int64],
     sample_indices: NDArray[np.int64],
 ) -> dict[str, torch.Tensor]:
-    """The window's flat rows of every inflated field, from its inflated chunks (``[chunks, *chunk_shape]``).
+    """The window's flat rows of every inflated field, from its inflated chunks (``[chunks, chunk_bytes]`` uint8).
 
     Atom-index fields come back sample-local, as the reader returns them; an index outside its own
     structure raises, as reading it on the host would.
@@ -193,7 +205,7 @@ def assemble(
     """
     out: dict[str, torch.Tensor] = {}
     for f in route.inflated:
-        values = inflated[f.name].reshape(-1, *f.trailing)[rows[f.name]]
+        values = take_rows(inflated[f.name], rows[f.name], trailing=f.trailing, shuffle=f.shuffle, dtype=_torch_dtype(f.dtype))
         if f.name in ATOM_INDEX_FIELDS and values.numel():
             assert atom_starts is not None
             total = int(host_n_edges.sum())

@@ -153,7 +153,7 @@ class WindowIterator:
         self.trailing = {spec.name: spec.trailing for spec in specs}
         self.levels: dict[str, Level] = {spec.name: spec.level for spec in specs if spec.is_field and spec.level}
         if route is not None:
-            self.trailing.update({f.name: f.chunk_shape for f in route.inflated})  # an inflated output is its chunks
+            self.trailing.update({f.name: (f.chunk_bytes,) for f in route.inflated})  # an inflated output: chunk bytes
             self.levels.update({f.name: f.level for f in route.inflated})
             self.levels = {name: self.levels[name] for name in route.fields}
         self.device = device

@@ -45,6 +45,7 @@ def test_the_route_inflates_the_lz4_fields_and_sends_the_rest_as_rows(inflate_st
         assert route.fields == reader.field_names and route.rebases
         atomic_numbers = next(f for f in route.inflated if f.name == "atomic_numbers")
         assert atomic_numbers.chunk_shape == (64,) and atomic_numbers.dtype == reader.field_specs["atomic_numbers"].dtype
+        assert atomic_numbers.shuffle == atomic_numbers.dtype.itemsize and atomic_numbers.chunk_bytes == 64 * 8
         placements = {spec.name: spec.placement for spec in route.specs}
         assert placements[BLOCKS + "positions"] == "device" and placements[ROWS + "positions"] == "device"
         assert placements[SIZES + "positions"] == ARGUMENT and placements[ATOM_STARTS] == "device"
@@ -70,12 +71,12 @@ def test_the_loader_refuses_the_inflate_layout_without_a_gpu(inflate_store: Path
 
 
 def _inflated_on_host(outputs: dict[str, Any], route: InflateRoute) -> dict[str, torch.Tensor]:
-    """What DALI's inflate makes of a window's blocks, here by liblz4: ``[chunks, *chunk_shape]`` per field."""
+    """What DALI's inflate makes of a window's blocks, here by liblz4: ``[chunks, chunk_bytes]`` per field."""
     out = {}
     for f in route.inflated:
         part = CompressedRows(
             name=f.name, level=f.level, blocks=outputs[BLOCKS + f.name], sizes=outputs[SIZES + f.name],
-            rows=outputs[ROWS + f.name], chunk_shape=f.chunk_shape, dtype=f.dtype,
+            rows=outputs[ROWS + f.name], chunk_shape=f.chunk_shape, dtype=f.dtype, shuffle=f.shuffle,
         )  # fmt: skip
         out[f.name] = torch.from_numpy(inflate_reference(part))
     return out
@@ -121,7 +122,9 @@ def test_an_atom_index_outside_its_structure_is_refused(inflate_store: Path) -> 
         outputs = {spec.name: arrays[0] for spec, arrays in zip(route.specs, source.read_window(0, 0), strict=True)}
         inflated = _inflated_on_host(outputs, route)
         row = int(outputs[ROWS + "neighbor_list"][5])  # the sixth edge of the window (structure 0's)
-        inflated["neighbor_list"].view(-1, 2)[row, 1] = 10**6
+        chunk, at = divmod(row * 2 + 1, 64 * 2)  # its second index: element `at` of a chunk of 64 x 2 int64
+        shuffled = inflated["neighbor_list"][chunk].view(8, -1)  # stored shuffled: byte k of every element together
+        shuffled[:, at] = torch.tensor(list((10**6).to_bytes(8, "little")), dtype=torch.uint8)
         with pytest.raises(StoreFormatError, match=r"neighbor_list of sample 0 holds \[\d+, \d+\] .*outside its \d+ atoms"):
             _assembled(outputs, route, inflated)
 

@@ -24,7 +24,17 @@ if TYPE_CHECKING:
     from dali_alchemi.store.format.packed import PackedSamples
     from dali_alchemi.types import CountArray, IndexArray, Level
 
-__all__ = ["UNCHUNKED_SPAN_SIZE", "ChunkedReader", "FieldSpec", "PackedReader", "as_field_names", "select_fields"]
+__all__ = [
+    "UNCHUNKED_SPAN_SIZE", "ChunkedReader", "FieldSpec", "InflateChunks", "PackedReader", "as_field_names", "select_fields"
+]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class InflateChunks:
+    """A field stored as LZ4 blocks: ``rows`` per chunk, byte-shuffled by elements of ``shuffle`` bytes (0: not)."""
+
+    rows: int
+    shuffle: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,9 +44,9 @@ class FieldSpec:
     level: Level
     dtype: np.dtype[Any]
     trailing: tuple[int, ...]
-    inflate_rows: int | None = field(default=None, compare=False)
-    """Rows per chunk when the field is stored as LZ4 blocks DALI's GPU inflate decodes as stored (the
-    ``"inflate"`` layout; ``DALIDataLoader(layout="inflate")``); ``None`` otherwise."""
+    inflate: InflateChunks | None = field(default=None, compare=False)
+    """How the field's chunks are stored when DALI's GPU inflate decodes them as stored (the ``"inflate"``
+    layout; ``DALIDataLoader(layout="inflate")``); ``None`` otherwise."""
 
     @property
     def row_nbytes(self) -> int:

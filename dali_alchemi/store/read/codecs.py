@@ -21,6 +21,7 @@ import numcodecs.lz4
 import numpy as np
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
 from zarr.codecs.numcodecs import LZ4 as NumcodecsLZ4
+from zarr.codecs.numcodecs import Shuffle as NumcodecsShuffle
 
 from dali_alchemi.errors import ChunkDecodeError, ConfigError, UnsupportedCodecError
 
@@ -82,10 +83,23 @@ class _CheckedLZ4:
         return _lz4_decompress(buf, out)
 
 
+@dataclass(frozen=True, slots=True)
+class _Unshuffle:
+    """numcodecs' byte shuffle undone: byte ``k`` of every element was stored together, for each ``k``."""
+
+    elementsize: int
+
+    def decode(self, buf: Any, out: Any = None) -> Any:
+        return numcodecs.Shuffle(elementsize=self.elementsize).decode(buf, out)
+
+
 def _compressor(codec: Any) -> Any:
     """numcodecs decoder for one zarr v3 bytes-to-bytes codec (``None`` for crc32c, handled apart)."""
     if isinstance(codec, NumcodecsLZ4):
         return _CheckedLZ4()
+    elementsize = codec.codec_config.get("elementsize") if isinstance(codec, NumcodecsShuffle) else None
+    if isinstance(elementsize, int):
+        return _Unshuffle(elementsize)
     if isinstance(codec, ZstdCodec):
         return numcodecs.Zstd()
     if isinstance(codec, BloscCodec):
@@ -313,13 +327,21 @@ class ArrayCodec:
     @property
     def inflatable(self) -> bool:
         """Whether every chunk is one row block stored as numcodecs LZ4 (a decoded-size header, then one raw
-        LZ4 block, at most followed by ``crc32c``) of native-order rows: what DALI's nvCOMP inflate decodes
-        on the GPU as stored (:mod:`~dali_alchemi.store.read.compressed`)."""
-        steps = self._chain.steps
+        LZ4 block), of native-order rows, at most byte-shuffled by element before and checksummed after:
+        what DALI's nvCOMP inflate decodes on the GPU as stored (:mod:`~dali_alchemi.store.read.compressed`)."""
+        steps = list(self._chain.steps)
+        if steps and isinstance(steps[0], _Unshuffle) and steps[0].elementsize == self.dtype.itemsize:
+            steps.pop(0)
         return (
-            bool(steps) and isinstance(steps[0], _CheckedLZ4) and all(step == "crc32c" for step in steps[1:])
-            and len(steps) <= 2 and self._chain.stored_dtype.isnative and self._one_chunk
+            bool(steps) and isinstance(steps[0], _CheckedLZ4) and steps[1:] in ([], ["crc32c"])
+            and self._chain.stored_dtype.isnative and self._one_chunk
         )  # fmt: skip
+
+    @property
+    def byte_shuffle(self) -> int:
+        """The element size of the byte shuffle applied before compression (numcodecs' ``shuffle``); 0: none."""
+        first = self._chain.steps[0] if self._chain.steps else None
+        return first.elementsize if isinstance(first, _Unshuffle) else 0
 
     @property
     def chunk_checksum(self) -> bool:

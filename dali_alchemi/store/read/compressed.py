@@ -3,11 +3,12 @@
 DALI's nvCOMP inflate (``fn.decoders.inflate``, ``algorithm="LZ4"``) decodes raw LZ4 blocks on the
 device. An array stored as numcodecs LZ4 (:attr:`~dali_alchemi.store.read.codecs.ArrayCodec.inflatable`:
 the ``"inflate"`` layout) holds one such block per chunk, after a 4-byte decoded size and before the
-optional crc32c. So a window's rows of that array need no decoding on the host: the chunks that hold
-them are fetched, checked (crc32c, decoded size) and cut down to their blocks, and the window carries
-the blocks, their sizes and, per wanted row, where that row lies in the inflated chunks. The GPU then
-inflates every chunk to the same ``chunk_shape`` and takes the rows with one gather
-(:func:`take_rows`).
+optional crc32c; the ``"inflate"`` layout byte-shuffles each chunk by element first (numcodecs'
+``shuffle``), which makes LZ4 keep what blosc keeps. So a window's rows of that array need no decoding on
+the host: the chunks that hold them are fetched, checked (crc32c, decoded size) and cut down to their
+blocks, and the window carries the blocks, their sizes and, per wanted row, where that row lies in the
+inflated chunks. The GPU then inflates every chunk to its bytes, undoes the shuffle with one transpose
+and takes the rows with one gather (:func:`take_rows`).
 
 Each chunk the window touches is sent once, whatever the number of its rows the window wants; a chunk
 never written is sent as the compressed fill chunk (or refused, when the store promises every chunk).
@@ -25,6 +26,7 @@ import numpy as np
 
 from dali_alchemi.csr import concat_aranges
 from dali_alchemi.errors import ChunkDecodeError, ConfigError
+from dali_alchemi.store.format.protocol import InflateChunks
 from dali_alchemi.store.read.block_reads import fetch_blocks
 from dali_alchemi.store.read.codecs import LZ4_HEADER
 
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray, Level
 
 __all__ = [
-    "MAX_WINDOW_BYTES", "CompressedRows", "CompressedWindow", "compressed_rows", "compressed_window", "inflatable_rows",
+    "MAX_WINDOW_BYTES", "CompressedRows", "CompressedWindow", "compressed_rows", "compressed_window", "inflatable_chunks",
     "inflate_reference", "take_rows",
 ]  # fmt: skip
 
@@ -64,6 +66,8 @@ class CompressedRows:
         seen as one ``[chunks * chunk_rows, *trailing]`` array.
     chunk_shape, dtype
         What each block inflates to.
+    shuffle
+        The element size by which each chunk's bytes were shuffled before compression (0: not shuffled).
     """
 
     name: str
@@ -73,10 +77,16 @@ class CompressedRows:
     rows: NDArray[np.int64]
     chunk_shape: tuple[int, ...]
     dtype: np.dtype[Any]
+    shuffle: int = 0
 
     @property
     def trailing(self) -> tuple[int, ...]:
         return self.chunk_shape[1:]
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one inflated chunk."""
+        return int(np.prod(self.chunk_shape)) * self.dtype.itemsize
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +98,11 @@ class CompressedWindow:
     atom_starts: NDArray[np.int64]
 
 
-def inflatable_rows(codec: ArrayCodec | None) -> int | None:
-    """Rows per chunk of an array DALI can inflate as stored (one with rows, in LZ4 blocks); else ``None``."""
+def inflatable_chunks(codec: ArrayCodec | None) -> InflateChunks | None:
+    """How an array DALI can inflate as stored (one with rows, in LZ4 blocks) is chunked; else ``None``."""
     if codec is None or not codec.inflatable or not codec.shape or codec.shape[0] == 0:
         return None
-    return int(codec.block_rows)
+    return InflateChunks(rows=int(codec.block_rows), shuffle=codec.byte_shuffle)
 
 
 def compressed_rows(
@@ -149,6 +159,7 @@ def compressed_rows(
         rows=gather,
         chunk_shape=tuple(codec.chunk_shape),
         dtype=codec.dtype,
+        shuffle=codec.byte_shuffle,
     )
 
 
@@ -208,29 +219,38 @@ _FILL_BLOCKS: dict[tuple[Any, ...], NDArray[np.uint8]] = {}
 def _fill_block(codec: ArrayCodec) -> NDArray[np.uint8]:
     """The raw LZ4 block of a chunk at the fill value (what a chunk never written reads as), made once."""
     fill = np.asarray(codec.fill_value).item()
-    key = (tuple(codec.chunk_shape), codec.dtype.str, fill)
+    key = (tuple(codec.chunk_shape), codec.dtype.str, fill, codec.byte_shuffle)
     block = _FILL_BLOCKS.get(key)
     if block is None:
-        chunk = np.full(codec.chunk_shape, fill, dtype=codec.dtype)
+        chunk: Any = np.full(codec.chunk_shape, fill, dtype=codec.dtype)
+        if codec.byte_shuffle:
+            chunk = numcodecs.Shuffle(elementsize=codec.byte_shuffle).encode(chunk)
         block = _FILL_BLOCKS.setdefault(key, np.frombuffer(numcodecs.LZ4().encode(chunk), np.uint8)[LZ4_HEADER.size :])
     return block
 
 
-def inflate_reference(part: CompressedRows) -> NDArray[Any]:
-    """What DALI's inflate makes of ``part`` on the GPU, decoded on the host: ``[chunks, *chunk_shape]``.
+def inflate_reference(part: CompressedRows) -> NDArray[np.uint8]:
+    """What DALI's inflate makes of ``part`` on the GPU, inflated on the host: ``[chunks, chunk_bytes]`` bytes.
 
     Each block gets its decoded-size header back and goes through liblz4; this is the CPU stand-in for
     nvCOMP that tests and machines without a GPU use.
     """
-    chunk_bytes = int(np.prod(part.chunk_shape)) * part.dtype.itemsize
-    header = LZ4_HEADER.pack(chunk_bytes)
-    out = np.empty((part.sizes.size, *part.chunk_shape), dtype=part.dtype)
+    header = LZ4_HEADER.pack(part.chunk_bytes)
+    out = np.empty((part.sizes.size, part.chunk_bytes), dtype=np.uint8)
     ends = np.cumsum(part.sizes.astype(np.int64))
     for i, (start, stop) in enumerate(zip((ends - part.sizes).tolist(), ends.tolist(), strict=True)):
         numcodecs.lz4.decompress(header + part.blocks[start:stop].tobytes(), out[i])
     return out
 
 
-def take_rows(inflated: Any, rows: Any, trailing: tuple[int, ...]) -> Any:
-    """The wanted rows of inflated chunks (``[chunks, *chunk_shape]``, numpy or torch): one gather."""
-    return inflated.reshape(-1, *trailing)[rows]
+def take_rows(inflated: Any, rows: Any, *, trailing: tuple[int, ...], shuffle: int, dtype: Any) -> Any:
+    """The wanted rows of inflated chunks (``[chunks, chunk_bytes]`` uint8, numpy or torch, C-contiguous).
+
+    The byte shuffle is undone with one transpose per window (byte ``k`` of every element was stored
+    together), the bytes are viewed as ``dtype`` (numpy's or torch's, as ``inflated``) and the rows
+    taken with one gather.
+    """
+    n = inflated.shape[0]
+    if shuffle > 1:
+        inflated = inflated.reshape(n, shuffle, -1).swapaxes(1, 2).reshape(n, -1)
+    return inflated.view(dtype).reshape(-1, *trailing)[rows]

@@ -31,7 +31,7 @@ from dali_alchemi.store.format.packed import PackedSamples
 from dali_alchemi.store.format.protocol import FieldSpec, as_field_names
 from dali_alchemi.store.read import geometry, guards
 from dali_alchemi.store.read.cache import DEFAULT_CACHE_BYTES
-from dali_alchemi.store.read.compressed import inflatable_rows
+from dali_alchemi.store.read.compressed import inflatable_chunks
 from dali_alchemi.store.read.engine import BlockEngine, ReadStats
 from dali_alchemi.store.read.identity import SnapshotIdentity, identify
 from dali_alchemi.store.read.mapped_pages import MappedPages
@@ -220,7 +220,7 @@ class AtomicDataZarrReader:
     def field_specs(self) -> dict[str, FieldSpec]:
         """Level, dtype and trailing shape of every field the reader returns, in its order."""
         return {
-            name: FieldSpec(level=h.level, dtype=h.dtype, trailing=h.shape[1:], inflate_rows=inflatable_rows(h.codec))
+            name: FieldSpec(level=h.level, dtype=h.dtype, trailing=h.shape[1:], inflate=inflatable_chunks(h.codec))
             for name, h in ((name, self._snapshot.handles[name]) for name in self._fields)
         }
 

@@ -9,6 +9,7 @@ Nothing here knows about samples, levels or pointers.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,16 +35,18 @@ def create_array(group: Any, name: str, shape: tuple[int, ...], dtype: np.dtype[
     row_bytes = max(1, math.prod(trailing)) * dtype.itemsize
     chunks = (cfg.rows_per_chunk(row_bytes), *trailing)
     shards = (cfg.shard_size, *trailing) if cfg.shard_size is not None else None
-    return group.create_array(
-        name,
-        shape=shape,
-        dtype=dtype,
-        chunks=chunks,
-        shards=shards,
-        compressors=cfg.codecs or None,
-        fill_value=False if dtype == np.bool_ else 0,
-        config=WRITE_EVERY_CHUNK,
-    )
+    with warnings.catch_warnings():  # the "inflate" layout's numcodecs codecs are outside the zarr v3 spec, knowingly
+        warnings.filterwarnings("ignore", message="Numcodecs codecs are not in the Zarr version 3 specification")
+        return group.create_array(
+            name,
+            shape=shape,
+            dtype=dtype,
+            chunks=chunks,
+            shards=shards,
+            compressors=cfg.codecs or None,
+            fill_value=False if dtype == np.bool_ else 0,
+            config=WRITE_EVERY_CHUNK,
+        )
 
 
 WRITE_EVERY_CHUNK = {"write_empty_chunks": True}

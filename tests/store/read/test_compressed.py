@@ -11,20 +11,21 @@ import numpy as np
 import pytest
 import zarr
 from zarr.codecs import BloscCodec
-from zarr.codecs.numcodecs import LZ4
+from zarr.codecs.numcodecs import LZ4, Shuffle
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import MemoryStore
 
 from dali_alchemi import AtomicDataZarrReader
 from dali_alchemi.errors import ChunkDecodeError, ConfigError
+from dali_alchemi.store.format.protocol import InflateChunks
 from dali_alchemi.store.read.codecs import ArrayCodec
-from dali_alchemi.store.read.compressed import compressed_rows, inflate_reference, take_rows
+from dali_alchemi.store.read.compressed import CompressedRows, compressed_rows, inflate_reference, take_rows
 from dali_alchemi.store.read.fetch import StoreFetcher
 
 
 def _inflatable(reader: AtomicDataZarrReader) -> tuple[str, ...]:
-    return tuple(name for name, spec in reader.field_specs.items() if spec.inflate_rows is not None)
+    return tuple(name for name, spec in reader.field_specs.items() if spec.inflate is not None)
 
 
 @pytest.mark.parametrize(
@@ -36,13 +37,13 @@ def test_inflated_rows_are_what_the_host_reads(inflate_store: Path, reader: Atom
     with AtomicDataZarrReader(inflate_store) as r:
         names = _inflatable(r)
         assert set(names) >= {"atomic_numbers", "positions", "neighbor_list", "energy", "cell"}
-        assert all(r.field_specs[n].inflate_rows == 64 for n in names)
+        assert all(r.field_specs[n].inflate == InflateChunks(rows=64, shuffle=r.field_specs[n].dtype.itemsize) for n in names)
         window = r.read_compressed(indices, fields=names)
         host = reader.read_packed(indices, fields=names)
         assert np.array_equal(window.atom_starts, reader.atoms_ptr[host.physical_indices])
         for name in names:
             part = window.parts[name]
-            values = take_rows(inflate_reference(part), part.rows, part.trailing)
+            values = _rows(part)
             expected = host.fields[name]
             if name == "neighbor_list":  # stored store-global; the loader makes them sample-local on the GPU
                 expected = expected + np.repeat(window.atom_starts, host.n_edges)[:, None]
@@ -60,10 +61,21 @@ def test_each_chunk_a_window_touches_is_sent_once(inflate_store: Path) -> None:
         assert window.parts["energy"].sizes.size == 5  # structures 0..298 lie in chunks 0..4 of 64 rows
 
 
+def _rows(part: CompressedRows) -> np.ndarray:
+    """The wanted rows, with liblz4 standing in for nvCOMP."""
+    return take_rows(inflate_reference(part), part.rows, trailing=part.trailing, shuffle=part.shuffle, dtype=part.dtype)
+
+
 def _lz4() -> LZ4:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # zarr: numcodecs' codecs are outside the zarr v3 spec
         return LZ4()
+
+
+def _shuffle() -> Shuffle:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Shuffle()
 
 
 def _memory_array(values: np.ndarray, compressors: list[Any], chunks: int) -> tuple[ArrayCodec, MemoryStore, Any]:
@@ -77,12 +89,14 @@ def _memory_array(values: np.ndarray, compressors: list[Any], chunks: int) -> tu
     return ArrayCodec(name="core/x", path=arr.store_path.path, metadata=arr.metadata), store, arr
 
 
-def test_a_chunk_never_written_inflates_to_the_fill_value() -> None:
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_a_chunk_never_written_inflates_to_the_fill_value(shuffled: bool) -> None:
     values = np.arange(36, dtype=np.int64).reshape(12, 3)
-    codec, store, arr = _memory_array(values, [_lz4()], chunks=4)
+    codec, store, arr = _memory_array(values, [_shuffle(), _lz4()] if shuffled else [_lz4()], chunks=4)
+    assert codec.inflatable and codec.byte_shuffle == (8 if shuffled else 0)
     arr[:4] = values[:4]  # chunks 1 and 2 are never written
     part = compressed_rows(codec, "atom", np.arange(12), StoreFetcher(store), {})
-    got = take_rows(inflate_reference(part), part.rows, part.trailing)
+    got = _rows(part)
     assert np.array_equal(got[:4], values[:4]) and (got[4:] == -7).all()
 
 
@@ -91,7 +105,7 @@ def test_a_window_that_wants_no_row_still_sends_one_chunk() -> None:
     arr[:] = 1.0
     part = compressed_rows(codec, "edge", np.zeros(0, dtype=np.int64), StoreFetcher(store), {})
     assert part.sizes.size == 1 and part.rows.size == 0  # DALI refuses an empty input sample
-    assert take_rows(inflate_reference(part), part.rows, part.trailing).shape == (0, 2)
+    assert _rows(part).shape == (0, 2)
 
 
 def test_a_chunk_whose_header_is_not_a_chunk_is_refused() -> None:
@@ -110,7 +124,7 @@ def test_only_lz4_blocks_of_whole_rows_can_be_inflated(reader: AtomicDataZarrRea
     arr[:] = 1.0
     with pytest.raises(ConfigError, match=r"Array 'core/x' is stored as blosc-zstd.*layout='inflate'"):
         compressed_rows(codec, "atom", np.arange(8), StoreFetcher(store), {})
-    assert all(spec.inflate_rows is None for spec in reader.field_specs.values())  # the blosc store
+    assert all(spec.inflate is None for spec in reader.field_specs.values())  # the blosc store
     with pytest.raises(ConfigError, match=r"Array 'core/atomic_numbers' is stored as blosc-lz4"):
         reader.read_compressed([0, 1], fields=["atomic_numbers"])
 

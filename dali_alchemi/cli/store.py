@@ -230,7 +230,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     synth.add_argument(
         "--layout", choices=STORE_LAYOUTS, default="default",
         help="default: arrays that compress little raw (read in place), the others blosc in small chunks; compressed: "
-        "blosc-lz4 in 4 MiB chunks everywhere; uncompressed: raw everywhere",
+        "blosc-lz4 in 4 MiB chunks everywhere; uncompressed: raw everywhere; inflate: the default with byte-shuffled "
+        "LZ4 blocks, which DALIDataLoader(layout='inflate') inflates on the GPU",
     )  # fmt: skip
     synth.add_argument(
         "--codec", choices=CODECS,
@@ -251,7 +252,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     rewrite.add_argument("dst", help="path of the new store (must not exist)")
     rewrite.add_argument(
         "--layout", choices=STORE_LAYOUTS, default="default",
-        help="default: arrays that barely compress raw (read in place), the others compressed in small chunks",
+        help="default: arrays that barely compress raw (read in place), the others compressed in small chunks; "
+        "inflate: the same with byte-shuffled LZ4 blocks, inflated on the GPU by DALIDataLoader(layout='inflate')",
     )  # fmt: skip
     rewrite.add_argument("--compact", action="store_true", help="drop soft-deleted samples (default: keep them)")
     rewrite.add_argument("--quiet", action="store_true", help="no progress bar")

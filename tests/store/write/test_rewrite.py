@@ -45,7 +45,7 @@ def _same_store(a: Path | str, b: Path) -> None:
             assert values.dtype == y.fields[name].dtype and np.array_equal(values, y.fields[name]), name
 
 
-@pytest.mark.parametrize("name", ["default", "uncompressed", "compressed"])
+@pytest.mark.parametrize("name", ["default", "uncompressed", "compressed", "inflate"])
 def test_every_layout_keeps_structures_fields_custom_arrays_and_deleted_masks(
     source: Path, tmp_path: Path, name: str
 ) -> None:
@@ -59,8 +59,13 @@ def test_every_layout_keeps_structures_fields_custom_arrays_and_deleted_masks(
     assert np.array_equal(old["custom/tag"][:], new["custom/tag"][:])  # deleted rows included
     assert new.attrs["dali_alchemi"]["checksums"] == "crc32c" and new.attrs["dali_alchemi"]["complete_chunks"]
     codecs = str(new["core/positions"].metadata.codecs)
-    assert ("Sharding" in codecs) == (name == "default")
-    if name != "default":  # the default layout compresses an array or keeps it raw by its disk budget
+    assert ("Sharding" in codecs) == (name in ("default", "inflate"))
+    if name == "inflate":  # what the default compresses, as byte-shuffled LZ4 blocks DALI can inflate on a GPU
+        assert "Shuffle" in str(new["core/atomic_numbers"].metadata.codecs)
+        with AtomicDataZarrReader(out) as reader:
+            assert reader.field_specs["atomic_numbers"].inflate is not None
+            assert np.array_equal(new["core/atomic_numbers"][:], old["core/atomic_numbers"][:])  # plain zarr reads it
+    elif name != "default":  # the default layout compresses an array or keeps it raw by its disk budget
         assert ("Blosc" in codecs) == (name == "compressed")
     assert not staging_path(out).exists()
 

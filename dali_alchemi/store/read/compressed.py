@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray, Level
 
 __all__ = [
-    "MAX_WINDOW_BYTES", "CompressedRows", "CompressedWindow", "compressed_rows", "compressed_window", "inflatable_chunks",
-    "inflate_reference", "take_rows",
+    "MAX_WINDOW_BYTES", "CompressedRows", "CompressedWindow", "KeptBlocks", "compressed_rows", "compressed_window",
+    "inflatable_chunks", "inflate_reference", "take_rows",
 ]  # fmt: skip
 
 
@@ -105,16 +105,45 @@ def inflatable_chunks(codec: ArrayCodec | None) -> InflateChunks | None:
     return InflateChunks(rows=int(codec.block_rows), shuffle=codec.byte_shuffle)
 
 
+class KeptBlocks:
+    """Raw LZ4 blocks already fetched and checked, kept up to ``budget`` bytes: a later window that touches
+    their chunks takes them from memory, not from the store, and does not check them again.
+
+    Blocks are kept as they are first read, until the budget is spent; nothing is evicted. The engine
+    that owns them drops them when it reads another state of the store.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = max(0, int(budget))
+        self.used = 0
+        self._blocks: dict[tuple[str, int], NDArray[np.uint8]] = {}
+
+    def get(self, name: str, block: int) -> NDArray[np.uint8] | None:
+        return self._blocks.get((name, block))
+
+    def keep(self, name: str, block: int, data: NDArray[np.uint8]) -> None:
+        """Keep a copy of ``data`` (never a view of a larger read buffer) while the budget allows."""
+        if self.used + data.nbytes <= self.budget:
+            self._blocks[(name, block)] = data.copy()
+            self.used += data.nbytes
+
+    def clear(self) -> None:
+        self._blocks.clear()
+        self.used = 0
+
+
 def compressed_rows(
     codec: ArrayCodec,
     level: Level,
     rows: NDArray[np.int64],
     fetcher: ByteFetcher,
     shard_indexes: dict[tuple[str, str], NDArray[np.uint64]],
+    kept: KeptBlocks | None = None,
 ) -> CompressedRows:
     """The chunks of ``codec``'s array holding ``rows`` (store rows, in the window's order), checked and cut.
 
-    ``shard_indexes`` caches the shard indexes already read (shared with the reader's engine).
+    ``shard_indexes`` caches the shard indexes already read (shared with the reader's engine); ``kept``
+    holds blocks already read and checked, and keeps the ones read here while its budget allows.
 
     Raises
     ------
@@ -139,13 +168,19 @@ def compressed_rows(
     chunks = np.flatnonzero(touched)
     position = np.cumsum(touched, dtype=np.int64) - 1  # a touched chunk's place among those sent
     gather = position[wanted] * block_rows + rows % block_rows
-    payloads, _ = fetch_blocks(fetcher, [(codec, int(b)) for b in chunks.tolist()], shard_indexes)
-    chunk_bytes = int(np.prod(codec.chunk_shape)) * codec.dtype.itemsize
-    checksum = codec.chunk_checksum
-    cut = [
-        _block_of(codec, parts[0], keys[0], chunk_bytes, checksum) for parts, keys in payloads
-    ]
-    sizes = np.fromiter((b.size for b in cut), dtype=np.int64, count=len(cut))
+    wanted_blocks = chunks.tolist()
+    cut: list[NDArray[np.uint8] | None] = [None if kept is None else kept.get(codec.name, b) for b in wanted_blocks]
+    missing = [i for i, block in enumerate(cut) if block is None]
+    if missing:
+        payloads, _ = fetch_blocks(fetcher, [(codec, wanted_blocks[i]) for i in missing], shard_indexes)
+        chunk_bytes = int(np.prod(codec.chunk_shape)) * codec.dtype.itemsize
+        for i, (parts, keys) in zip(missing, payloads, strict=True):
+            cut[i] = block = _block_of(codec, parts[0], keys[0], chunk_bytes, codec.chunk_checksum)
+            if kept is not None and parts[0] is not None:
+                kept.keep(codec.name, wanted_blocks[i], block)
+    blocks = [block for block in cut if block is not None]
+    assert len(blocks) == len(cut)  # every entry kept or just read
+    sizes = np.fromiter((b.size for b in blocks), dtype=np.int64, count=len(blocks))
     if int(sizes.sum()) > MAX_WINDOW_BYTES:
         raise ConfigError(
             f"Array {codec.name!r}: one window needs {int(sizes.sum())} compressed bytes, more than DALI's inflate "
@@ -154,7 +189,7 @@ def compressed_rows(
     return CompressedRows(
         name=codec.name,
         level=level,
-        blocks=np.concatenate(cut),
+        blocks=np.concatenate(blocks),
         sizes=sizes.astype(np.int32),
         rows=gather,
         chunk_shape=tuple(codec.chunk_shape),
@@ -169,6 +204,7 @@ def compressed_window(
     names: tuple[str, ...],
     fetcher: ByteFetcher,
     shard_indexes: dict[tuple[str, str], NDArray[np.uint64]],
+    kept: KeptBlocks | None = None,
 ) -> CompressedWindow:
     """:func:`compressed_rows` of arrays ``names`` for the samples ``physical`` (store rows, request order)."""
     starts = {"atom": snapshot.atoms_ptr, "edge": snapshot.edges_ptr}
@@ -181,7 +217,7 @@ def compressed_window(
         if handle.level not in rows:
             ptr = starts[handle.level]
             rows[handle.level] = concat_aranges(ptr[physical], ptr[physical + 1] - ptr[physical])
-        out[name] = compressed_rows(handle.codec, handle.level, rows[handle.level], fetcher, shard_indexes)
+        out[name] = compressed_rows(handle.codec, handle.level, rows[handle.level], fetcher, shard_indexes, kept)
     return CompressedWindow(parts=out, atom_starts=snapshot.atoms_ptr[physical])
 
 

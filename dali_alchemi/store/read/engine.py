@@ -34,7 +34,7 @@ from zarr.storage import LocalStore
 from dali_alchemi.csr import concat_aranges
 from dali_alchemi.errors import ConfigError
 from dali_alchemi.store.read.cache import CacheStats
-from dali_alchemi.store.read.compressed import CompressedWindow, compressed_window
+from dali_alchemi.store.read.compressed import CompressedWindow, KeptBlocks, compressed_window
 from dali_alchemi.store.read.decoder import INLINE_ROWS, BlockDecoder, errors_of
 from dali_alchemi.store.read.fetch import LocalFetcher
 from dali_alchemi.store.read.gather import (
@@ -150,6 +150,8 @@ class BlockEngine:
         self._packed_reads = 0
         self._samples_read = 0
         self._router = Router(self.decoder)
+        # Checked LZ4 blocks for the GPU's inflate, within a quarter of the cache budget (they are compressed).
+        self._kept_blocks = KeptBlocks(self.cache.capacity_bytes // 4)
 
     @property
     def cache(self) -> BlockCache:
@@ -162,6 +164,7 @@ class BlockEngine:
         self._snapshot = snapshot
         self.decoder.attach(snapshot)
         self._router.reset()
+        self._kept_blocks.clear()
         self._verified = {}
         raw = [h.codec for h in snapshot.handles.values() if h.codec is not None and reads_rows(h.codec)]
         raw_bytes = sum(codec.row_nbytes * codec.shape[0] for codec in raw)
@@ -266,7 +269,7 @@ class BlockEngine:
         if snapshot is not self._snapshot:
             self.attach(snapshot)
         fetcher = self.decoder.pool.fetcher()
-        window = compressed_window(snapshot, physical, names, fetcher, self.decoder.shard_indexes)
+        window = compressed_window(snapshot, physical, names, fetcher, self.decoder.shard_indexes, self._kept_blocks)
         self._packed_reads += 1
         self._samples_read += int(physical.size)
         return window

@@ -20,7 +20,7 @@ from dali_alchemi import AtomicDataZarrReader
 from dali_alchemi.errors import ChunkDecodeError, ConfigError
 from dali_alchemi.store.format.protocol import InflateChunks
 from dali_alchemi.store.read.codecs import ArrayCodec
-from dali_alchemi.store.read.compressed import CompressedRows, compressed_rows, inflate_reference, take_rows
+from dali_alchemi.store.read.compressed import CompressedRows, KeptBlocks, compressed_rows, inflate_reference, take_rows
 from dali_alchemi.store.read.fetch import StoreFetcher
 
 
@@ -148,3 +148,32 @@ def test_a_missing_chunk_of_a_complete_store_is_an_error(inflate_store: Path, tm
     with AtomicDataZarrReader(copy) as r:
         with pytest.raises(ChunkDecodeError, match=r"positions.*is missing, but the store promises"):
             r.read_compressed([0], fields=["positions"])
+
+
+class _CountingFetcher:
+    def __init__(self, inner: StoreFetcher) -> None:
+        self.inner, self.requests = inner, 0
+
+    def fetch(self, requests: Any) -> list[Any]:
+        self.requests += len(requests)
+        return self.inner.fetch(requests)
+
+
+def test_checked_blocks_are_kept_within_their_budget_and_not_read_again() -> None:
+    values = np.arange(48, dtype=np.int64).reshape(16, 3)
+    codec, store, arr = _memory_array(values, [_lz4()], chunks=4)
+    arr[:] = values
+    fetcher = _CountingFetcher(StoreFetcher(store))
+    first = compressed_rows(codec, "atom", np.arange(16), fetcher, {}, KeptBlocks(budget=1 << 20))
+    kept = KeptBlocks(budget=1 << 20)
+    compressed_rows(codec, "atom", np.arange(8), fetcher, {}, kept)  # chunks 0 and 1 read and kept
+    read = fetcher.requests
+    again = compressed_rows(codec, "atom", np.arange(16), fetcher, {}, kept)
+    assert fetcher.requests == read + 2  # only chunks 2 and 3 were read
+    assert np.array_equal(again.blocks, first.blocks) and np.array_equal(_rows(again), values)
+    assert kept.used == int(again.sizes.sum())
+    small = KeptBlocks(budget=int(first.sizes[0]))  # room for one block only
+    compressed_rows(codec, "atom", np.arange(16), fetcher, {}, small)
+    assert small.used == int(first.sizes[0]) and small.get("core/x", 0) is not None and small.get("core/x", 1) is None
+    small.clear()
+    assert small.used == 0 and small.get("core/x", 0) is None

@@ -73,12 +73,12 @@ SHIPPED = (
     Pin("gast", "0.7.0", "DALI (its Python graph code)"),
     Pin("optree", "0.20.0", "DALI (nested outputs)"),
     Pin("nvidia-dali-cuda120", "2.4.0", "the loader (external_source, .gpu(), pipelines)"),
+    Pin("nvidia-libnvcomp-cu12", "5.3.0.16", "nvCOMP: DALI's inflate, the loader's layout='inflate' (opened from ../libnvcomp/lib64)"),
 )
 """Everything the GPU check needs that the machine lacks. The project itself travels as the working tree."""
 
 LEFT_OUT = {
     "nvidia-nvimgcodec-cu12": "image and video decoders; no DALI library links it, DALI opens it only for decoder operators",
-    "nvidia-libnvcomp-cu12": "GPU (de)compression operators; likewise opened only when such an operator runs",
     "nvidia-nvjpeg-cu12, nvidia-nvjpeg2k-cu12, nvidia-nvtiff-cu12": "nvimgcodec[all]'s codecs",
     "libcst, makefun, nvtx": "imported only by DALI's experimental dynamic mode (nvidia.dali.experimental.dynamic), "
     "which the project does not use; the loader's tests pass without them, and leaving out their 5 MB saves a call",

@@ -39,13 +39,13 @@ if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray, Level
 
 __all__ = [
-    "MAX_WINDOW_BYTES", "CompressedRows", "CompressedWindow", "KeptBlocks", "compressed_rows", "compressed_window",
+    "MAX_BLOCK_BYTES", "CompressedRows", "CompressedWindow", "KeptBlocks", "compressed_rows", "compressed_window",
     "inflatable_chunks", "inflate_reference", "take_rows",
 ]  # fmt: skip
 
 
-MAX_WINDOW_BYTES = (1 << 31) - 1
-"""Most compressed bytes of one array in one window: DALI's inflate takes chunk sizes as int32."""
+MAX_BLOCK_BYTES = (1 << 31) - 1
+"""Most bytes of one compressed chunk: DALI's inflate takes each chunk's size as int32 (offsets are int64)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +99,15 @@ class CompressedWindow:
 
 
 def inflatable_chunks(codec: ArrayCodec | None) -> InflateChunks | None:
-    """How an array DALI can inflate as stored (one with rows, in LZ4 blocks) is chunked; else ``None``."""
-    if codec is None or not codec.inflatable or not codec.shape or codec.shape[0] == 0:
+    """How an array the GPU route inflates is chunked; ``None`` for an array it leaves to the host.
+
+    It takes arrays with rows and row bytes, stored as LZ4 blocks that end in a crc32c checksum: DALI does
+    not check nvCOMP's status per chunk, so a corrupt block would inflate to zeros on the device; the
+    host checks every block's checksum before it is sent instead.
+    """
+    if codec is None or not codec.inflatable or not codec.chunk_checksum or not codec.shape or codec.shape[0] == 0:
+        return None
+    if codec.row_nbytes == 0:  # a zero-size trailing dim: nothing to inflate
         return None
     return InflateChunks(rows=int(codec.block_rows), shuffle=codec.byte_shuffle)
 
@@ -181,10 +188,10 @@ def compressed_rows(
     blocks = [block for block in cut if block is not None]
     assert len(blocks) == len(cut)  # every entry kept or just read
     sizes = np.fromiter((b.size for b in blocks), dtype=np.int64, count=len(blocks))
-    if int(sizes.sum()) > MAX_WINDOW_BYTES:
+    if sizes.size and int(sizes.max()) > MAX_BLOCK_BYTES:
         raise ConfigError(
-            f"Array {codec.name!r}: one window needs {int(sizes.sum())} compressed bytes, more than DALI's inflate "
-            f"takes ({MAX_WINDOW_BYTES}); use fewer batches per window"
+            f"Array {codec.name!r}: a chunk of {int(sizes.max())} compressed bytes is more than DALI's inflate takes "
+            f"({MAX_BLOCK_BYTES}); rewrite the store with smaller chunks"
         )
     return CompressedRows(
         name=codec.name,

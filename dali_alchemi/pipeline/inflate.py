@@ -25,7 +25,8 @@ import torch
 from dali_alchemi.errors import ConfigError, DeviceError, StoreFormatError
 from dali_alchemi.pipeline.source import BATCH_BOUNDS, INDICES, N_ATOMS, N_EDGES, OutputSpec, output_specs
 from dali_alchemi.store.format.layout import ATOM_INDEX_FIELDS
-from dali_alchemi.store.read.compressed import take_rows
+from dali_alchemi.store.format.protocol import InflatedChunks
+from dali_alchemi.store.read.compressed import inflated_rows
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -52,24 +53,12 @@ ARGUMENT = "argument"
 """The placement of an output consumed inside the pipeline (an operator's argument), never returned."""
 
 
-@dataclass(frozen=True, slots=True)
-class InflatedField:
-    """A field the GPU inflates: its level, dtype, the shape of one chunk, and its byte shuffle (0: none)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InflatedField(InflatedChunks):
+    """A field the GPU inflates: its name and level, and what its blocks inflate to."""
 
     name: str
     level: Level
-    dtype: np.dtype[Any]
-    chunk_shape: tuple[int, ...]
-    shuffle: int = 0
-
-    @property
-    def trailing(self) -> tuple[int, ...]:
-        return self.chunk_shape[1:]
-
-    @property
-    def chunk_bytes(self) -> int:
-        """Bytes of one inflated chunk: what nvCOMP inflates each block to (as uint8)."""
-        return int(np.prod(self.chunk_shape)) * self.dtype.itemsize
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +106,7 @@ def inflate_route(reader: PackedReader, fields: Sequence[str], device: torch.dev
     specs: Mapping[str, FieldSpec] = reader.field_specs
     inflated = tuple(
         InflatedField(
-            name=n, level=specs[n].level, dtype=specs[n].dtype, chunk_shape=(chunks.rows, *specs[n].trailing),
-            shuffle=chunks.shuffle,
+            name=n, level=specs[n].level, chunk_shape=chunks.chunk_shape, dtype=chunks.dtype, shuffle=chunks.shuffle
         )
         for n in fields
         if (chunks := specs[n].inflate) is not None
@@ -205,7 +193,7 @@ def assemble(
     """
     out: dict[str, torch.Tensor] = {}
     for f in route.inflated:
-        values = take_rows(inflated[f.name], rows[f.name], trailing=f.trailing, shuffle=f.shuffle, dtype=_torch_dtype(f.dtype))
+        values = inflated_rows(inflated[f.name], rows[f.name], f, _torch_dtype(f.dtype))
         if f.name in ATOM_INDEX_FIELDS and values.numel():
             assert atom_starts is not None
             total = int(host_n_edges.sum())

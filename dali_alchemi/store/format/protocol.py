@@ -25,16 +25,27 @@ if TYPE_CHECKING:
     from dali_alchemi.types import CountArray, IndexArray, Level
 
 __all__ = [
-    "UNCHUNKED_SPAN_SIZE", "ChunkedReader", "FieldSpec", "InflateChunks", "PackedReader", "as_field_names", "select_fields"
+    "UNCHUNKED_SPAN_SIZE", "ChunkedReader", "FieldSpec", "InflatedChunks", "PackedReader", "as_field_names", "select_fields"
 ]  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
-class InflateChunks:
-    """A field stored as LZ4 blocks: ``rows`` per chunk, byte-shuffled by elements of ``shuffle`` bytes (0: not)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InflatedChunks:
+    """What a field's stored LZ4 blocks inflate to: chunks of ``chunk_shape`` (rows first) of ``dtype``, their
+    bytes shuffled by elements of ``shuffle`` bytes before compression (0: not shuffled)."""
 
-    rows: int
+    chunk_shape: tuple[int, ...]
+    dtype: np.dtype[Any]
     shuffle: int = 0
+
+    @property
+    def trailing(self) -> tuple[int, ...]:
+        return self.chunk_shape[1:]
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one inflated chunk: what nvCOMP inflates each block to (as uint8)."""
+        return int(np.prod(self.chunk_shape)) * self.dtype.itemsize
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +55,7 @@ class FieldSpec:
     level: Level
     dtype: np.dtype[Any]
     trailing: tuple[int, ...]
-    inflate: InflateChunks | None = field(default=None, compare=False)
+    inflate: InflatedChunks | None = field(default=None, compare=False)
     """How the field's chunks are stored when DALI's GPU inflate decodes them as stored (the ``"inflate"``
     layout; ``DALIDataLoader(layout="inflate")``); ``None`` otherwise."""
 

@@ -28,7 +28,7 @@ from dali_alchemi.errors import ChunkDecodeError, ConfigError, UnsupportedCodecE
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-__all__ = ["LZ4_HEADER", "MISSING_CHUNK", "ArrayCodec", "ChunkLocation"]
+__all__ = ["LZ4_HEADER", "MISSING_CHUNK", "ArrayCodec", "ChunkLocation", "checked_crc32c"]
 
 
 MISSING_CHUNK = (1 << 64) - 1
@@ -128,6 +128,17 @@ def _chain_name(codecs: tuple[Any, ...]) -> str:
     return "+".join(names)
 
 
+def checked_crc32c(payload: Any) -> NDArray[np.uint8]:
+    """``payload`` without its trailing crc32c (zarr's ``crc32c`` codec: the last 4 bytes are the checksum of
+    the rest), as a view, once the checksum matched; a ``ChunkDecodeError`` when it does not."""
+    raw = np.frombuffer(payload, dtype=np.uint8)
+    if raw.size < 4:
+        raise ChunkDecodeError("payload shorter than its crc32c checksum")
+    if google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:].tobytes(), "little"):
+        raise ChunkDecodeError("crc32c checksum mismatch")
+    return raw[:-4]
+
+
 _EXACT = (_CheckedBlosc, _CheckedLZ4)
 """Decoders whose header gives the decoded size, checked against ``out`` before decoding into it."""
 
@@ -164,13 +175,8 @@ class _Chain:
         last = len(decoders) - 1
         expected = math.prod(shape) * self.stored_dtype.itemsize
         for pos, step in enumerate(decoders):
-            if isinstance(step, str):  # crc32c: the last 4 bytes are the checksum of the rest
-                raw = np.frombuffer(data, dtype=np.uint8)
-                if raw.size < 4:
-                    raise ChunkDecodeError("payload shorter than its crc32c checksum")
-                if google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:].tobytes(), "little"):
-                    raise ChunkDecodeError("crc32c checksum mismatch")
-                data = raw[:-4]  # the view, not a copy
+            if isinstance(step, str):
+                data = checked_crc32c(data)
             elif pos == last and out is not None and self.stored_dtype == out.dtype and isinstance(step, _EXACT):
                 # Only blosc and lz4 decode straight into ``out``: their headers say how many bytes they hold,
                 # checked against ``out``. numcodecs' zstd and gzip fill a larger ``out`` only in part

@@ -8,7 +8,7 @@ optional crc32c; the ``"inflate"`` layout byte-shuffles each chunk by element fi
 the host: the chunks that hold them are fetched, checked (crc32c, decoded size) and cut down to their
 blocks, and the window carries the blocks, their sizes and, per wanted row, where that row lies in the
 inflated chunks. The GPU then inflates every chunk to its bytes, undoes the shuffle with one transpose
-and takes the rows with one gather (:func:`take_rows`).
+and takes the rows with one gather (:func:`inflated_rows`).
 
 Each chunk the window touches is sent once, whatever the number of its rows the window wants; a chunk
 never written is sent as the compressed fill chunk (or refused, when the store promises every chunk).
@@ -19,16 +19,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import google_crc32c
 import numcodecs
 import numcodecs.lz4
 import numpy as np
 
 from dali_alchemi.csr import concat_aranges
 from dali_alchemi.errors import ChunkDecodeError, ConfigError
-from dali_alchemi.store.format.protocol import InflateChunks
+from dali_alchemi.store.format.protocol import InflatedChunks
 from dali_alchemi.store.read.block_reads import fetch_blocks
-from dali_alchemi.store.read.codecs import LZ4_HEADER
+from dali_alchemi.store.read.codecs import LZ4_HEADER, checked_crc32c
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -39,8 +38,8 @@ if TYPE_CHECKING:
     from dali_alchemi.types import IndexArray, Level
 
 __all__ = [
-    "MAX_BLOCK_BYTES", "CompressedRows", "CompressedWindow", "KeptBlocks", "compressed_rows", "compressed_window",
-    "inflatable_chunks", "inflate_reference", "take_rows",
+    "MAX_BLOCK_BYTES", "CompressedRows", "CompressedWindow", "KeptBlocks", "compressed_rows",
+    "compressed_window", "inflatable_chunks", "inflate_reference", "inflated_rows",
 ]  # fmt: skip
 
 
@@ -48,8 +47,8 @@ MAX_BLOCK_BYTES = (1 << 31) - 1
 """Most bytes of one compressed chunk: DALI's inflate takes each chunk's size as int32 (offsets are int64)."""
 
 
-@dataclass(frozen=True, slots=True)
-class CompressedRows:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompressedRows(InflatedChunks):
     """The rows a window wants of one array, as the raw LZ4 blocks of the chunks holding them.
 
     Attributes
@@ -64,10 +63,6 @@ class CompressedRows:
     rows
         ``[rows]`` int64: for each wanted row, in the window's order, its row in the inflated chunks
         seen as one ``[chunks * chunk_rows, *trailing]`` array.
-    chunk_shape, dtype
-        What each block inflates to.
-    shuffle
-        The element size by which each chunk's bytes were shuffled before compression (0: not shuffled).
     """
 
     name: str
@@ -75,18 +70,6 @@ class CompressedRows:
     blocks: NDArray[np.uint8]
     sizes: NDArray[np.int32]
     rows: NDArray[np.int64]
-    chunk_shape: tuple[int, ...]
-    dtype: np.dtype[Any]
-    shuffle: int = 0
-
-    @property
-    def trailing(self) -> tuple[int, ...]:
-        return self.chunk_shape[1:]
-
-    @property
-    def chunk_bytes(self) -> int:
-        """Bytes of one inflated chunk."""
-        return int(np.prod(self.chunk_shape)) * self.dtype.itemsize
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +81,7 @@ class CompressedWindow:
     atom_starts: NDArray[np.int64]
 
 
-def inflatable_chunks(codec: ArrayCodec | None) -> InflateChunks | None:
+def inflatable_chunks(codec: ArrayCodec | None) -> InflatedChunks | None:
     """How an array the GPU route inflates is chunked; ``None`` for an array it leaves to the host.
 
     It takes arrays with rows and row bytes, stored as LZ4 blocks that end in a crc32c checksum: DALI does
@@ -109,7 +92,7 @@ def inflatable_chunks(codec: ArrayCodec | None) -> InflateChunks | None:
         return None
     if codec.row_nbytes == 0:  # a zero-size trailing dim: nothing to inflate
         return None
-    return InflateChunks(rows=int(codec.block_rows), shuffle=codec.byte_shuffle)
+    return InflatedChunks(chunk_shape=tuple(codec.chunk_shape), dtype=codec.dtype, shuffle=codec.byte_shuffle)
 
 
 class KeptBlocks:
@@ -238,14 +221,12 @@ def _block_of(codec: ArrayCodec, payload: Any | None, key: str, chunk_bytes: int
                 array=codec.name, chunk=key,
             )  # fmt: skip
         return _fill_block(codec)
-    raw = np.frombuffer(payload, dtype=np.uint8)
-    if checksum:
-        if raw.size < 4 or google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:].tobytes(), "little"):
-            raise ChunkDecodeError(
-                f"Array {codec.name!r}: chunk {key!r} could not be decoded: crc32c checksum mismatch",
-                array=codec.name, chunk=key,
-            )  # fmt: skip
-        raw = raw[:-4]
+    try:
+        raw = checked_crc32c(payload) if checksum else np.frombuffer(payload, dtype=np.uint8)
+    except ChunkDecodeError as err:
+        raise ChunkDecodeError(
+            f"Array {codec.name!r}: chunk {key!r} could not be decoded: {err}", array=codec.name, chunk=key
+        ) from err
     found = int(raw[: LZ4_HEADER.size].view("<u4")[0]) if raw.size >= LZ4_HEADER.size else None
     if raw.size <= LZ4_HEADER.size or found != chunk_bytes:
         raise ChunkDecodeError(
@@ -286,14 +267,14 @@ def inflate_reference(part: CompressedRows) -> NDArray[np.uint8]:
     return out
 
 
-def take_rows(inflated: Any, rows: Any, *, trailing: tuple[int, ...], shuffle: int, dtype: Any) -> Any:
+def inflated_rows(inflated: Any, rows: Any, chunks: InflatedChunks, dtype: Any = None) -> Any:
     """The wanted rows of inflated chunks (``[chunks, chunk_bytes]`` uint8, numpy or torch, C-contiguous).
 
     The byte shuffle is undone with one transpose per window (byte ``k`` of every element was stored
-    together), the bytes are viewed as ``dtype`` (numpy's or torch's, as ``inflated``) and the rows
-    taken with one gather.
+    together), the bytes are viewed as ``dtype`` (torch's for a tensor; default: ``chunks.dtype``) and
+    the rows taken with one gather.
     """
-    n = inflated.shape[0]
+    n, shuffle = inflated.shape[0], chunks.shuffle
     if shuffle > 1:
         inflated = inflated.reshape(n, shuffle, -1).swapaxes(1, 2).reshape(n, -1)
-    return inflated.view(dtype).reshape(-1, *trailing)[rows]
+    return inflated.view(chunks.dtype if dtype is None else dtype).reshape(-1, *chunks.trailing)[rows]

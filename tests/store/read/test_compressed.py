@@ -18,9 +18,15 @@ from zarr.storage import MemoryStore
 
 from dali_alchemi import AtomicDataZarrReader
 from dali_alchemi.errors import ChunkDecodeError, ConfigError
-from dali_alchemi.store.format.protocol import InflateChunks
+from dali_alchemi.store.format.protocol import InflatedChunks
 from dali_alchemi.store.read.codecs import ArrayCodec
-from dali_alchemi.store.read.compressed import CompressedRows, KeptBlocks, compressed_rows, inflate_reference, take_rows
+from dali_alchemi.store.read.compressed import (
+    CompressedRows,
+    KeptBlocks,
+    compressed_rows,
+    inflate_reference,
+    inflated_rows,
+)
 from dali_alchemi.store.read.fetch import StoreFetcher
 
 
@@ -37,7 +43,9 @@ def test_inflated_rows_are_what_the_host_reads(inflate_store: Path, reader: Atom
     with AtomicDataZarrReader(inflate_store) as r:
         names = _inflatable(r)
         assert set(names) >= {"atomic_numbers", "positions", "neighbor_list", "energy", "cell"}
-        assert all(r.field_specs[n].inflate == InflateChunks(rows=64, shuffle=r.field_specs[n].dtype.itemsize) for n in names)
+        for n in names:
+            spec = r.field_specs[n]
+            assert spec.inflate == InflatedChunks(chunk_shape=(64, *spec.trailing), dtype=spec.dtype, shuffle=spec.dtype.itemsize)
         window = r.read_compressed(indices, fields=names)
         host = reader.read_packed(indices, fields=names)
         assert np.array_equal(window.atom_starts, reader.atoms_ptr[host.physical_indices])
@@ -63,7 +71,7 @@ def test_each_chunk_a_window_touches_is_sent_once(inflate_store: Path) -> None:
 
 def _rows(part: CompressedRows) -> np.ndarray:
     """The wanted rows, with liblz4 standing in for nvCOMP."""
-    return take_rows(inflate_reference(part), part.rows, trailing=part.trailing, shuffle=part.shuffle, dtype=part.dtype)
+    return inflated_rows(inflate_reference(part), part.rows, part)
 
 
 def _lz4() -> LZ4:

@@ -100,8 +100,46 @@ def test_a_dask_local_cluster_writes_the_same_dataset(
     ):
         convert_parallel(inputs, tmp_path / "out", client=client, part_size=6, cutoff=CUTOFF)
         convert_parallel(inputs, tmp_path / "by-address", scheduler=cluster.scheduler_address, cutoff=CUTOFF)
+        after = client.run(_malloc_state)
+    assert sorted(after.values()) == [(True, 0, None)] * 2  # the nanny's setting, put back after the units
     _assert_same(_everything(tmp_path / "out"), reference)
     _assert_same(_everything(tmp_path / "by-address"), reference)
+
+
+def _malloc_state() -> tuple[bool, int, Any]:
+    from dali_alchemi.interop import worker_malloc
+
+    return "MALLOC_TRIM_THRESHOLD_" in os.environ, worker_malloc._running, worker_malloc._restore
+
+
+class _RecordingClient:
+    """Stands in for a Dask client: two workers; records what is submitted where, and what is cancelled."""
+
+    def __init__(self) -> None:
+        self.submitted: list[tuple[Any, list[str], bool]] = []
+        self.cancelled: list[Any] = []
+
+    def scheduler_info(self) -> dict[str, Any]:
+        return {"workers": {"tcp://a:1": {}, "tcp://b:2": {}}}
+
+    def submit(self, fn: Any, *, workers: list[str], pure: bool) -> str:
+        self.submitted.append((fn, workers, pure))
+        return f"future-{len(self.submitted)}"
+
+    def cancel(self, futures: list[Any]) -> None:
+        self.cancelled.extend(futures)
+
+
+def test_every_dask_worker_imports_the_conversion_code_before_its_first_unit() -> None:
+    client = _RecordingClient()
+    with parallel_convert._warm_dask_workers(client):
+        assert [(fn.__name__, workers, pure) for fn, workers, pure in client.submitted] == [
+            ("_import_conversion_code", ["tcp://a:1"], False), ("_import_conversion_code", ["tcp://b:2"], False),
+        ]  # fmt: skip
+        assert client.cancelled == []
+    assert client.cancelled == ["future-1", "future-2"]  # released with the job
+    with parallel_convert._warm_dask_workers(None):  # a process pool warms its workers itself
+        pass
 
 
 def test_a_killed_run_resumes_keeping_the_parts_it_finished(

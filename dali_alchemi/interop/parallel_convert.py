@@ -187,7 +187,9 @@ def convert_parallel(
     }  # fmt: skip
     sources = [_describe_input(p) for p in paths]
     manifest = _resume(out, sources, options, part_size)
-    with _local_pool(workers if client is None else 1) as pool, _warm_dask_workers(client):
+    finished = manifest is not None and all(p["done"] and (out / p["name"]).is_dir() for p in manifest["parts"])
+    engine_workers = 1 if finished or client is not None else workers  # a finished job's rerun starts no workers
+    with _local_pool(engine_workers) as pool, _warm_dask_workers(None if finished else client):
         # the pool's workers, or the cluster's, import the conversion code while the inputs are counted
         if manifest is None:
             counts = [count_input(p) for p in paths]

@@ -169,6 +169,31 @@ def test_a_killed_run_resumes_keeping_the_parts_it_finished(
     _assert_same(_everything(out), reference)
 
 
+def test_rerunning_a_finished_job_starts_no_workers_and_converts_nothing(
+    inputs: list[Path], reference: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    first = convert_parallel(inputs, out, part_size=5, cutoff=CUTOFF)
+    pools: list[int] = []
+    real_pool = parallel_convert._local_pool
+
+    def counted_pool(workers: int) -> Any:
+        pools.append(workers)
+        return real_pool(workers)
+
+    def must_not_run(*args: Any) -> dict[str, Any]:
+        raise AssertionError("a finished part was converted again")
+
+    monkeypatch.setattr(parallel_convert, "_local_pool", counted_pool)
+    monkeypatch.setattr(parallel_convert, "convert_unit", must_not_run)
+    done: list[int] = []
+    again = convert_parallel(inputs, out, workers=2, part_size=5, cutoff=CUTOFF, progress=lambda d, t: done.append(d))
+    assert pools == [1]  # no process pool for a job with nothing left
+    assert done == [first.structures] == [34]  # everything already done (11 + 12 + 11 structures)
+    assert again.structures == first.structures
+    _assert_same(_everything(out), reference)
+
+
 def test_another_job_into_the_same_output_is_refused(inputs: list[Path], tmp_path: Path) -> None:
     out = tmp_path / "out"
     convert_parallel(inputs[:1], out, part_size=6, cutoff=CUTOFF)

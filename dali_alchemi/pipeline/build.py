@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from nvidia.dali import fn, types
 from nvidia.dali.pipeline import Pipeline
 
@@ -135,10 +134,6 @@ def window_bytes_hint(
     if n_atoms.size == 0:
         return SHM_SLACK_BYTES
     rows = PerLevel(atom=float(n_atoms.mean()), edge=float(n_edges.mean()), system=1.0)
-    per_structure = sum(
-        rows[spec.level] * int(np.prod(spec.trailing, dtype=np.int64)) * spec.dtype.itemsize
-        for spec in specs
-        if spec.level is not None
-    )
+    per_structure = sum(rows[spec.level] * spec.row_bytes for spec in specs if spec.level is not None)
     per_batch = int(epoch_plan.batch_ptr[-1]) / max(1, epoch_plan.num_batches)
     return int(per_structure * per_batch * batches_per_window * SHM_HEADROOM) + SHM_SLACK_BYTES

@@ -83,6 +83,17 @@ class OutputSpec:
     trailing: tuple[int, ...]
     level: Level | None
     placement: str = "device"  # on a GPU: "device" goes .gpu(), "host" stays, "both" does each
+    hint_row_bytes: int | None = None
+    """Bytes per row for sizing DALI's shared memory where a row is not ``dtype`` x ``trailing``: a field's
+    compressed blocks are sent per row of the field, as at most its decoded bytes in store order and about
+    that in a shuffled window, which sends the whole chunks it touches."""
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes one row of this output takes in a window, as far as sizing shared memory goes."""
+        if self.hint_row_bytes is not None:
+            return self.hint_row_bytes
+        return int(np.prod(self.trailing, dtype=np.int64)) * self.dtype.itemsize
 
     @property
     def is_field(self) -> bool:

@@ -7,6 +7,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -110,6 +111,22 @@ def test_windows_assemble_into_the_batches_the_host_reads(inflate_store: Path, s
                 sample_indices=outputs[INDICES],
             )  # fmt: skip
         assert_batches_equal(got, reference_batches(reader, plan, 0))
+
+
+@pytest.mark.dali
+def test_the_shared_memory_hint_counts_the_blocks_as_their_decoded_rows(inflate_store: Path) -> None:
+    from dali_alchemi.pipeline.build import window_bytes_hint
+
+    reader, route = _route(inflate_store)
+    with reader:
+        by_name = {spec.name: spec for spec in route.specs}
+        assert by_name[BLOCKS + "positions"].row_bytes == 12 and by_name[BLOCKS + "neighbor_list"].row_bytes == 16
+        assert by_name[ROWS + "positions"].row_bytes == 8
+        plan = FixedBatchPlan(num_samples=len(reader), batch_size=32, shuffle=False)
+        source = WindowSource(reader, plan, route.specs, batches_per_window=4, layout="inflate", route=route)
+        hint = window_bytes_hint(route.specs, reader.sample_sizes(np.arange(len(reader))), plan.epoch(0), 4)
+        sent = [sum(a[0].nbytes for a in source.read_window(0, w)) for w in range(source.num_windows(0))]
+        assert max(sent) <= hint < 3 * max(sent)  # covers a store-order window, without a gross overcount
 
 
 def test_an_atom_index_outside_its_structure_is_refused(inflate_store: Path) -> None:

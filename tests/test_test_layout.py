@@ -13,7 +13,6 @@ TESTED_BY: dict[str, tuple[str, ...]] = {
     "store/read/row_io.py": ("tests/store/read/test_rows.py", "tests/store/read/test_spans.py"),
     "bench/h2d.py": ("tests/scripts/test_gpu_check.py", "tests/test_cli.py"),
     "bench/loaders.py": ("tests/bench/test_runner.py",),
-    "bench/names.py": ("tests/bench/test_runner.py", "tests/test_cli.py"),
     "bench/plot.py": ("tests/bench/test_runner.py",),
     "bench/quality.py": ("tests/bench/test_runner.py",),
     "cli/__main__.py": ("tests/test_cli.py",),

@@ -24,7 +24,7 @@ LEGEND = (
     "  first only. On a store of a few windows (16 batches each), what a loader read",
     "  ahead while its first batch came inflates structures/s: trust warm there.",
     "x plain: structures/s over the best plain torch DataLoader (torch-*) of the run.",
-    "first batch s: opening the loader to its first batch; total s: to its last.",
+    "first batch s, total s: opening the loader (imported) to its first, last batch.",
     "peak PSS MB: peak memory of the whole process tree, workers included.",
     "quality: how well the order mixes the store: 0 in sequence, 1 a full shuffle.",
     "batch KS: batch energies' distance from the store's: 0 best, ~1/sqrt(batch) by",

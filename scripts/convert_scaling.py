@@ -13,6 +13,7 @@ job, as a cluster is). Prints each time and the ratios. Needs ase and dask[distr
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import time
 import warnings
@@ -70,8 +71,11 @@ def main() -> None:
     if not args.no_dask:
         from distributed import Client, LocalCluster
 
+        before = dict(os.environ)
         cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
         client = Client(cluster)
+        os.environ.clear()  # the nanny set its malloc variables here too: keep them from the pool's workers
+        os.environ.update(before)
     try:
         for _ in range(args.repeats):
             two = timed(inputs, out, workers=2)

@@ -276,7 +276,7 @@ def _resume(
 
 
 def _worker_count(workers: int, client: Any) -> int:
-    return workers if client is None else max(1, len(client.scheduler_info().get("workers", {})))
+    return workers if client is None else max(1, len(client.nthreads()))  # every worker, on every distributed
 
 
 @contextmanager
@@ -327,7 +327,7 @@ def _warm_dask_workers(client: Any) -> Iterator[None]:
     if client is None:
         yield
         return
-    addresses = list(client.scheduler_info().get("workers", {}))
+    addresses = list(client.nthreads())  # the workers' addresses (scheduler_info() lists at most 5 in some versions)
     warm = [client.submit(_import_conversion_code, workers=[a], pure=False) for a in addresses]
     try:
         yield

@@ -9,18 +9,21 @@ page-faulted in and unmapped again when freed. A conversion allocates such array
 
 :func:`plain_malloc` raises the two thresholds to where glibc's dynamic rule takes them (32 MiB for
 ``mmap``, twice that for trimming) while conversion tasks run, and puts back what the environment set once
-the last running one ends. It changes nothing unless ``MALLOC_TRIM_THRESHOLD_`` is set (only then are the
-thresholds static, and known, so they can be put back exactly), nor off glibc.
+the last running one ends, then trims the heap as the nanny's setting would have. It changes nothing
+unless ``MALLOC_TRIM_THRESHOLD_`` was set when the process started (only then are the thresholds static,
+and known, so they can be put back exactly), nor off glibc. The start environment is read from
+``/proc/self/environ``, not ``os.environ``: a ``LocalCluster``'s nanny sets the variable in the process that
+starts the cluster too, where glibc never read it. Thresholds set through ``GLIBC_TUNABLES`` are not seen.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import platform
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 __all__ = ["MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES", "plain_malloc"]
 
@@ -40,15 +43,27 @@ _running = 0
 _restore: tuple[int, int] | None = None
 
 
+def _start_environment() -> dict[str, str]:
+    """The environment this process started with (what glibc read), empty where it cannot be read."""
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (entry.split(b"=", 1) for entry in raw.split(b"\0") if b"=" in entry)
+    return {key.decode(errors="replace"): value.decode(errors="replace") for key, value in pairs}
+
+
 def _environment_thresholds() -> tuple[int, int] | None:
-    """The static ``(trim, mmap)`` thresholds the environment set, or ``None`` if glibc's are dynamic."""
-    trim = os.environ.get("MALLOC_TRIM_THRESHOLD_")
+    """The static ``(trim, mmap)`` thresholds the start environment set, or ``None`` if glibc's are dynamic."""
+    environment = _start_environment()
+    trim = environment.get("MALLOC_TRIM_THRESHOLD_")
     if trim is None:
         return None
     try:
-        return int(trim), int(os.environ.get("MALLOC_MMAP_THRESHOLD_", _GLIBC_DEFAULT_MMAP_THRESHOLD))
+        values = int(trim), int(environment.get("MALLOC_MMAP_THRESHOLD_", _GLIBC_DEFAULT_MMAP_THRESHOLD))
     except ValueError:
         return None  # glibc ignores what it cannot parse; so does this
+    return values if all(0 <= v < 2**31 for v in values) else None  # what a C int holds
 
 
 def _mallopt() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
@@ -60,9 +75,18 @@ def _mallopt() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
         return None
 
 
-def _set(mallopt: ctypes._CFuncPtr, trim: int, mmap_bytes: int) -> None:  # type: ignore[name-defined]
-    mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(mmap_bytes))
-    mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(trim))
+def _set(mallopt: ctypes._CFuncPtr, trim: int, mmap_bytes: int) -> bool:  # type: ignore[name-defined]
+    """Set both thresholds; whether glibc took both (``mallopt`` returns 1 on success)."""
+    took_mmap = mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(mmap_bytes)) == 1
+    return mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(trim)) == 1 and took_mmap
+
+
+def _trim() -> None:
+    """Give freed heap memory back to the system now, as the nanny's setting asks."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(ctypes.c_size_t(0))
+    except (OSError, AttributeError):
+        pass
 
 
 @contextmanager
@@ -77,8 +101,10 @@ def plain_malloc() -> Iterator[None]:
         if _running == 0:
             thresholds, mallopt = _environment_thresholds(), _mallopt()
             if thresholds is not None and mallopt is not None:
-                _set(mallopt, TRIM_THRESHOLD_BYTES, MMAP_THRESHOLD_BYTES)
-                _restore = thresholds
+                if _set(mallopt, TRIM_THRESHOLD_BYTES, MMAP_THRESHOLD_BYTES):
+                    _restore = thresholds
+                else:  # refused (a 32-bit glibc, say): back to what the environment set
+                    _set(mallopt, *thresholds)
         _running += 1
     try:
         yield
@@ -90,3 +116,4 @@ def plain_malloc() -> Iterator[None]:
                 assert mallopt is not None
                 _set(mallopt, *_restore)
                 _restore = None
+                _trim()

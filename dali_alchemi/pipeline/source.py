@@ -85,8 +85,9 @@ class OutputSpec:
     placement: str = "device"  # on a GPU: "device" goes .gpu(), "host" stays, "both" does each
     hint_row_bytes: int | None = None
     """Bytes per row for sizing DALI's shared memory where a row is not ``dtype`` x ``trailing``: a field's
-    compressed blocks are sent per row of the field, as at most its decoded bytes in store order and about
-    that in a shuffled window, which sends the whole chunks it touches."""
+    compressed blocks count as its decoded row bytes, at least what a store-order window sends. A shuffled
+    window sends every whole chunk it touches, which can be several times that; DALI's shared memory then
+    grows to fit, at the price of a reallocation."""
 
     @property
     def row_bytes(self) -> int:

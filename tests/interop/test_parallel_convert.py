@@ -101,7 +101,9 @@ def test_a_dask_local_cluster_writes_the_same_dataset(
         convert_parallel(inputs, tmp_path / "out", client=client, part_size=6, cutoff=CUTOFF)
         convert_parallel(inputs, tmp_path / "by-address", scheduler=cluster.scheduler_address, cutoff=CUTOFF)
         after = client.run(_malloc_state)
+        engaged = client.run(_engaged_within)
     assert sorted(after.values()) == [(True, 0, None)] * 2  # the nanny's setting, put back after the units
+    assert sorted(engaged.values()) == [(32 << 20, 65536)] * 2  # raised within a task, to come back to 64 KiB
     _assert_same(_everything(tmp_path / "out"), reference)
     _assert_same(_everything(tmp_path / "by-address"), reference)
 
@@ -109,7 +111,16 @@ def test_a_dask_local_cluster_writes_the_same_dataset(
 def _malloc_state() -> tuple[bool, int, Any]:
     from dali_alchemi.interop import worker_malloc
 
-    return "MALLOC_TRIM_THRESHOLD_" in os.environ, worker_malloc._running, worker_malloc._restore
+    started_with = worker_malloc._start_environment()  # the nanny's setting, as glibc read it
+    return "MALLOC_TRIM_THRESHOLD_" in started_with, worker_malloc._running, worker_malloc._restore
+
+
+def _engaged_within() -> tuple[int, int] | None:
+    from dali_alchemi.interop import worker_malloc
+
+    with worker_malloc.plain_malloc():
+        restore = worker_malloc._restore
+    return None if restore is None else (worker_malloc.MMAP_THRESHOLD_BYTES, restore[0])
 
 
 class _RecordingClient:
@@ -119,8 +130,8 @@ class _RecordingClient:
         self.submitted: list[tuple[Any, list[str], bool]] = []
         self.cancelled: list[Any] = []
 
-    def scheduler_info(self) -> dict[str, Any]:
-        return {"workers": {"tcp://a:1": {}, "tcp://b:2": {}}}
+    def nthreads(self) -> dict[str, int]:
+        return {"tcp://a:1": 1, "tcp://b:2": 1}
 
     def submit(self, fn: Any, *, workers: list[str], pure: bool) -> str:
         self.submitted.append((fn, workers, pure))

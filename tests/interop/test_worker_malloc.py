@@ -28,42 +28,69 @@ class _Recorder:
 
 
 @pytest.fixture
-def mallopt(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
+def start_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The environment the process is taken to have started with (what glibc read)."""
+    environment: dict[str, str] = {}
+    monkeypatch.setattr(worker_malloc, "_start_environment", lambda: environment)
+    return environment
+
+
+@pytest.fixture
+def mallopt(monkeypatch: pytest.MonkeyPatch, start_env: dict[str, str]) -> _Recorder:
     recorder = _Recorder()
     monkeypatch.setattr(worker_malloc, "_mallopt", lambda: recorder)
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     return recorder
 
 
 def test_without_the_nannys_variable_nothing_is_changed(mallopt: _Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")  # set after the start (a nanny's coordinator): glibc never read it
     with plain_malloc():
         pass
     assert mallopt.calls == []
 
 
-def test_an_unparsable_variable_changes_nothing(mallopt: _Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "lots")
+@pytest.mark.parametrize("value", ["lots", str(2**32)])
+def test_an_unparsable_or_oversized_variable_changes_nothing(
+    mallopt: _Recorder, start_env: dict[str, str], value: str
+) -> None:
+    start_env["MALLOC_TRIM_THRESHOLD_"] = value
     with plain_malloc():
         pass
     assert mallopt.calls == []
+
+
+def test_thresholds_glibc_refuses_are_put_back_at_once(
+    mallopt: _Recorder, start_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start_env["MALLOC_TRIM_THRESHOLD_"] = "65536"
+    calls = mallopt.calls
+
+    def refuse_large(option: int, value: Any) -> int:  # as a glibc that caps the thresholds below ours
+        mallopt(option, value)
+        return 0 if int(value.value) > 1 << 20 else 1
+
+    monkeypatch.setattr(worker_malloc, "_mallopt", lambda: refuse_large)
+    with plain_malloc():
+        assert worker_malloc._restore is None
+    assert calls == [(M_MMAP, MMAP_THRESHOLD_BYTES), (M_TRIM, TRIM_THRESHOLD_BYTES), (M_MMAP, 128 << 10),
+                              (M_TRIM, 65536)]  # fmt: skip
 
 
 def test_thresholds_are_raised_within_and_the_environments_put_back(
-    mallopt: _Recorder, monkeypatch: pytest.MonkeyPatch
+    mallopt: _Recorder, start_env: dict[str, str]
 ) -> None:
-    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+    start_env["MALLOC_TRIM_THRESHOLD_"] = "65536"
     with plain_malloc():
         assert mallopt.calls == [(M_MMAP, MMAP_THRESHOLD_BYTES), (M_TRIM, TRIM_THRESHOLD_BYTES)]
     assert mallopt.calls[2:] == [(M_MMAP, 128 << 10), (M_TRIM, 65536)]
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "262144")
+    start_env["MALLOC_MMAP_THRESHOLD_"] = "262144"
     with plain_malloc():
         pass
     assert mallopt.calls[-2:] == [(M_MMAP, 262144), (M_TRIM, 65536)]
 
 
-def test_the_last_of_overlapping_tasks_puts_them_back(mallopt: _Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+def test_the_last_of_overlapping_tasks_puts_them_back(mallopt: _Recorder, start_env: dict[str, str]) -> None:
+    start_env["MALLOC_TRIM_THRESHOLD_"] = "65536"
     first_in, second_done = threading.Event(), threading.Event()
     seen: list[int] = []
 
@@ -85,8 +112,8 @@ def test_the_last_of_overlapping_tasks_puts_them_back(mallopt: _Recorder, monkey
                              (M_TRIM, 65536)]  # fmt: skip
 
 
-def test_an_error_inside_still_puts_them_back(mallopt: _Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+def test_an_error_inside_still_puts_them_back(mallopt: _Recorder, start_env: dict[str, str]) -> None:
+    start_env["MALLOC_TRIM_THRESHOLD_"] = "65536"
     with pytest.raises(KeyError), plain_malloc():
         raise KeyError("in the task")
     assert mallopt.calls[-2:] == [(M_MMAP, 128 << 10), (M_TRIM, 65536)]

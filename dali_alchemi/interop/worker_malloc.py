@@ -19,6 +19,7 @@ starts the cluster too, where glibc never read it. Thresholds set through ``GLIB
 from __future__ import annotations
 
 import ctypes
+import functools
 import platform
 import threading
 from collections.abc import Iterator
@@ -66,13 +67,20 @@ def _environment_thresholds() -> tuple[int, int] | None:
     return values if all(0 <= v < 2**31 for v in values) else None  # what a C int holds
 
 
-def _mallopt() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """glibc, loaded once; ``None`` off Linux or on another C library."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
     try:
-        return ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
         return None
+
+
+def _mallopt() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    libc = _glibc()
+    return None if libc is None else libc.mallopt
 
 
 def _set(mallopt: ctypes._CFuncPtr, trim: int, mmap_bytes: int) -> bool:  # type: ignore[name-defined]
@@ -83,10 +91,9 @@ def _set(mallopt: ctypes._CFuncPtr, trim: int, mmap_bytes: int) -> bool:  # type
 
 def _trim() -> None:
     """Give freed heap memory back to the system now, as the nanny's setting asks."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(ctypes.c_size_t(0))
-    except (OSError, AttributeError):
-        pass
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(ctypes.c_size_t(0))
 
 
 @contextmanager

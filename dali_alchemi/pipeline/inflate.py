@@ -122,7 +122,7 @@ def inflate_route(reader: PackedReader, fields: Sequence[str], device: torch.dev
     route_specs = list(output_specs(specs, host_fields))
     for f in inflated:
         route_specs += [
-            OutputSpec(BLOCKS + f.name, np.dtype(np.uint8), (), f.level, "device", f.chunk_bytes // f.chunk_shape[0]),
+            OutputSpec(BLOCKS + f.name, np.dtype(np.uint8), (), f.level, "device", hint_row_bytes=f.row_bytes),
             OutputSpec(SIZES + f.name, np.dtype(np.int32), (), f.level, ARGUMENT),
             OutputSpec(ROWS + f.name, int64, (), f.level, "device"),
         ]

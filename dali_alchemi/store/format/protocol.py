@@ -43,9 +43,14 @@ class InflatedChunks:
         return self.chunk_shape[1:]
 
     @property
+    def row_bytes(self) -> int:
+        """Bytes of one inflated row."""
+        return int(np.prod(self.trailing, dtype=np.int64)) * self.dtype.itemsize
+
+    @property
     def chunk_bytes(self) -> int:
         """Bytes of one inflated chunk: what nvCOMP inflates each block to (as uint8)."""
-        return int(np.prod(self.chunk_shape)) * self.dtype.itemsize
+        return self.chunk_shape[0] * self.row_bytes
 
 
 @dataclass(frozen=True, slots=True)

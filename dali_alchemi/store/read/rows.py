@@ -12,8 +12,9 @@ The rows of a span plan (:mod:`~dali_alchemi.store.read.spans`) are read segment
 map that is closed before the next file is opened, so a read holds at most one file's pages per thread
 in the process (the data stays in the operating system's page cache, not in this process). Every chunk's
 length is checked against its shape; a trailing ``crc32c`` is checked the first time this reader
-touches the chunk (the whole chunk is hashed then), so each chunk is verified once per process and
-store state, and a corrupt one is a :class:`~dali_alchemi.errors.ChunkDecodeError` as on the decode path.
+touches the chunk (the whole chunk is read with one ``preadv`` and hashed then: one disk request on
+a cold page cache, where faulting it in through a map took one per page), so each chunk is verified
+once per process and store state, and a corrupt one is a :class:`~dali_alchemi.errors.ChunkDecodeError` as on the decode path.
 """
 
 from __future__ import annotations
@@ -272,15 +273,15 @@ class RowReader:
         try:
             size = chunk_file_size(fd, codec, key, chunk)
             self._count(mapped=False)
-            verified = not codec.chunk_checksum or self._is_verified(codec, np.array([chunk]))
-            if verified and read_runs(fd, local * codec.row_nbytes, codec.row_nbytes, out, aligned=True):
+            if codec.chunk_checksum and not self._is_verified(codec, np.array([chunk])):
+                self._verify_by_reading(fd, codec, key, np.array([chunk]), np.zeros(1, dtype=np.int64))
+            if read_runs(fd, local * codec.row_nbytes, codec.row_nbytes, out, aligned=True):
                 return
 
             def take(data: NDArray[np.uint8]) -> None:
                 np.take(data[:chunk_bytes].reshape(codec.block_rows, codec.row_nbytes), local, axis=0, out=out)
 
-            unverified = None if verified else (np.array([chunk]), np.zeros(1, dtype=np.int64))
-            self._take_mapped(fd, size, codec, key, unverified, take)
+            self._take_mapped(fd, size, codec, key, take)
         finally:
             os.close(fd)
 
@@ -310,16 +311,16 @@ class RowReader:
             check_lengths(codec, key, touched, offsets, lengths, size, ~missing)
             self._count(mapped=False)
             byte_at = offsets[position] + local * codec.row_nbytes
-            verified = not codec.chunk_checksum or self._is_verified(codec, touched)
-            if not missing.any() and verified and read_runs(fd, byte_at, codec.row_nbytes, out, aligned=False):
+            if codec.chunk_checksum and not self._is_verified(codec, touched):
+                self._verify_by_reading(fd, codec, key, touched[~missing], offsets[~missing])
+            if not missing.any() and read_runs(fd, byte_at, codec.row_nbytes, out, aligned=False):
                 return
             present = None if not missing.any() else ~missing[position]
 
             def take(data: NDArray[np.uint8]) -> None:
                 take_rows(data, byte_at, present, codec.row_nbytes, out)
 
-            unverified = None if not codec.chunk_checksum else (touched[~missing], offsets[~missing])
-            self._take_mapped(fd, size, codec, key, unverified, take)
+            self._take_mapped(fd, size, codec, key, take)
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -341,28 +342,18 @@ class RowReader:
                 missing)  # fmt: skip
 
     def _take_mapped(
-        self,
-        fd: int,
-        size: int,
-        codec: ArrayCodec,
-        key: str,
-        unverified: tuple[NDArray[np.int64], NDArray[np.int64]] | None,
-        take: Callable[[NDArray[np.uint8]], None],
+        self, fd: int, size: int, codec: ArrayCodec, key: str, take: Callable[[NDArray[np.uint8]], None]
     ) -> None:
-        """Map file ``fd``, check the checksums of ``unverified`` ``(chunks, offsets)``, and ``take`` its rows.
+        """Map file ``fd`` and ``take`` its rows (its chunks' checksums were checked before).
 
         Errors are raised once the map is closed: a traceback holding a view of it would keep it open.
         """
         self._count(mapped=True)
-        corrupt: int | None = None
         failure = ""
         with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
             data = np.frombuffer(mapped, dtype=np.uint8)
             try:
-                if unverified is not None:
-                    corrupt = self._verify(codec, data, *unverified, codec.block_rows * codec.row_nbytes)
-                if corrupt is None:
-                    take(data)
+                take(data)
             except (IndexError, ValueError) as err:  # a layout the length checks missed; kept as text
                 failure = f"{type(err).__name__}: {err}"
             finally:
@@ -370,11 +361,6 @@ class RowReader:
         if failure:
             raise ChunkDecodeError(
                 f"Array {codec.name!r}: rows of {key!r} could not be read in place: {failure}",
-                array=codec.name, chunk=key,
-            )  # fmt: skip
-        if corrupt is not None:
-            raise ChunkDecodeError(
-                f"Array {codec.name!r}: chunk {corrupt} in {key!r} could not be decoded: crc32c checksum mismatch",
                 array=codec.name, chunk=key,
             )  # fmt: skip
 
@@ -414,6 +400,29 @@ class RowReader:
                 return int(chunk)
         done[chunks[todo]] = True
         return None
+
+    def _verify_by_reading(
+        self, fd: int, codec: ArrayCodec, key: str, chunks: NDArray[np.int64], offsets: NDArray[np.int64]
+    ) -> None:
+        """Check the crc32c of each of ``chunks`` of one shard not checked before, reading each with one ``preadv``.
+
+        A chunk is read with one request rather than faulted in page by page through a map: on a cold
+        page cache that is one disk read per chunk instead of a run of synchronous ones (about ten
+        times faster for a shuffled window of a store far bigger than memory). Raises
+        :class:`ChunkDecodeError` naming the first chunk that fails, or one cut short.
+        """
+        done = self.verified.get(codec.name)
+        todo = np.ones(chunks.size, dtype=np.bool_) if done is None else ~done[chunks]
+        chunk_bytes = codec.block_rows * codec.row_nbytes
+        data = np.empty(chunk_bytes + CHECKSUM_BYTES, dtype=np.uint8)
+        for chunk, offset in zip(chunks[todo].tolist(), offsets[todo].tolist(), strict=True):  # once per chunk
+            if os.preadv(fd, [data.data], offset) != data.size:
+                raise shrank_error(codec, chunk, key)
+            if self._verify(codec, data, np.array([chunk]), np.zeros(1, dtype=np.int64), chunk_bytes) is not None:
+                raise ChunkDecodeError(
+                    f"Array {codec.name!r}: chunk {chunk} in {key!r} could not be decoded: crc32c checksum mismatch",
+                    array=codec.name, chunk=key,
+                )  # fmt: skip
 
     def _fill_missing(
         self,

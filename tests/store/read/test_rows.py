@@ -255,3 +255,27 @@ def test_a_directory_in_place_of_a_chunk_is_an_error(raw_copy: Path) -> None:
     with AtomicDataZarrReader(raw_copy, cache_bytes=0) as raw:
         with pytest.raises(ChunkDecodeError, match=r"'core/positions/c/1/0' is not a regular file"):
             raw.read_packed(np.arange(300))
+
+
+def test_a_shuffled_read_checks_each_inner_chunk_by_reading_it_and_names_a_corrupt_one(
+    raw_stores: dict[str, Path], tmp_path: Path
+) -> None:
+    path = tmp_path / "sharded.zarr"
+    shutil.copytree(raw_stores["sharded-crc32c"], path)
+    shard = path / "core" / "positions" / "c" / "0" / "0"
+    data = bytearray(shard.read_bytes())
+    index = np.frombuffer(bytes(data[-(4 * 16 + 4) : -4]), dtype="<u8").reshape(4, 2)  # 4 inner chunks of 64 rows
+    data[int(index[1, 0]) + 20] ^= 0xFF  # a byte of inner chunk 1 (atoms 64-127)
+    shard.write_bytes(bytes(data))
+    with AtomicDataZarrReader(path, fields=["positions"], cache_bytes=0) as raw:
+        ptr = raw.atoms_ptr
+        in_chunk_0 = int(np.searchsorted(ptr, 10, side="right") - 1)
+        in_chunk_1 = int(np.searchsorted(ptr, 100, side="right") - 1)
+        far = [290, 150, 220]  # other shards, scattered: rows are taken one by one, not as spans
+        packed = raw.read_packed(np.array([*far, in_chunk_0]))
+        assert raw.stats().files_mapped == 0  # unchecked chunks are read with a request each, never mapped
+        start = int(ptr[in_chunk_0])
+        want = zarr.open_group(str(path), mode="r")["core/positions"][start : int(ptr[in_chunk_0 + 1])]
+        np.testing.assert_array_equal(packed.fields["positions"][-want.shape[0] :], want)
+        with pytest.raises(ChunkDecodeError, match=r"positions.*chunk 1 in 'core/positions/c/0/0'.*crc32c checksum"):
+            raw.read_packed(np.array([*far, in_chunk_1]))

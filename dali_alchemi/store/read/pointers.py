@@ -183,7 +183,7 @@ def _check_pointer_chunk(values: NDArray[np.int64], start: int, previous: int | 
         raise StoreFormatError(
             f"Store {store}: meta/{name} is not monotonic: entry {start} ({int(values[0])}) < entry {start - 1} ({previous})"
         )
-    down = np.diff(values) < 0
+    down = values[1:] < values[:-1]  # no int64 temporary of the differences: a bool per entry
     if down.any():
         at = int(np.argmax(down))
         raise StoreFormatError(

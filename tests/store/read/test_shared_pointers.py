@@ -217,3 +217,28 @@ def test_reads_let_go_of_the_pointer_pages_they_mapped(
         monkeypatch.setattr(mapped_pages, "MAPPED_BYTES", size)  # a copy within the bound stays mapped
         reader.read_packed(order)
         assert _resident_kib(copy) > 0
+
+
+def test_a_copy_that_cannot_be_written_leaves_no_file_and_the_pointers_are_read_privately(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import errno
+
+    folder = tmp_path / "pointers"
+    real = os.pwrite
+    calls = []
+
+    def full_after_two(fd: int, data: Any, offset: int) -> int:  # the folder fills up while the copy is written
+        calls.append(offset)
+        if len(calls) > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", full_after_two)
+    with caplog.at_level("WARNING"), AtomicDataZarrReader(store, shared_pointers=folder) as reader:
+        ptr = np.array(reader.atoms_ptr)
+    monkeypatch.setattr(os, "pwrite", real)
+    assert len(calls) == 3 and "No space left on device" in caplog.text and "read into this process" in caplog.text
+    assert list(folder.iterdir()) == []  # neither a copy nor its partial file is left
+    with AtomicDataZarrReader(store, shared_pointers=False) as private:
+        np.testing.assert_array_equal(ptr, private.atoms_ptr)

@@ -16,7 +16,6 @@ Pure numpy; no I/O, no torch, no DALI.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -29,7 +28,9 @@ if TYPE_CHECKING:
     from dali_alchemi.plan.keyed import ShardOrder
     from dali_alchemi.types import IndexArray, PtrArray
 
-__all__ = ["STATE_KEYS", "ElasticPlan", "EpochPlan", "Plan", "Window", "check_state", "restore", "state_int"]
+__all__ = [
+    "STATE_KEYS", "ElasticPlan", "EpochPlan", "Plan", "Window", "check_state", "restore", "state_int", "window_starts",
+]  # fmt: skip
 
 
 STATE_KEYS = ("epoch", "batch", "plan")
@@ -116,31 +117,64 @@ class EpochPlan:
         return [self.order[ptr[i] : ptr[i + 1]] for i in range(first_batch, self.num_batches)]
 
     def num_windows(self, batches_per_window: int, first_batch: int = 0) -> int:
-        """Windows of ``batches_per_window`` batches needed from ``first_batch`` to the end of the epoch."""
+        """Windows needed from ``first_batch`` to the end of the epoch (see :func:`window_starts`)."""
         self._check_batch(first_batch)
-        return math.ceil((self.num_batches - first_batch) / batches_per_window)
+        return int(window_starts(self.num_batches - first_batch, batches_per_window).size - 1)
 
     def window(self, index: int, batches_per_window: int, first_batch: int = 0) -> Window:
-        """Window ``index`` when the epoch is read ``batches_per_window`` batches at a time from ``first_batch``.
+        """Window ``index`` when the epoch is read from ``first_batch`` in windows of up to ``batches_per_window`` batches.
+
+        The first windows from ``first_batch`` are shorter (:func:`window_starts`), so the first batch
+        waits for one batch's reads, not a whole window's.
 
         Raises
         ------
         PlanIndexError
             If ``index`` is past the end of the epoch (an ``IndexError``).
         """
-        n_windows = self.num_windows(batches_per_window, first_batch)
+        self._check_batch(first_batch)
+        starts = window_starts(self.num_batches - first_batch, batches_per_window)
+        n_windows = starts.size - 1
         if not 0 <= index < n_windows:
             raise PlanIndexError(
                 f"window {index} out of range: epoch {self.epoch} has {n_windows} windows from batch {first_batch}"
             )
-        b0 = first_batch + index * batches_per_window
-        b1 = min(b0 + batches_per_window, self.num_batches)
+        b0 = first_batch + int(starts[index])
+        b1 = first_batch + int(starts[index + 1])
         lo, hi = int(self.batch_ptr[b0]), int(self.batch_ptr[b1])
         return Window(indices=self.order[lo:hi], batch_bounds=self.batch_ptr[b0 : b1 + 1] - lo, first_batch=b0)
 
     def _check_batch(self, first_batch: int) -> None:
         if not 0 <= first_batch <= self.num_batches:
             raise PlanError(f"first_batch must be in [0, {self.num_batches}], got {first_batch}")
+
+
+def window_starts(num_batches: int, batches_per_window: int) -> PtrArray:
+    """Where each window of ``num_batches`` batches starts, and the end: ``[num_windows + 1]`` batch offsets.
+
+    Windows hold ``batches_per_window`` batches, except the first few, which hold 1, 2, 4, ... batches
+    (powers of two below ``batches_per_window``). A loader's first batch then waits for the reads of
+    one batch rather than of a whole window (on a store far bigger than memory, a shuffled window of
+    16 batches reads 16 times the chunks of one from a cold disk), and by the time the ramp ends the
+    reads run ahead of training as before. The ramp adds ``log2(batches_per_window)`` reader calls per
+    epoch. The last window may be short.
+
+    Raises
+    ------
+    PlanError
+        If ``batches_per_window`` is below 1 or ``num_batches`` is negative.
+    """
+    if batches_per_window < 1 or num_batches < 0:
+        raise PlanError(f"windows need batches_per_window >= 1 and num_batches >= 0, got {batches_per_window}, {num_batches}")
+    ramp = [0]
+    size = 1
+    while size < batches_per_window and ramp[-1] < num_batches:
+        ramp.append(min(ramp[-1] + size, num_batches))
+        size *= 2
+    bounds = np.concatenate([
+        np.asarray(ramp, dtype=np.int64), np.arange(ramp[-1] + batches_per_window, num_batches, batches_per_window)
+    ])  # fmt: skip
+    return bounds if bounds[-1] == num_batches else np.append(bounds, np.int64(num_batches))
 
 
 @runtime_checkable

@@ -33,7 +33,7 @@ def test_a_cpu_pipeline_yields_each_window_once_then_stops(reader: AtomicDataZar
         with pytest.raises(StopIteration):
             for _ in range(10):
                 windows.append(pipe.run())  # noqa: PERF401 (run() raises StopIteration at the end)
-        assert len(windows) == 3  # 6 batches, 2 per window
+        assert len(windows) == 4  # 6 batches: windows of 1 (the ramp), then 2
         index = outputs.names.index(INDICES)
         got = np.concatenate([np.asarray(w[index].as_tensor()).reshape(-1) for w in windows])
         assert got.tolist() == list(range(300))
@@ -50,7 +50,7 @@ def test_the_iterator_cuts_windows_where_the_plan_says(reader: AtomicDataZarrRea
     )
     try:
         windows = list(WindowIterator(pipe, outputs, specs, torch.device("cpu")).windows())
-        assert [len(w) for w in windows] == [3, 3, 3, 1]
+        assert [len(w) for w in windows] == [1, 2, 3, 3, 1]  # a ramp of 1 and 2 batches, then 3 per window
         assert_batches_equal([b for w in windows for b in w], reference_batches(reader, plan, 0))
     finally:
         close_pipeline(pipe)

@@ -278,28 +278,39 @@ class BlockDecoder:
         if isinstance(fetcher, LocalFetcher):  # on the pool's threads: read there, not through the pool again
             fetcher = _ReadOnThisThread(fetcher)
 
-        def read(handle: ArrayHandle) -> tuple[NDArray[Any], int] | None:
+        decoded = [self._cached_blocks(handle) for handle in handles]  # held from here: the cache may drop them
+
+        def read(handle: ArrayHandle, blocks: dict[int, NDArray[Any]]) -> tuple[NDArray[Any], int] | None:
             assert handle.codec is not None
             try:
-                return read_whole(handle.codec, fetcher, self.shard_indexes)
+                return read_whole(handle.codec, fetcher, self.shard_indexes, blocks)
             except ChunkDecodeError:
                 return None
 
-        results = [read(handles[0])] if len(handles) == 1 else list(self.pool.executor().map(read, handles))
+        if len(handles) == 1:
+            results = [read(handles[0], decoded[0])]
+        else:
+            results = list(self.pool.executor().map(read, handles, decoded))
         wholes: list[NDArray[Any] | None] = []
-        for handle, result in zip(handles, results, strict=True):  # the bookkeeping on this thread
+        for handle, blocks, result in zip(handles, decoded, results, strict=True):  # the bookkeeping on this thread
             assert handle.codec is not None
             if result is None:
                 wholes.append(None)
                 continue
             whole, chunks = result
             self.chunks_fetched += chunks
-            self.blocks_decoded += handle.codec.n_blocks
+            self.blocks_decoded += handle.codec.n_blocks - len(blocks)
             for block in range(handle.codec.n_blocks):
                 self.cache.pop((handle.name, block))
             self.cache.put((handle.name, RESIDENT), whole)
             wholes.append(whole)
         return wholes
+
+    def _cached_blocks(self, handle: ArrayHandle) -> dict[int, NDArray[Any]]:
+        """``handle``'s row blocks in the cache, by block number (a whole read copies them instead of decoding)."""
+        assert handle.codec is not None
+        found = {block: self.cache.peek((handle.name, block)) for block in range(handle.codec.n_blocks)}
+        return {block: data for block, data in found.items() if data is not None}
 
     def stitch(self, name: str, blocks: list[int]) -> None:
         """Replace an array's cached blocks by one resident copy of the whole array (all must be cached)."""

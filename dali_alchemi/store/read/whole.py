@@ -6,11 +6,13 @@ small inner chunk, a job, a cache entry, a scatter and a copy into the stitched 
 each, against 5-10 µs of decoding.
 Here each shard object is fetched once and every inner chunk is decoded straight into its rows of
 the new array, through the same codec chain (checksums, blosc frame checks, missing chunks) as a
-block read, so corrupt or missing chunks raise the same errors.
+block read, so corrupt or missing chunks raise the same errors. Blocks earlier reads already decoded
+(and checked) are copied, not decoded again, so an array goes whole without decoding a chunk twice.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,12 +36,16 @@ def reads_whole(codec: ArrayCodec) -> bool:
 
 
 def read_whole(
-    codec: ArrayCodec, fetcher: ByteFetcher, shard_indexes: dict[tuple[str, str], NDArray[np.uint64]]
+    codec: ArrayCodec,
+    fetcher: ByteFetcher,
+    shard_indexes: dict[tuple[str, str], NDArray[np.uint64]],
+    decoded: Mapping[int, NDArray[Any]] | None = None,
 ) -> tuple[NDArray[Any], int]:
     """The whole of ``codec``'s array (read-only) and the number of inner chunks read.
 
     Each stored object (a shard, or a chunk of an unsharded array) is fetched once, all in one batch.
     ``shard_indexes`` caches shard indexes by ``(array name, shard key)``, as for block reads.
+    ``decoded`` holds row blocks already decoded, by block number: they are copied in, not decoded.
 
     Raises
     ------
@@ -65,9 +71,12 @@ def read_whole(
                 missing = offset == MISSING_CHUNK and nbytes == MISSING_CHUNK
                 payload = None if missing else view[offset : offset + nbytes]
             read += payload is not None
-            lo = (first * per_object + inner) * rows
+            block = first * per_object + inner
+            lo = block * rows
             hi = min(lo + rows, n_rows)
-            if hi - lo == rows:
+            if decoded is not None and block in decoded:
+                whole[lo:hi] = decoded[block][: hi - lo]
+            elif hi - lo == rows:
                 codec._decode_one(payload, key, codec.chunk_shape, whole[lo:hi])
             else:  # the last, partly filled chunk
                 whole[lo:hi] = codec._decode_one(payload, key, codec.chunk_shape, None)[: hi - lo]

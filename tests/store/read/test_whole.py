@@ -49,6 +49,18 @@ def test_every_array_reads_whole_as_zarr_reads_it(default_store: Path) -> None:
     assert any(c.shape[0] % c.block_rows for c in codecs.values())  # type: ignore[attr-defined]  # a partial last chunk
 
 
+def test_blocks_already_decoded_are_copied_not_decoded_again(default_store: Path) -> None:
+    codec = _codecs(default_store)["positions"]
+    want = zarr.open_group(str(default_store), mode="r")[codec.path][...]  # type: ignore[attr-defined]
+    rows, last = codec.block_rows, codec.n_blocks - 1  # type: ignore[attr-defined]
+    marked = {1: np.full((rows, 3), -7.0, dtype=want.dtype), last: np.full((rows, 3), 9.0, dtype=want.dtype)}
+    whole, read = read_whole(codec, _fetcher(default_store), {}, marked)  # type: ignore[arg-type]
+    assert read == codec.n_blocks  # type: ignore[attr-defined]  # the shards are still read once each
+    assert (whole[rows : 2 * rows] == -7.0).all() and (whole[last * rows :] == 9.0).all()  # the given blocks, cut
+    np.testing.assert_array_equal(whole[:rows], want[:rows])
+    np.testing.assert_array_equal(whole[2 * rows : last * rows], want[2 * rows : last * rows])
+
+
 def test_a_corrupt_inner_chunk_names_its_array_and_shard(default_store: Path, tmp_path: Path) -> None:
     path = tmp_path / "corrupt.zarr"
     shutil.copytree(default_store, path)

@@ -10,6 +10,11 @@ machine, each opening the store, building its own rank's loader and reading its 
 shuffled batches; it reports each rank's peak PSS (its process tree: DALI's workers included) and the
 structures per second of all ranks together. Every figure is printed as one table row and, with
 ``--json``, written to a file.
+
+``read --cold`` first drops the store's pages from this machine's page cache (``posix_fadvise``
+``DONTNEED`` on every file: no root needed; a virtual machine's host may still cache them) and removes
+the store's shared pointer copy, so the lone rank's open builds the copy from the disk and its first
+batch reads chunks nobody has read since.
 """
 
 from __future__ import annotations
@@ -120,7 +125,29 @@ def _rank(
     queue.put({"rank": rank, "structures": structures, "read_s": seconds, "peak_pss_mb": memory.peak_bytes / MB})
 
 
+def _make_cold(store: str) -> int:
+    """Drop ``store``'s pages from the page cache and its shared pointer copy; the bytes of its files."""
+    from dali_alchemi.store.read.shared_pointers import default_folder, store_id
+
+    total = 0
+    for path in Path(store).rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                total += os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+    folder = default_folder()
+    if folder is not None and folder.is_dir():
+        for copy in folder.glob(f"{store_id(Path(store))}-*"):
+            copy.unlink(missing_ok=True)
+    return total
+
+
 def cmd_read(args: argparse.Namespace) -> dict[str, float]:
+    if args.cold:
+        print(f"dropped {_make_cold(args.store) / 2**30:.2f} GiB of the store from the page cache, and its pointer copy")
     ctx = mp.get_context("spawn")
     queue: mp.Queue = ctx.Queue()
     alone = ctx.Process(target=_one_rank_alone, args=(args.store, args.ranks, args.cache_mb, args.workers, queue))
@@ -142,6 +169,7 @@ def cmd_read(args: argparse.Namespace) -> dict[str, float]:
         p.join()
     slowest = max(r["read_s"] for r in ranks)
     result.update({
+        "cold": bool(args.cold),
         "ranks": args.ranks,
         "dali_workers_per_rank": args.workers,
         "batches_read": sum(-(-r["structures"] // BATCH_SIZE) for r in ranks),
@@ -167,6 +195,7 @@ def main() -> None:
     read.add_argument("--cache-mb", type=int, default=64, help="each rank's decoded-chunk cache")
     read.add_argument("--workers", type=int, default=2, help="DALI worker processes per rank (the loader's default: 2)")
     read.add_argument("--build-wait-s", type=float, default=60.0, help="seconds the ranks get to build loaders")
+    read.add_argument("--cold", action="store_true", help="drop the store's pages and pointer copy first")
     for p in (write, read):
         p.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()

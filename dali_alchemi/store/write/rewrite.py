@@ -13,6 +13,7 @@ any moment leaves no destination, and the next one removes what it left.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -116,10 +117,14 @@ def rewrite_store(
         _check_copy(loc, staging, compact, progress)
         staging.rename(target)
     except BaseException as err:
-        shutil.rmtree(staging, ignore_errors=True)
+        removed = _remove_staging(staging)
         if is_refusal(err):
             assert isinstance(err, OSError)
-            state = f"Nothing was left at {target}; the source was only read."
+            state = (
+                f"Nothing was left at {target}; the source was only read."
+                if removed
+                else f"The partial copy {staging} could not be removed (remove it); the source was only read."
+            )
             raise refused(loc, f"rewrite to {target}", err, state) from err
         raise
     deleted = 0 if compact else int(meta.samples_mask.size - meta.samples_mask.sum())
@@ -128,6 +133,22 @@ def rewrite_store(
         bytes_before=_disk_bytes(loc.local_root) if loc.local_root is not None else None,
         bytes_after=_disk_bytes(target), seconds=time.perf_counter() - started,
     )  # fmt: skip
+
+
+def _remove_staging(staging: Path, *, attempts: int = 20, pause_s: float = 0.05) -> bool:
+    """Remove a failed rewrite's partial copy; whether it is gone.
+
+    A removal can leave the folder behind (a file that could not be removed, or one written into it
+    while it was removed), so it is tried again, up to ``attempts`` times, before the error says
+    where the partial copy is.
+    """
+    for attempt in range(attempts):
+        shutil.rmtree(staging, ignore_errors=True)
+        if not os.path.lexists(staging):
+            return True
+        if attempt + 1 < attempts:
+            time.sleep(pause_s)
+    return False
 
 
 def _check_apart(source: Path, target: Path) -> None:

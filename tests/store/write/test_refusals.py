@@ -238,3 +238,28 @@ def test_a_repair_refused_leaves_the_store_as_it_was(
         AtomicDataZarrWriter(path).repair(out=tmp_path / "fixed.zarr" if out else None)
     after = {str(p.relative_to(tmp_path)): p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
     assert after == before  # nothing changed, no staged array or copy left
+
+
+def test_a_refused_rewrite_whose_partial_copy_stays_says_where_it_is(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dali_alchemi.store.write import rewrite as rewrite_module
+
+    out = tmp_path / "out" / "copy.zarr"
+    _refuse(monkeypatch, errno.ENOSPC, where="copy.zarr.dali-alchemi-rewrite-partial/core/")
+    removals = []
+    real = rewrite_module.shutil.rmtree
+
+    def leaves_it(path: object, ignore_errors: bool = False) -> None:  # the folder comes back after each removal
+        removals.append(path)
+        real(path, ignore_errors=ignore_errors)  # type: ignore[arg-type]
+        if Path(str(path)).parent.is_dir():
+            Path(str(path)).mkdir()
+
+    monkeypatch.setattr(rewrite_module.shutil, "rmtree", leaves_it)
+    monkeypatch.setattr(rewrite_module.time, "sleep", lambda _: None)
+    with pytest.raises(StoreWriteError, match=r"The partial copy .*copy\.zarr\.dali-alchemi-rewrite-partial could not"):
+        rewrite_store(store, out)
+    assert len(removals) > 2  # tried again before giving up
+    monkeypatch.setattr(rewrite_module.shutil, "rmtree", real)
+    assert [p.name for p in out.parent.iterdir()] == [".copy.zarr.dali-alchemi-rewrite-partial"]

@@ -278,15 +278,21 @@ class WindowSource:
     def num_windows(self, epoch_idx: int) -> int:
         """Windows in DALI epoch ``epoch_idx``."""
         epoch, first_batch = self.epoch_of(epoch_idx)
-        return self.epoch_plan(epoch).num_windows(self.batches_per_window, first_batch)
+        return self.epoch_plan(epoch).num_windows(self.batches_per_window, first_batch, ramp=epoch_idx == 0)
 
     def read_window(self, epoch_idx: int, iteration: int) -> tuple[list[NDArray[Any]], ...]:
-        """One window as a tuple of outputs, each a list with one array (one DALI sample)."""
+        """One window as a tuple of outputs, each a list with one array (one DALI sample).
+
+        The first epoch this source produces ramps its windows up (1, 2, 4, ... batches,
+        :func:`~dali_alchemi.plan.base.window_starts`): nothing was read ahead of it, so the first
+        batch should wait for one batch's reads only. Later epochs are read ahead and keep whole windows.
+        """
         epoch, first_batch = self.epoch_of(epoch_idx)
         epoch_plan = self.epoch_plan(epoch)
-        if iteration >= epoch_plan.num_windows(self.batches_per_window, first_batch):
+        ramp = epoch_idx == 0
+        if iteration >= epoch_plan.num_windows(self.batches_per_window, first_batch, ramp=ramp):
             raise StopIteration
-        window = epoch_plan.window(iteration, self.batches_per_window, first_batch)
+        window = epoch_plan.window(iteration, self.batches_per_window, first_batch, ramp=ramp)
         if self.route is not None:
             return self.route.read(self.reader, window)
         packed = self.reader.read_packed(window.indices, fields=self.fields)

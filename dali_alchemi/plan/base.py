@@ -116,16 +116,16 @@ class EpochPlan:
         ptr = self.batch_ptr.tolist()
         return [self.order[ptr[i] : ptr[i + 1]] for i in range(first_batch, self.num_batches)]
 
-    def num_windows(self, batches_per_window: int, first_batch: int = 0) -> int:
+    def num_windows(self, batches_per_window: int, first_batch: int = 0, *, ramp: bool = False) -> int:
         """Windows needed from ``first_batch`` to the end of the epoch (see :func:`window_starts`)."""
         self._check_batch(first_batch)
-        return int(window_starts(self.num_batches - first_batch, batches_per_window).size - 1)
+        return int(window_starts(self.num_batches - first_batch, batches_per_window, ramp=ramp).size - 1)
 
-    def window(self, index: int, batches_per_window: int, first_batch: int = 0) -> Window:
+    def window(self, index: int, batches_per_window: int, first_batch: int = 0, *, ramp: bool = False) -> Window:
         """Window ``index`` when the epoch is read from ``first_batch`` in windows of up to ``batches_per_window`` batches.
 
-        The first windows from ``first_batch`` are shorter (:func:`window_starts`), so the first batch
-        waits for one batch's reads, not a whole window's.
+        With ``ramp`` the first windows are shorter (:func:`window_starts`), so the first batch waits for
+        one batch's reads, not a whole window's.
 
         Raises
         ------
@@ -133,7 +133,7 @@ class EpochPlan:
             If ``index`` is past the end of the epoch (an ``IndexError``).
         """
         self._check_batch(first_batch)
-        starts = window_starts(self.num_batches - first_batch, batches_per_window)
+        starts = window_starts(self.num_batches - first_batch, batches_per_window, ramp=ramp)
         n_windows = starts.size - 1
         if not 0 <= index < n_windows:
             raise PlanIndexError(
@@ -149,15 +149,15 @@ class EpochPlan:
             raise PlanError(f"first_batch must be in [0, {self.num_batches}], got {first_batch}")
 
 
-def window_starts(num_batches: int, batches_per_window: int) -> PtrArray:
+def window_starts(num_batches: int, batches_per_window: int, *, ramp: bool = False) -> PtrArray:
     """Where each window of ``num_batches`` batches starts, and the end: ``[num_windows + 1]`` batch offsets.
 
-    Windows hold ``batches_per_window`` batches, except the first few, which hold 1, 2, 4, ... batches
-    (powers of two below ``batches_per_window``). A loader's first batch then waits for the reads of
-    one batch rather than of a whole window (on a store far bigger than memory, a shuffled window of
-    16 batches reads 16 times the chunks of one from a cold disk), and by the time the ramp ends the
-    reads run ahead of training as before. The ramp adds ``log2(batches_per_window)`` reader calls per
-    epoch. The last window may be short.
+    Windows hold ``batches_per_window`` batches; the last may be short. With ``ramp`` the first few
+    hold 1, 2, 4, ... batches (powers of two below ``batches_per_window``): a loader ramps the first
+    epoch it reads, where nothing was read ahead, so its first batch waits for the reads of one batch
+    rather than of a whole window (on a store far bigger than memory, a shuffled window of 16 batches
+    reads 16 times the chunks of one from a cold disk); later epochs are read ahead across the epoch's
+    end and keep whole windows, as the ramp costs ``log2(batches_per_window)`` more reader calls.
 
     Raises
     ------
@@ -166,13 +166,13 @@ def window_starts(num_batches: int, batches_per_window: int) -> PtrArray:
     """
     if batches_per_window < 1 or num_batches < 0:
         raise PlanError(f"windows need batches_per_window >= 1 and num_batches >= 0, got {batches_per_window}, {num_batches}")
-    ramp = [0]
+    starts = [0]
     size = 1
-    while size < batches_per_window and ramp[-1] < num_batches:
-        ramp.append(min(ramp[-1] + size, num_batches))
+    while ramp and size < batches_per_window and starts[-1] < num_batches:
+        starts.append(min(starts[-1] + size, num_batches))
         size *= 2
     bounds = np.concatenate([
-        np.asarray(ramp, dtype=np.int64), np.arange(ramp[-1] + batches_per_window, num_batches, batches_per_window)
+        np.asarray(starts, dtype=np.int64), np.arange(starts[-1] + batches_per_window, num_batches, batches_per_window)
     ])  # fmt: skip
     return bounds if bounds[-1] == num_batches else np.append(bounds, np.int64(num_batches))
 

@@ -29,14 +29,16 @@ def test_windows_of_varying_batches_rebuild_every_batch(sizes: list[int], per_wi
 
 
 def test_the_first_windows_ramp_up_to_the_window_size() -> None:
-    assert window_starts(40, 16).tolist() == [0, 1, 3, 7, 15, 31, 40]  # 1, 2, 4, 8, then 16 batches
-    assert window_starts(5, 16).tolist() == [0, 1, 3, 5]  # the epoch ends inside the ramp
-    assert window_starts(10, 3).tolist() == [0, 1, 3, 6, 9, 10]  # 1, 2, then 3
-    assert window_starts(4, 1).tolist() == [0, 1, 2, 3, 4]  # nothing to ramp
-    assert window_starts(0, 16).tolist() == [0]  # no batches, no windows
+    assert window_starts(40, 16, ramp=True).tolist() == [0, 1, 3, 7, 15, 31, 40]  # 1, 2, 4, 8, then 16 batches
+    assert window_starts(40, 16).tolist() == [0, 16, 32, 40]  # without the ramp
+    assert window_starts(5, 16, ramp=True).tolist() == [0, 1, 3, 5]  # the epoch ends inside the ramp
+    assert window_starts(10, 3, ramp=True).tolist() == [0, 1, 3, 6, 9, 10]  # 1, 2, then 3
+    assert window_starts(4, 1, ramp=True).tolist() == [0, 1, 2, 3, 4]  # nothing to ramp
+    assert window_starts(0, 16, ramp=True).tolist() == [0] == window_starts(0, 4).tolist()  # no batches, no windows
     plan = EpochPlan(epoch=0, order=np.arange(100, dtype=np.int64), batch_ptr=np.arange(0, 101, 10, dtype=np.int64))
-    assert [plan.window(w, 4, 2).num_batches for w in range(plan.num_windows(4, 2))] == [1, 2, 4, 1]  # from batch 2
-    assert plan.window(2, 4, 2).first_batch == 5
+    ramped = [plan.window(w, 4, 2, ramp=True).num_batches for w in range(plan.num_windows(4, 2, ramp=True))]
+    assert ramped == [1, 2, 4, 1]  # from batch 2
+    assert plan.window(2, 4, 2, ramp=True).first_batch == 5 and plan.window(1, 4, 2).first_batch == 6
     for bad in ((3, 0), (-1, 4)):
         with pytest.raises(PlanError, match="batches_per_window >= 1 and num_batches >= 0"):
             window_starts(*bad)

@@ -14,8 +14,8 @@ def test_the_recorded_batches_are_the_plan_in_order() -> None:
     assert isinstance(plan, Plan)
     epoch = plan.epoch(2)
     assert [b.tolist() for b in epoch.batches()] == [[3, 1, 1], [0], [4, 2]]  # duplicates kept, -1 is the last
-    window = epoch.window(1, 2)  # windows of 1 and 2 batches
-    assert window.indices.tolist() == [0, 4, 2] and window.batch_bounds.tolist() == [0, 1, 3]
+    window = epoch.window(0, 2)
+    assert window.indices.tolist() == [3, 1, 1, 0] and window.batch_bounds.tolist() == [0, 3, 4]
     assert plan.to_dict() == {"kind": "recorded", "num_samples": 5, "epoch": 2, "num_batches": 3}
     with pytest.raises(PlanError, match="recorded epoch 2 only, not epoch 3"):
         plan.epoch(3)

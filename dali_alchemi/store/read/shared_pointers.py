@@ -33,6 +33,7 @@ each process's memory.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import mmap
@@ -146,14 +147,9 @@ def _offsets(n: int) -> dict[str, int]:
 
 
 class _CopyWriter:
-    """A :class:`~dali_alchemi.store.read.pointers.MetaSink` writing one copy file (``pwrite``, so a full
-    folder is an ``OSError``, never a fault in a mapping).
-
-    Each piece is written on a thread of its own while the next is fetched, decoded and checked
-    (writing 1.9 GB into a fresh shared-memory file costs about as much as all of that at 110 M
-    structures); one piece at most is in flight, and a failed write raises at the next piece or at
-    :meth:`finish`.
-    """
+    """A :class:`~dali_alchemi.store.read.pointers.MetaSink` writing one copy file with ``pwrite`` (a full folder
+    is an ``OSError``, never a fault in a mapping), each piece on a thread while the next is decoded (at most
+    one in flight; a failed write raises at the next piece or at :meth:`finish`)."""
 
     def __init__(self, path: Path, n: int) -> None:
         self.path, self.n = path, n
@@ -166,9 +162,8 @@ class _CopyWriter:
         self._in_flight: Future[None] | None = None
 
     def _write(self, offset: int, values: NDArray[Any]) -> None:
-        view = np.ascontiguousarray(values).reshape(-1).view(np.uint8).data
         self._wait()
-        self._in_flight = self._writer.submit(self._pwrite, view, offset)
+        self._in_flight = self._writer.submit(self._pwrite, np.ascontiguousarray(values).reshape(-1).view(np.uint8).data, offset)
 
     def _pwrite(self, view: memoryview, offset: int) -> None:
         while view.nbytes:
@@ -176,10 +171,9 @@ class _CopyWriter:
             view, offset = view[written:], offset + written
 
     def _wait(self) -> None:
-        """Wait for the piece in flight; its write's error, if any, is raised here."""
         pending, self._in_flight = self._in_flight, None
         if pending is not None:
-            pending.result()
+            pending.result()  # the write's error, if any
 
     def mask(self, start: int, values: NDArray[np.bool_]) -> None:
         self._write(self.offsets[layout.SAMPLES_MASK] + start, values)
@@ -213,15 +207,11 @@ class _CopyWriter:
         crc = google_crc32c.value(table + packed)
         self._write(end, np.frombuffer(table + packed + struct.pack("<I", crc), dtype=np.uint8))
         self._wait()
-        self._writer.shutdown()
-        os.close(self.fd)
-        self.fd = -1
 
     def abandon(self) -> None:
-        try:
+        """Close the file (and remove it unless it was renamed into place)."""
+        with contextlib.suppress(OSError):  # the copy is removed either way
             self._wait()
-        except OSError:
-            pass  # the copy is removed either way
         self._writer.shutdown()
         if self.fd >= 0:
             os.close(self.fd)

@@ -278,21 +278,19 @@ class WindowSource:
     def num_windows(self, epoch_idx: int) -> int:
         """Windows in DALI epoch ``epoch_idx``."""
         epoch, first_batch = self.epoch_of(epoch_idx)
-        return self.epoch_plan(epoch).num_windows(self.batches_per_window, first_batch, ramp=epoch_idx == 0)
+        return self.epoch_plan(epoch).num_windows(self.batches_per_window, first_batch, ramp=True)
 
     def read_window(self, epoch_idx: int, iteration: int) -> tuple[list[NDArray[Any]], ...]:
         """One window as a tuple of outputs, each a list with one array (one DALI sample).
 
-        The first epoch this source produces ramps its windows up (1, 2, 4, ... batches,
-        :func:`~dali_alchemi.plan.base.window_starts`): nothing was read ahead of it, so the first
-        batch should wait for one batch's reads only. Later epochs are read ahead and keep whole windows.
+        Every epoch ramps its windows up (1, 2, 4, ... batches, :func:`~dali_alchemi.plan.base.window_starts`):
+        nothing is read ahead across an epoch's end, so its first batch waits for one batch's reads only.
         """
         epoch, first_batch = self.epoch_of(epoch_idx)
         epoch_plan = self.epoch_plan(epoch)
-        ramp = epoch_idx == 0
-        if iteration >= epoch_plan.num_windows(self.batches_per_window, first_batch, ramp=ramp):
+        if iteration >= epoch_plan.num_windows(self.batches_per_window, first_batch, ramp=True):
             raise StopIteration
-        window = epoch_plan.window(iteration, self.batches_per_window, first_batch, ramp=ramp)
+        window = epoch_plan.window(iteration, self.batches_per_window, first_batch, ramp=True)
         if self.route is not None:
             return self.route.read(self.reader, window)
         packed = self.reader.read_packed(window.indices, fields=self.fields)

@@ -119,7 +119,7 @@ class EpochPlan:
     def num_windows(self, batches_per_window: int, first_batch: int = 0, *, ramp: bool = False) -> int:
         """Windows needed from ``first_batch`` to the end of the epoch (see :func:`window_starts`)."""
         self._check_batch(first_batch)
-        return int(window_starts(self.num_batches - first_batch, batches_per_window, ramp=ramp).size - 1)
+        return _num_windows(self.num_batches - first_batch, batches_per_window, ramp)
 
     def window(self, index: int, batches_per_window: int, first_batch: int = 0, *, ramp: bool = False) -> Window:
         """Window ``index`` when the epoch is read from ``first_batch`` in windows of up to ``batches_per_window`` batches.
@@ -132,15 +132,14 @@ class EpochPlan:
         PlanIndexError
             If ``index`` is past the end of the epoch (an ``IndexError``).
         """
-        self._check_batch(first_batch)
-        starts = window_starts(self.num_batches - first_batch, batches_per_window, ramp=ramp)
-        n_windows = starts.size - 1
+        n_windows = self.num_windows(batches_per_window, first_batch, ramp=ramp)
         if not 0 <= index < n_windows:
             raise PlanIndexError(
                 f"window {index} out of range: epoch {self.epoch} has {n_windows} windows from batch {first_batch}"
             )
-        b0 = first_batch + int(starts[index])
-        b1 = first_batch + int(starts[index + 1])
+        remaining = self.num_batches - first_batch
+        b0 = first_batch + _window_start(index, remaining, batches_per_window, ramp)
+        b1 = first_batch + _window_start(index + 1, remaining, batches_per_window, ramp)
         lo, hi = int(self.batch_ptr[b0]), int(self.batch_ptr[b1])
         return Window(indices=self.order[lo:hi], batch_bounds=self.batch_ptr[b0 : b1 + 1] - lo, first_batch=b0)
 
@@ -153,28 +152,44 @@ def window_starts(num_batches: int, batches_per_window: int, *, ramp: bool = Fal
     """Where each window of ``num_batches`` batches starts, and the end: ``[num_windows + 1]`` batch offsets.
 
     Windows hold ``batches_per_window`` batches; the last may be short. With ``ramp`` the first few
-    hold 1, 2, 4, ... batches (powers of two below ``batches_per_window``): a loader ramps the first
-    epoch it reads, where nothing was read ahead, so its first batch waits for the reads of one batch
+    hold 1, 2, 4, ... batches (powers of two below ``batches_per_window``): a loader ramps every epoch
+    (nothing is read ahead across an epoch's end), so its first batch waits for the reads of one batch
     rather than of a whole window (on a store far bigger than memory, a shuffled window of 16 batches
-    reads 16 times the chunks of one from a cold disk); later epochs are read ahead across the epoch's
-    end and keep whole windows, as the ramp costs ``log2(batches_per_window)`` more reader calls.
+    reads 16 times the chunks of one from a cold disk), for ``log2(batches_per_window)`` more reader
+    calls per epoch.
 
     Raises
     ------
     PlanError
         If ``batches_per_window`` is below 1 or ``num_batches`` is negative.
     """
+    n_windows = _num_windows(num_batches, batches_per_window, ramp)
+    window = np.arange(n_windows + 1, dtype=np.int64)
+    ramped = _ramp_windows(batches_per_window, ramp)
+    full = (1 << ramped) - 1 + (window - ramped) * batches_per_window
+    return np.minimum(np.where(window < ramped, (1 << np.minimum(window, 62)) - 1, full), num_batches)
+
+
+def _ramp_windows(batches_per_window: int, ramp: bool) -> int:
+    """How many windows of 1, 2, 4, ... batches come before the whole ones."""
+    return (batches_per_window - 1).bit_length() if ramp else 0
+
+
+def _num_windows(num_batches: int, batches_per_window: int, ramp: bool) -> int:
     if batches_per_window < 1 or num_batches < 0:
         raise PlanError(f"windows need batches_per_window >= 1 and num_batches >= 0, got {batches_per_window}, {num_batches}")
-    starts = [0]
-    size = 1
-    while ramp and size < batches_per_window and starts[-1] < num_batches:
-        starts.append(min(starts[-1] + size, num_batches))
-        size *= 2
-    bounds = np.concatenate([
-        np.asarray(starts, dtype=np.int64), np.arange(starts[-1] + batches_per_window, num_batches, batches_per_window)
-    ])  # fmt: skip
-    return bounds if bounds[-1] == num_batches else np.append(bounds, np.int64(num_batches))
+    ramped = _ramp_windows(batches_per_window, ramp)
+    in_ramp = (1 << ramped) - 1  # batches the whole ramp holds
+    if num_batches <= in_ramp:
+        return num_batches.bit_length()  # windows starting at 0, 1, 3, 7, ... below num_batches
+    return ramped + -(-(num_batches - in_ramp) // batches_per_window)
+
+
+def _window_start(index: int, num_batches: int, batches_per_window: int, ramp: bool) -> int:
+    """The first batch of window ``index`` (``num_batches`` for the end), in constant time."""
+    ramped = _ramp_windows(batches_per_window, ramp)
+    start = (1 << index) - 1 if index < ramped else (1 << ramped) - 1 + (index - ramped) * batches_per_window
+    return min(start, num_batches)
 
 
 @runtime_checkable

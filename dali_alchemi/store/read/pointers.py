@@ -54,7 +54,11 @@ META_ORDER = (layout.ATOMS_PTR, layout.EDGES_PTR, layout.SAMPLES_MASK)
 
 
 class MetaSink(Protocol):
-    """Where checked chunks of the meta arrays go, in order of their first entry."""
+    """Where checked chunks of the meta arrays go, in order of their first entry.
+
+    A sink may keep the arrays it is handed and use them after the call returns (a copy writes them
+    on a thread of its own), so callers hand over arrays they no longer change.
+    """
 
     def mask(self, start: int, values: NDArray[np.bool_]) -> None: ...
 

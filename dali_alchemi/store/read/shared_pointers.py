@@ -156,8 +156,7 @@ class _CopyWriter:
         self.fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         self.offsets = _offsets(n)
         self.crcs = {name: SegmentCrcs() for name in (*META_ORDER, _ACTIVE)}
-        self.live = 0
-        self.any_deleted = False
+        self.live, self.any_deleted = 0, False
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="dali-alchemi-pointer-copy")
         self._in_flight: Future[None] | None = None
 
@@ -207,9 +206,11 @@ class _CopyWriter:
         crc = google_crc32c.value(table + packed)
         self._write(end, np.frombuffer(table + packed + struct.pack("<I", crc), dtype=np.uint8))
         self._wait()
+        fd, self.fd = self.fd, -1
+        os.close(fd)  # a close error is the folder's: the copy is not published
 
     def abandon(self) -> None:
-        """Close the file (and remove it unless it was renamed into place)."""
+        """Close the file if :meth:`finish` did not, and remove it unless it was renamed into place."""
         with contextlib.suppress(OSError):  # the copy is removed either way
             self._wait()
         self._writer.shutdown()

@@ -2,8 +2,9 @@
 
 Rows in a few clusters are read with one ``preadv`` per cluster (straight into the output where they are
 contiguous), scattered rows are taken from a ``[rows, row bytes]`` view of a mapped file, and the
-segments of a span plan go with one ``preadv`` per cluster into their output rows. Nothing here knows
-about caches or checksums: the row reader decides what to read and checks what it read.
+segments of a span plan go with one ``preadv`` per cluster into their output rows; chunks about to be read
+are announced to the kernel, and rows of never-written chunks filled. Nothing here knows about caches or
+checksums: the row reader decides what to read and checks what it read.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.codecs import ArrayCodec
 
 __all__ = [
-    "CHECKSUM_BYTES", "MAX_GAP_BYTES", "MAX_RUNS", "check_lengths", "chunk_file_size", "length_error",
-    "preadv_segments", "read_runs", "regular_size", "shrank_error", "stored_chunk_bytes", "take_rows",
+    "CHECKSUM_BYTES", "MAX_GAP_BYTES", "MAX_RUNS", "advise_will_need", "check_lengths", "chunk_file_size",
+    "fill_missing", "length_error", "preadv_segments", "read_runs", "regular_size", "shrank_error",
+    "stored_chunk_bytes", "take_rows",
 ]  # fmt: skip
 
 
@@ -193,3 +195,38 @@ def take_rows(
             np.take(view, byte_at // row_nbytes, axis=0, out=out)
         else:
             out[mine] = np.take(view, byte_at[mine] // row_nbytes, axis=0)
+
+
+def advise_will_need(path: str, offsets: NDArray[np.int64], nbytes: int) -> None:
+    """Ask the kernel to start reading ``nbytes`` at each of ``offsets`` of ``path`` (``POSIX_FADV_WILLNEED``).
+
+    Only a hint: a file that cannot be opened is left for the read that follows to report, and systems
+    without ``posix_fadvise`` skip it.
+    """
+    if not hasattr(os, "posix_fadvise"):
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        for offset in offsets.tolist():
+            os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_WILLNEED)
+    finally:
+        os.close(fd)
+
+
+def fill_missing(
+    codec: ArrayCodec, key: str, chunks: NDArray[np.int64], rows_missing: NDArray[np.bool_], out: NDArray[np.uint8]
+) -> None:
+    """Rows of never-written chunks: the fill value, or an error where every chunk was promised."""
+    if codec.complete:
+        raise ChunkDecodeError(
+            f"Array {codec.name!r}: chunk {int(chunks[0])} ({key!r}) is missing, but the store promises that "
+            f"every chunk was written (a deleted or lost file); it would read as the fill value "
+            f"{np.asarray(codec.fill_value).item()!r}",
+            array=codec.name, chunk=key,
+        )  # fmt: skip
+    fill = np.full(1, codec.fill_value, dtype=codec.stored_dtype).view(np.uint8)
+    per_row = np.tile(fill, codec.row_nbytes // codec.stored_dtype.itemsize)
+    out[rows_missing] = per_row

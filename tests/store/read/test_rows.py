@@ -279,3 +279,25 @@ def test_a_shuffled_read_checks_each_inner_chunk_by_reading_it_and_names_a_corru
         np.testing.assert_array_equal(packed.fields["positions"][-want.shape[0] :], want)
         with pytest.raises(ChunkDecodeError, match=r"positions.*chunk 1 in 'core/positions/c/0/0'.*crc32c checksum"):
             raw.read_packed(np.array([*far, in_chunk_1]))
+
+
+def test_a_shuffled_read_announces_the_chunks_it_will_check_and_only_those(
+    raw_stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    announced: list[tuple[str, list[int], int]] = []
+
+    def record(path: str, offsets: np.ndarray, nbytes: int) -> None:
+        announced.append((Path(path).relative_to(raw_stores["sharded-crc32c"]).as_posix(), offsets.tolist(), nbytes))
+
+    monkeypatch.setattr(rows_module, "advise_will_need", record)
+    with AtomicDataZarrReader(raw_stores["sharded-crc32c"], fields=["positions"], cache_bytes=0) as raw:
+        first = raw.read_packed(np.array([290, 3, 150, 220]))
+        by_file = {key: (offsets, nbytes) for key, offsets, nbytes in announced}
+        assert set(by_file) <= {f"core/positions/c/{s}/0" for s in range(40)} and len(by_file) >= 3
+        assert {nbytes for _, nbytes in by_file.values()} == {64 * 12 + 4}  # a whole chunk and its checksum
+        assert sum(len(offsets) for offsets, _ in by_file.values()) == raw._engine._verified["core/positions"].sum()
+        announced.clear()
+        again = raw.read_packed(np.array([290, 3, 150, 220]))
+        assert announced == []  # chunks checked before are not announced again
+    np.testing.assert_array_equal(first.fields["positions"], again.fields["positions"])
+    row_io.advise_will_need(str(tmp_path / "absent"), np.array([0]), 10)  # a hint: nothing to open is no error

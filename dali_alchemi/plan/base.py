@@ -164,10 +164,8 @@ def window_starts(num_batches: int, batches_per_window: int, *, ramp: bool = Fal
         If ``batches_per_window`` is below 1 or ``num_batches`` is negative.
     """
     n_windows = _num_windows(num_batches, batches_per_window, ramp)
-    window = np.arange(n_windows + 1, dtype=np.int64)
-    ramped = _ramp_windows(batches_per_window, ramp)
-    full = (1 << ramped) - 1 + (window - ramped) * batches_per_window
-    return np.minimum(np.where(window < ramped, (1 << np.minimum(window, 62)) - 1, full), num_batches)
+    starts = [_window_start(i, num_batches, batches_per_window, ramp) for i in range(n_windows + 1)]  # per window
+    return np.asarray(starts, dtype=np.int64)
 
 
 def _ramp_windows(batches_per_window: int, ramp: bool) -> int:

@@ -1,5 +1,9 @@
 """The chunk-block engine: read the rows of a window from a snapshot's arrays, block by block.
 
+A window of one run of consecutive samples (a read in store order) from a local store is read the
+lean way first (:mod:`dali_alchemi.store.read.contiguous`: one range per array, no plan per block);
+what that leaves goes the general way below.
+
 For each level the window's rows are planned: as ranges when the window is a few runs of consecutive
 samples (:mod:`dali_alchemi.store.read.spans`: a sequential or block-order window), else row by row
 (:mod:`dali_alchemi.store.read.gather`: a shuffled window). Each array is routed
@@ -35,6 +39,7 @@ from dali_alchemi.csr import concat_aranges
 from dali_alchemi.errors import ConfigError
 from dali_alchemi.store.read.cache import CacheStats
 from dali_alchemi.store.read.compressed import CompressedWindow, KeptBlocks, compressed_window
+from dali_alchemi.store.read.contiguous import RunReader
 from dali_alchemi.store.read.decoder import INLINE_ROWS, BlockDecoder, errors_of
 from dali_alchemi.store.read.fetch import LocalFetcher
 from dali_alchemi.store.read.gather import (
@@ -250,7 +255,10 @@ class BlockEngine:
                 return concat_aranges(edge_starts, n_edges)
             return physical
 
-        self._gather(handles, names, plans, outputs, request_rows)
+        left = names
+        if runs is not None and order is None and runs[0].size == 1:  # one run (store order): the lean way first
+            left = self._read_run(snapshot, names, int(runs[0][0]), int(runs[1][0]), outputs)
+        self._gather(handles, left, plans, outputs, request_rows)
         if runs is not None and order is not None:  # read in store order: one take per array to request order
             counts = PerLevel(atom=n_atoms, edge=n_edges, system=np.ones(physical.size, dtype=np.int64))
             positions: dict[Level, NDArray[np.int64]] = {}
@@ -381,6 +389,29 @@ class BlockEngine:
             self.decoder.decode_group([], outputs, routes.resident, take)
         for name in routes.to_stitch:
             self.decoder.stitch(name, [job.block for job in routes.jobs if job.handle.name == name])
+
+    def _read_run(self, snapshot: Snapshot, names: Sequence[str], first: int, stop: int, outputs: dict[str, NDArray[Any]]) -> Sequence[str]:
+        """Read samples ``[first, stop)`` of the arrays of a local store the lean way
+        (:mod:`~dali_alchemi.store.read.contiguous`); returns the names left to :meth:`_gather`."""
+        fetcher = self.decoder.pool.fetcher()
+        if not isinstance(fetcher, LocalFetcher) or self.decoder.shares_blocks:
+            return names
+        reader = RunReader(str(fetcher.root), self.decoder, fetcher, self._verified, self.working_set_bytes)
+        atoms_ptr, edges_ptr = snapshot.atoms_ptr, snapshot.edges_ptr
+        bounds: dict[Level, tuple[int, int]] = {
+            "atom": (int(atoms_ptr[first]), int(atoms_ptr[stop])),
+            "edge": (int(edges_ptr[first]), int(edges_ptr[stop])),
+            "system": (first, stop),
+        }
+        in_place = self._in_place
+
+        def route(handle: ArrayHandle, touched: int) -> str | NDArray[Any] | None:
+            return self._router.run_route(handle, touched, in_place)
+
+        try:
+            return reader.read(snapshot.handles, names, bounds, outputs, route)
+        finally:
+            self._files_read += reader.files_read
 
     def _row_reader(self) -> RowReader | None:
         """A reader of uncompressed rows in place, when this store's are read so (``None`` otherwise)."""

@@ -103,15 +103,25 @@ class Router:
             self._route_blocks(handle, plan, *block_plans[key], routes)
         return routes
 
-    def _route_blocks(
-        self,
-        handle: ArrayHandle,
-        plan: Plan,
-        blocks: NDArray[np.int64],
-        bounds: NDArray[np.int64],
-        routes: Routes,
-    ) -> None:
-        """Route an array read by its ``blocks``: whole, every block then stitched, or the blocks touched.
+    def run_route(self, handle: ArrayHandle, touched: int, in_place: bool) -> str | NDArray[Any] | None:
+        """How a read of one run of samples (:mod:`~dali_alchemi.store.read.contiguous`) takes ``handle``'s rows,
+        which touch ``touched`` row blocks: ``"rows"`` in place, ``"blocks"`` by its one-chunk blocks, the
+        array held whole, or ``None`` where :meth:`route` decides (then nothing is counted here)."""
+        codec = handle.codec
+        if codec is None:
+            return None
+        if in_place and reads_rows(codec):
+            return "rows"
+        whole = self._decoder.resident(handle.name)
+        if whole is not None:
+            return whole
+        if not codec.one_chunk_blocks or self._blocks_route(handle, touched) != "blocks":
+            return None
+        self._block_touches[handle.name] = self._block_touches.get(handle.name, 0) + touched
+        return "blocks"
+
+    def _blocks_route(self, handle: ArrayHandle, touched: int) -> str:
+        """``"whole"``, ``"stitch"`` or ``"blocks"``: how an array read by blocks, ``touched`` of them now, is read.
 
         An array that fits a quarter of the cache (and no shared folder) is kept whole once reads have
         touched 1/:data:`WHOLE_ARRAY_SHARE` of its blocks: read whole with one read per stored object
@@ -120,14 +130,33 @@ class Router:
         name, codec = handle.name, handle.codec
         assert codec is not None
         nbytes = codec.row_nbytes * handle.shape[0]
-        touches = self._block_touches[name] = self._block_touches.get(name, 0) + int(blocks.size)
+        touches = self._block_touches.get(name, 0) + touched
         capacity = self._decoder.cache.capacity_bytes
         small = WHOLE_ARRAY_SHARE > 0 and nbytes <= capacity // 4 and not self._decoder.shares_blocks
         if small and reads_whole(codec) and name not in self._whole_failed:
             if touches * WHOLE_ARRAY_SHARE >= codec.n_blocks:
-                routes.whole.append((handle, plan, blocks, bounds))  # one read per stored object, then resident
-                return
-        elif small and blocks.size * WHOLE_ARRAY_SHARE >= codec.n_blocks:
+                return "whole"
+        elif small and touched * WHOLE_ARRAY_SHARE >= codec.n_blocks:
+            return "stitch"
+        return "blocks"
+
+    def _route_blocks(
+        self,
+        handle: ArrayHandle,
+        plan: Plan,
+        blocks: NDArray[np.int64],
+        bounds: NDArray[np.int64],
+        routes: Routes,
+    ) -> None:
+        """Route an array read by its ``blocks``: whole, every block then stitched, or the blocks touched."""
+        name, codec = handle.name, handle.codec
+        assert codec is not None
+        how = self._blocks_route(handle, int(blocks.size))
+        self._block_touches[name] = self._block_touches.get(name, 0) + int(blocks.size)
+        if how == "whole":
+            routes.whole.append((handle, plan, blocks, bounds))  # one read per stored object, then resident
+            return
+        if how == "stitch":
             blocks, bounds = every_block(blocks, bounds, codec.n_blocks)
             routes.to_stitch.append(name)  # read whole once, then one resident array: no per-block work again
         routes.jobs += block_jobs(handle, plan, blocks, bounds)

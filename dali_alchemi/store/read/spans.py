@@ -38,12 +38,13 @@ scattered samples) the per-segment copies cost more than one fancy-index take pe
 def sample_runs(physical: IndexArray) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
     """Runs of consecutive samples in ``physical`` (distinct, request order): ``(first, stop)`` per run.
 
-    ``None`` when the runs are shorter than :data:`MIN_MEAN_RUN` samples on average.
+    ``None`` when there are several runs, shorter than :data:`MIN_MEAN_RUN` samples on average (one run,
+    however short, is one range per array).
     """
     if physical.size == 0:
         return None
     breaks = np.flatnonzero(np.diff(physical) != 1) + 1
-    if (breaks.size + 1) * MIN_MEAN_RUN > physical.size:
+    if breaks.size and (breaks.size + 1) * MIN_MEAN_RUN > physical.size:
         return None
     first = physical[np.concatenate(([0], breaks))]
     last = physical[np.concatenate((breaks - 1, [physical.size - 1]))]

@@ -28,7 +28,9 @@ def test_sample_runs_of_sequential_block_and_scattered_windows() -> None:
     scattered = np.random.default_rng(0).permutation(1000)[:100]
     assert sample_runs(scattered) is None  # runs far shorter than MIN_MEAN_RUN
     assert sample_runs(np.zeros(0, dtype=np.int64)) is None
-    assert sample_runs(np.arange(MIN_MEAN_RUN - 1)) is None  # fewer samples than one run's worth
+    first, stop = sample_runs(np.arange(5, 5 + MIN_MEAN_RUN - 1))  # type: ignore[misc]
+    assert first.tolist() == [5] and stop.tolist() == [5 + MIN_MEAN_RUN - 1]  # one run, however short
+    assert sample_runs(np.array([0, 1, 5, 6])) is None  # two runs shorter than MIN_MEAN_RUN
 
 
 @settings(max_examples=40, deadline=None)

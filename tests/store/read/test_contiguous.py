@@ -1,0 +1,115 @@
+"""Windows in store order read the lean way: the same values as the general path, every damage still caught."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dali_alchemi import AtomicDataZarrReader, ChunkDecodeError
+from dali_alchemi.bench.synth import write_synthetic_store
+from dali_alchemi.config import ArrayConfig, WriteConfig
+from dali_alchemi.store.read.decoder import BlockDecoder
+from dali_alchemi.store.read.rows import RowReader
+
+_general_decode = BlockDecoder.decode_group
+_general_spans = RowReader.read_spans
+
+
+@pytest.fixture(scope="module")
+def raw_sharded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """300 structures, core arrays raw and checksummed in shards of 4 chunks of 64 rows (read in place)."""
+    config = WriteConfig(core=ArrayConfig(compressors=(), chunk_size=64, shard_size=256))
+    path = tmp_path_factory.mktemp("contiguous") / "raw.zarr"
+    return write_synthetic_store(path, 300, seed=7, min_atoms=10, max_atoms=40, config=config)
+
+
+@pytest.fixture()
+def general_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records each array the general path decodes or reads in place."""
+    calls: list[str] = []
+
+    def decode_group(self: BlockDecoder, jobs: list[object], *args: object) -> None:
+        calls.extend(job.handle.name for job in jobs)  # type: ignore[attr-defined]
+        _general_decode(self, jobs, *args)  # type: ignore[arg-type]
+
+    def read_spans(self: RowReader, codec: object, *args: object) -> None:
+        calls.append(codec.name)  # type: ignore[attr-defined]
+        _general_spans(self, codec, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BlockDecoder, "decode_group", decode_group)
+    monkeypatch.setattr(RowReader, "read_spans", read_spans)
+    return calls
+
+
+def _general(path: Path, window: np.ndarray, cache_bytes: int) -> object:
+    """``window`` read through the general path: requested backwards, then put back in order."""
+    with AtomicDataZarrReader(path, cache_bytes=cache_bytes) as reader:
+        return reader.read_packed(window[::-1]).take(np.arange(window.size)[::-1])
+
+
+@pytest.mark.parametrize("store", ["sharded_store", "raw_sharded"])
+@pytest.mark.parametrize("cache_bytes", [0, 16 << 10, 1 << 30])
+def test_windows_in_store_order_equal_the_general_path_without_going_through_it(
+    request: pytest.FixtureRequest, store: str, cache_bytes: int, general_calls: list[str]
+) -> None:
+    path = request.getfixturevalue(store)
+    windows = [np.arange(0, 70), np.arange(70, 71), np.arange(71, 230), np.arange(230, 300), np.arange(5, 295)]
+    with AtomicDataZarrReader(path, cache_bytes=cache_bytes) as reader:
+        got = [reader.read_packed(window) for window in windows]
+        stats = reader.stats()
+    lean_calls = list(general_calls)
+    for window, packed in zip(windows, got, strict=True):
+        want = _general(path, window, cache_bytes)
+        assert packed.fields.keys() == want.fields.keys()  # type: ignore[attr-defined]
+        for name, expected in want.fields.items():  # type: ignore[attr-defined]
+            actual = packed.fields[name]
+            assert actual.dtype == expected.dtype and actual.shape == expected.shape, name
+            np.testing.assert_array_equal(actual, expected, err_msg=name)
+        np.testing.assert_array_equal(packed.n_atoms, want.n_atoms)  # type: ignore[attr-defined]
+    assert lean_calls == []  # no array of a window in store order went the general way
+    assert stats.files_mapped == 0
+    if store == "raw_sharded" and cache_bytes < (1 << 30):
+        assert stats.files_read > 0  # the raw arrays were read in place
+    if cache_bytes == 0:
+        assert stats.cache.entries == 0
+
+
+def test_a_corrupt_byte_of_a_raw_chunk_outside_the_window_is_still_caught(raw_sharded: Path, tmp_path: Path) -> None:
+    path = tmp_path / "store.zarr"
+    shutil.copytree(raw_sharded, path)
+    shard = path / "core" / "positions" / "c" / "0" / "0"
+    data = bytearray(shard.read_bytes())
+    index = np.frombuffer(bytes(data[-(4 * 16 + 4) : -4]), dtype="<u8").reshape(4, 2)
+    data[int(index[1, 0]) + 63 * 12] ^= 0xFF  # the last row of inner chunk 1 (atom 127)
+    shard.write_bytes(bytes(data))
+    with AtomicDataZarrReader(path, fields=["positions"], cache_bytes=0) as reader:
+        ptr = reader.atoms_ptr
+        first = int(np.searchsorted(ptr, 64, side="right"))  # the first structure starting in chunk 1
+        stop = int(np.searchsorted(ptr, 110, side="right") - 1)  # structures ending before atom 110
+        assert ptr[stop] < 127 and stop > first
+        with pytest.raises(ChunkDecodeError, match=r"positions.*chunk 1 in 'core/positions/c/0/0'.*crc32c checksum"):
+            reader.read_packed(np.arange(first, stop))
+        assert reader.read_packed(np.arange(0, 3)).fields["positions"].shape[1] == 3  # chunk 0 still reads
+
+
+def test_a_lost_raw_shard_read_in_store_order_is_named(raw_sharded: Path, tmp_path: Path) -> None:
+    path = tmp_path / "store.zarr"
+    shutil.copytree(raw_sharded, path)
+    (path / "core" / "forces" / "c" / "1" / "0").unlink()
+    with AtomicDataZarrReader(path, fields=["forces"], cache_bytes=0) as reader:
+        with pytest.raises(ChunkDecodeError, match=r"forces.*'core/forces/c/1/0'.*missing, but the store promises"):
+            reader.read_packed(np.arange(0, 300))
+
+
+def test_a_sequential_pass_with_a_big_cache_still_keeps_small_arrays_whole(sharded_store: Path) -> None:
+    with AtomicDataZarrReader(sharded_store, cache_bytes=1 << 30) as reader:
+        for start in range(0, 300, 30):
+            reader.read_packed(np.arange(start, start + 30))
+        resident = [name for name in reader._snapshot.handles if reader._engine.decoder.resident(name) is not None]
+        decoded = reader.stats().blocks_decoded
+        reader.read_packed(np.arange(0, 300))
+        assert reader.stats().blocks_decoded == decoded  # the second pass decodes nothing
+    assert {"positions", "neighbor_list", "energy"} <= set(resident)

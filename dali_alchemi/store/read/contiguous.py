@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -43,15 +43,11 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.codecs import ArrayCodec
     from dali_alchemi.store.read.decoder import BlockDecoder
     from dali_alchemi.store.read.fetch import LocalFetcher
+    from dali_alchemi.store.read.routes import Router
     from dali_alchemi.store.read.snapshot import ArrayHandle
     from dali_alchemi.types import Level
 
 __all__ = ["RunReader"]
-
-
-RunRoute = Callable[["ArrayHandle", int], "str | NDArray[Any] | None"]
-"""How one array of a run is read, given its handle and the row blocks the run touches: ``"rows"`` (raw,
-in place), ``"blocks"`` (decoded block by block), an array held whole, or ``None`` (the general path)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,15 +69,17 @@ class _BlockRead:
 class RunReader:
     """Reads one run's rows of the arrays of a local store, through ``decoder``'s cache and shard indexes.
 
+    ``router`` says how each array is read (``in_place``: whether raw arrays are read in place);
     ``verified`` is the engine's record of the raw chunks whose checksum passed (shared with its
     in-place reader); ``fetcher`` reads on the calling thread. An array whose blocks to decode would
     hold more than ``working_set_bytes`` is left to the general path, which decodes them in bounded
     groups. ``files_read`` counts the files read in place.
     """
 
-    root: str
     decoder: BlockDecoder
     fetcher: LocalFetcher
+    router: Router
+    in_place: bool
     verified: dict[str, NDArray[np.bool_]]
     working_set_bytes: int
     files_read: int = 0
@@ -93,7 +91,6 @@ class RunReader:
         names: Sequence[str],
         bounds: Mapping[Level, tuple[int, int]],
         outputs: dict[str, NDArray[Any]],
-        route: RunRoute,
     ) -> list[str]:
         """Fill ``outputs[name]`` with rows ``bounds[level]`` of each array it can; returns the names left.
 
@@ -102,29 +99,35 @@ class RunReader:
         """
         left: list[str] = []
         raw: list[tuple[str, ArrayCodec, int, int]] = []
-        decoding: list[tuple[str, Future[bool]]] = []
+        decoding: list[tuple[str, int, Future[bool]]] = []
         for name in names:
             handle = handles[name]
             lo, hi = bounds[handle.level]
             if hi <= lo:
                 continue
             codec = handle.codec
-            how = None if codec is None else route(handle, (hi - 1) // codec.block_rows - lo // codec.block_rows + 1)
+            touched = 0 if codec is None else (hi - 1) // codec.block_rows - lo // codec.block_rows + 1
+            how = self.router.run_route(handle, touched, self.in_place)
             if isinstance(how, np.ndarray):
                 outputs[name][...] = how[lo:hi]
             elif how == "rows" and codec is not None:
                 raw.append((name, codec, lo, hi))
             elif how == "blocks" and codec is not None and (job := self._plan_blocks(name, codec, lo, hi, outputs[name])):
-                decoding.append((name, self.decoder.pool.executor().submit(self._decode_blocks, job)))
+                decoding.append((name, touched, self.decoder.pool.executor().submit(self._decode_blocks, job)))
             else:
                 left.append(name)
         try:
             left += [name for name, codec, lo, hi in raw if not self._read_raw(codec, lo, hi, outputs[name])]
         finally:  # the pool's writes into the outputs are over before anything returns
-            errors = errors_of([future for _, future in decoding])
+            errors = errors_of([future for *_, future in decoding])
         if errors:
             raise errors[0]
-        return left + [name for name, future in decoding if not future.result()]
+        for name, touched, future in decoding:
+            if future.result():
+                self.router.touched(name, touched)  # the general path counts the arrays it is left
+            else:
+                left.append(name)
+        return left
 
     # -- raw arrays, in place -----------------------------------------------------------------------
     def _read_raw(self, codec: ArrayCodec, lo: int, hi: int, out: NDArray[Any]) -> bool:
@@ -205,7 +208,7 @@ class RunReader:
                 buffers.append(crcs[k].data)
         expected = sum(b.nbytes for b in buffers)
         try:
-            fd = os.open(os.path.join(self.root, key), os.O_RDONLY)
+            fd = os.open(os.path.join(self.fetcher.root, key), os.O_RDONLY)
         except OSError:
             return False
         try:

@@ -396,20 +396,15 @@ class BlockEngine:
         fetcher = self.decoder.pool.fetcher()
         if not isinstance(fetcher, LocalFetcher) or self.decoder.shares_blocks:
             return names
-        reader = RunReader(str(fetcher.root), self.decoder, fetcher, self._verified, self.working_set_bytes)
+        reader = RunReader(self.decoder, fetcher, self._router, self._in_place, self._verified, self.working_set_bytes)
         atoms_ptr, edges_ptr = snapshot.atoms_ptr, snapshot.edges_ptr
         bounds: dict[Level, tuple[int, int]] = {
             "atom": (int(atoms_ptr[first]), int(atoms_ptr[stop])),
             "edge": (int(edges_ptr[first]), int(edges_ptr[stop])),
             "system": (first, stop),
         }
-        in_place = self._in_place
-
-        def route(handle: ArrayHandle, touched: int) -> str | NDArray[Any] | None:
-            return self._router.run_route(handle, touched, in_place)
-
         try:
-            return reader.read(snapshot.handles, names, bounds, outputs, route)
+            return reader.read(snapshot.handles, names, bounds, outputs)
         finally:
             self._files_read += reader.files_read
 

@@ -106,7 +106,8 @@ class Router:
     def run_route(self, handle: ArrayHandle, touched: int, in_place: bool) -> str | NDArray[Any] | None:
         """How a read of one run of samples (:mod:`~dali_alchemi.store.read.contiguous`) takes ``handle``'s rows,
         which touch ``touched`` row blocks: ``"rows"`` in place, ``"blocks"`` by its one-chunk blocks, the
-        array held whole, or ``None`` where :meth:`route` decides (then nothing is counted here)."""
+        array held whole, or ``None`` where :meth:`route` decides. Counts nothing: call :meth:`touched`
+        once the blocks were read this way."""
         codec = handle.codec
         if codec is None:
             return None
@@ -117,8 +118,11 @@ class Router:
             return whole
         if not codec.one_chunk_blocks or self._blocks_route(handle, touched) != "blocks":
             return None
-        self._block_touches[handle.name] = self._block_touches.get(handle.name, 0) + touched
         return "blocks"
+
+    def touched(self, name: str, blocks: int) -> None:
+        """Count ``blocks`` row blocks of array ``name`` as read (what decides when it is kept whole)."""
+        self._block_touches[name] = self._block_touches.get(name, 0) + blocks
 
     def _blocks_route(self, handle: ArrayHandle, touched: int) -> str:
         """``"whole"``, ``"stitch"`` or ``"blocks"``: how an array read by blocks, ``touched`` of them now, is read.
@@ -152,7 +156,7 @@ class Router:
         name, codec = handle.name, handle.codec
         assert codec is not None
         how = self._blocks_route(handle, int(blocks.size))
-        self._block_touches[name] = self._block_touches.get(name, 0) + int(blocks.size)
+        self.touched(name, int(blocks.size))
         if how == "whole":
             routes.whole.append((handle, plan, blocks, bounds))  # one read per stored object, then resident
             return

@@ -1,15 +1,17 @@
-"""One run of consecutive samples (a sequential window), read with the least Python per array.
+"""A few runs of consecutive samples (a sequential or block-order window), read with the least Python per array.
 
 A read in store order (a sequential loader, the bench's ``packed-sequential``, a rewrite or verify
 pass) asks for one run of samples, so each array's rows are one range lying in neighbouring chunks of
-one or two shards. Such a range needs no segment plan, block job or byte request per chunk:
+one or two shards; a block-order window is read as the few runs that cover it (one per stretch of
+the store it samples, :func:`~dali_alchemi.store.read.spans.covering_runs`). Such ranges need no
+segment plan, block job or byte request per chunk, only a little work per range:
 
 - a raw array read in place is read with one ``preadv`` per shard straight into the output rows (each
   chunk's checksum into scratch). A chunk this reader has not checked yet is read whole in the same
   ``preadv`` (the rows before and after the window into scratch) and its crc32c computed over those
   pieces, so the bytes are checked in the pass that copies them;
-- a compressed array's chunks the cache lacks are fetched with one ``pread`` per shard and decoded one
-  by one, straight into the output where the window covers a chunk that the cache could not keep anyway.
+- a compressed array's chunks the cache lacks are fetched with one ``pread`` per shard and decoded once
+  each, straight into the output where one range covers a chunk that the cache could not keep anyway.
 
 Only the plain case is taken here: chunks present, of their shape's length and (for raw arrays) stored
 side by side, with matching checksums. Any other array (a missing, short or corrupt raw chunk, a
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -52,28 +54,32 @@ __all__ = ["RunReader"]
 
 @dataclass(frozen=True, slots=True)
 class _BlockRead:
-    """One array's part of a run read by blocks: rows ``[lo, hi)`` into ``out``, and the chunks to fetch.
-    ``name`` is the field's (the cache's key), not the array's path."""
+    """One array's part of a read by blocks: rows ``[lo[k], hi[k])`` into ``out`` one range after the other,
+    and the chunks to fetch. ``name`` is the field's (the cache's key), not the array's path."""
 
     name: str
     codec: ArrayCodec
-    lo: int
-    hi: int
+    lo: list[int]
+    hi: list[int]
     out: NDArray[Any]
-    blocks: range
+    blocks: list[int]  # ascending, each once: the ones to copy rows from
     requests: dict[int, ByteRequest]  # block -> its chunk's bytes, for the blocks the cache lacked
     held: dict[int, NDArray[Any] | None]  # block -> the cache's copy (``None``: to decode)
 
 
 @dataclass(slots=True)
 class RunReader:
-    """Reads one run's rows of the arrays of a local store, through ``decoder``'s cache and shard indexes.
+    """Reads a few runs' rows of the arrays of a local store, through ``decoder``'s cache and shard indexes.
 
     ``router`` says how each array is read (``in_place``: whether raw arrays are read in place);
     ``verified`` is the engine's record of the raw chunks whose checksum passed (shared with its
     in-place reader); ``fetcher`` reads on the calling thread. An array whose blocks to decode would
     hold more than ``working_set_bytes`` is left to the general path, which decodes them in bounded
-    groups. ``files_read`` counts the files read in place.
+    groups. ``in_store_order``: the window asked for its samples in store order (a sequential pass,
+    which comes back to a block only after the whole store): a block one range covers whole is then
+    decoded straight into the output, not kept, when the array outgrows the cache. A window read by
+    covering runs (a block order's, whose next windows take the rest of the same stretches) keeps
+    every block it decodes. ``files_read`` counts the files read in place.
     """
 
     decoder: BlockDecoder
@@ -82,43 +88,57 @@ class RunReader:
     in_place: bool
     verified: dict[str, NDArray[np.bool_]]
     working_set_bytes: int
+    in_store_order: bool
     files_read: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _files: dict[str, int | None] = field(default_factory=dict)  # key -> open file (``None``: could not open)
 
     def read(
         self,
         handles: Mapping[str, ArrayHandle],
         names: Sequence[str],
-        bounds: Mapping[Level, tuple[int, int]],
+        bounds: Mapping[Level, tuple[NDArray[np.int64], NDArray[np.int64]]],
         outputs: dict[str, NDArray[Any]],
+        wanted_blocks: Callable[[Level, int], list[int]] | None = None,
     ) -> list[str]:
-        """Fill ``outputs[name]`` with rows ``bounds[level]`` of each array it can; returns the names left.
+        """Fill ``outputs[name]`` with each array's rows ``[lo[k], hi[k])`` of ``bounds[level]``, one range after
+        the other, where it can; returns the names left.
 
+        ``wanted_blocks(level, block_rows)``, for ranges that cover a window rather than being it, gives
+        the blocks that hold the window's own rows: a compressed array's other blocks are not decoded
+        (their rows in the output are left unwritten, for the caller takes only the window's rows).
         Compressed arrays are planned here, then fetched and decoded on the pool (codecs and ``pread``
         release the GIL) while this thread reads the raw arrays.
         """
         left: list[str] = []
-        raw: list[tuple[str, ArrayCodec, int, int]] = []
+        raw: list[tuple[str, ArrayCodec, list[int], list[int]]] = []
         decoding: list[tuple[str, int, Future[bool]]] = []
+        ranges = {level: (lo.tolist(), hi.tolist()) for level, (lo, hi) in bounds.items()}
         for name in names:
             handle = handles[name]
-            lo, hi = bounds[handle.level]
-            if hi <= lo:
+            lo, hi = ranges[handle.level]
+            if not outputs[name].shape[0]:
                 continue
             codec = handle.codec
-            touched = 0 if codec is None else (hi - 1) // codec.block_rows - lo // codec.block_rows + 1
-            how = self.router.run_route(handle, touched, self.in_place)
+            if codec is None:
+                blocks = []
+            elif wanted_blocks is None:
+                blocks = _blocks_of(lo, hi, codec.block_rows)
+            else:
+                blocks = wanted_blocks(handle.level, codec.block_rows)
+            how = self.router.run_route(handle, len(blocks), self.in_place)
             if isinstance(how, np.ndarray):
-                outputs[name][...] = how[lo:hi]
+                _copy_ranges(how, lo, hi, outputs[name])
             elif how == "rows" and codec is not None:
                 raw.append((name, codec, lo, hi))
-            elif how == "blocks" and codec is not None and (job := self._plan_blocks(name, codec, lo, hi, outputs[name])):
-                decoding.append((name, touched, self.decoder.pool.executor().submit(self._decode_blocks, job)))
+            elif how == "blocks" and codec is not None and (job := self._plan_blocks(name, codec, lo, hi, blocks, outputs[name])):
+                decoding.append((name, len(blocks), self.decoder.pool.executor().submit(self._decode_blocks, job)))
             else:
                 left.append(name)
         try:
-            left += [name for name, codec, lo, hi in raw if not self._read_raw(codec, lo, hi, outputs[name])]
+            left += [name for name, codec, lo, hi in raw if not self._read_raw_ranges(codec, lo, hi, outputs[name])]
         finally:  # the pool's writes into the outputs are over before anything returns
+            self._close_files()
             errors = errors_of([future for *_, future in decoding])
         if errors:
             raise errors[0]
@@ -130,6 +150,15 @@ class RunReader:
         return left
 
     # -- raw arrays, in place -----------------------------------------------------------------------
+    def _read_raw_ranges(self, codec: ArrayCodec, lo: list[int], hi: list[int], out: NDArray[Any]) -> bool:
+        """Rows ``[lo[k], hi[k])`` of a raw array into ``out``, one range after the other (see :meth:`_read_raw`)."""
+        at = 0
+        for a, b in zip(lo, hi, strict=True):  # once per range
+            if b > a and not self._read_raw(codec, a, b, out[at : at + b - a]):
+                return False
+            at += b - a
+        return True
+
     def _read_raw(self, codec: ArrayCodec, lo: int, hi: int, out: NDArray[Any]) -> bool:
         """Rows ``[lo, hi)`` of a raw array into ``out``; ``False`` (``out`` then partly written) where the
         chunks are not plain, for the general path to read them and say what is wrong."""
@@ -207,9 +236,8 @@ class RunReader:
             if codec.chunk_checksum:
                 buffers.append(crcs[k].data)
         expected = sum(b.nbytes for b in buffers)
-        try:
-            fd = os.open(os.path.join(self.fetcher.root, key), os.O_RDONLY)
-        except OSError:
+        fd = self._open(key)
+        if fd is None:
             return False
         try:
             self.files_read += 1
@@ -217,8 +245,6 @@ class RunReader:
                 return False
         except OSError:  # a directory in the file's place, or a read error: the general path says which
             return False
-        finally:
-            os.close(fd)
         if not check:
             return True
         for k, piece in enumerate(pieces):  # once per chunk, the first time this reader reads it
@@ -230,13 +256,30 @@ class RunReader:
                 return False  # the general path reads the chunk again and names it
         return True
 
+    def _open(self, key: str) -> int | None:
+        """The file ``key``, opened once per read (a window's ranges often lie in the same shard)."""
+        if key not in self._files:
+            try:
+                self._files[key] = os.open(os.path.join(self.fetcher.root, key), os.O_RDONLY)
+            except OSError:
+                self._files[key] = None
+        return self._files[key]
+
+    def _close_files(self) -> None:
+        """Close the files this read opened."""
+        for fd in self._files.values():
+            if fd is not None:
+                os.close(fd)
+        self._files.clear()
+
     # -- compressed arrays, by blocks ----------------------------------------------------------------
-    def _plan_blocks(self, name: str, codec: ArrayCodec, lo: int, hi: int, out: NDArray[Any]) -> _BlockRead | None:
-        """The blocks holding rows ``[lo, hi)`` of an array decoded by blocks (one chunk each), with the byte
-        ranges of those the cache lacks; ``None`` where one of those was never written, or they would
-        outgrow the working set."""
+    def _plan_blocks(
+        self, name: str, codec: ArrayCodec, lo: list[int], hi: list[int], blocks: list[int], out: NDArray[Any]
+    ) -> _BlockRead | None:
+        """The blocks ``blocks`` holding rows ``[lo[k], hi[k])`` of an array decoded by blocks (one chunk each),
+        with the byte ranges of those the cache lacks; ``None`` where one of those was never written, or
+        they would outgrow the working set."""
         block_rows, cache = codec.block_rows, self.decoder.cache
-        blocks = range(lo // block_rows, (hi - 1) // block_rows + 1)
         todo = [block for block in blocks if cache.peek((name, block)) is None]
         if len(todo) * block_rows * codec.row_nbytes > self.working_set_bytes:
             return None
@@ -254,9 +297,9 @@ class RunReader:
         return _BlockRead(name, codec, lo, hi, out, blocks, wanted, held)
 
     def _decode_blocks(self, job: _BlockRead) -> bool:
-        """A pool task: fetch ``job``'s missing chunks, decode them, copy every block's rows into the output;
-        ``False`` (nothing copied) when a chunk's file is missing."""
-        codec, lo, hi, out, name = job.codec, job.lo, job.hi, job.out, job.name
+        """A pool task: fetch ``job``'s missing chunks, decode each once, copy every block's rows into the
+        output; ``False`` (nothing copied) when a chunk's file is missing."""
+        codec, out, name = job.codec, job.out, job.name
         block_rows, cache = codec.block_rows, self.decoder.cache
         payloads = self.fetcher.read(list(job.requests.values())) if job.requests else []
         if any(payload is None for payload in payloads):
@@ -265,20 +308,26 @@ class RunReader:
         with self._lock:
             self.decoder.blocks_decoded += len(fetched)
             self.decoder.chunks_fetched += len(fetched)
-        stream = codec.row_nbytes * codec.shape[0] > cache.capacity_bytes
-        for block in job.blocks:  # once per block
-            a, b = max(lo, block * block_rows), min(hi, (block + 1) * block_rows)
-            dest = out[a - lo : b - lo]
-            data = job.held[block]
-            if data is None:
-                key = job.requests[block].key
-                if stream and a == block * block_rows and b - a == block_rows:
-                    # the window holds the whole block, which the cache could not keep for a later pass
-                    codec.decode_block_into(block, fetched[block], key, dest)
-                    continue
-                data = codec.decode_block(block, [fetched[block]], [key])
-                cache.put((name, block), data)
-            dest[...] = data[a - block * block_rows : b - block * block_rows]
+        stream = self.in_store_order and codec.row_nbytes * codec.shape[0] > cache.capacity_bytes
+        at = 0
+        for lo, hi in zip(job.lo, job.hi, strict=True):  # once per range
+            for block in range(lo // block_rows, (hi - 1) // block_rows + 1) if hi > lo else ():  # once per block
+                if block not in job.held:
+                    continue  # it holds none of the window's own rows, only rows the ranges read through
+                a, b = max(lo, block * block_rows), min(hi, (block + 1) * block_rows)
+                dest = out[at + a - lo : at + b - lo]
+                data = job.held[block]
+                if data is None:
+                    key = job.requests[block].key
+                    if stream and a == block * block_rows and b - a == block_rows:
+                        # this range holds the whole block (so no other does), which the cache could not keep
+                        codec.decode_block_into(block, fetched[block], key, dest)
+                        continue
+                    data = codec.decode_block(block, [fetched[block]], [key])
+                    cache.put((name, block), data)
+                    job.held[block] = data  # another range may cut the same block
+                dest[...] = data[a - block * block_rows : b - block * block_rows]
+            at += hi - lo
         return True
 
     def _chunk_requests(self, codec: ArrayCodec, blocks: list[int]) -> list[ByteRequest] | None:
@@ -302,3 +351,19 @@ class RunReader:
             load_shard_indexes(self.fetcher, [(codec, key)], self.decoder.shard_indexes)
             index = self.decoder.shard_indexes[(codec.name, key)]
         return index
+
+
+def _blocks_of(lo: list[int], hi: list[int], block_rows: int) -> list[int]:
+    """The ``block_rows``-row blocks that rows ``[lo[k], hi[k])`` lie in, ascending, each once."""
+    if len(lo) == 1:
+        return list(range(lo[0] // block_rows, (hi[0] - 1) // block_rows + 1)) if hi[0] > lo[0] else []
+    blocks = {block for a, b in zip(lo, hi, strict=True) if b > a for block in range(a // block_rows, (b - 1) // block_rows + 1)}
+    return sorted(blocks)
+
+
+def _copy_ranges(whole: NDArray[Any], lo: list[int], hi: list[int], out: NDArray[Any]) -> None:
+    """Rows ``[lo[k], hi[k])`` of an array held whole into ``out``, one range after the other."""
+    at = 0
+    for a, b in zip(lo, hi, strict=True):  # once per range
+        out[at : at + b - a] = whole[a:b]
+        at += b - a

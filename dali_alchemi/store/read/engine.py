@@ -55,7 +55,7 @@ from dali_alchemi.store.read.routes import Router
 from dali_alchemi.store.read.rows import RowReader, reads_rows
 from dali_alchemi.store.read.snapshot import read_through_zarr
 from dali_alchemi.store.read.span_blocks import decode_span_jobs, takes_span_job
-from dali_alchemi.store.read.spans import SpanPlan, rows_in_request_order, sample_runs
+from dali_alchemi.store.read.spans import SpanPlan, blocks_holding, covering_runs, rows_in_request_order, sample_runs
 from dali_alchemi.types import PerLevel
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.routes import Routes
     from dali_alchemi.store.read.shared import SharedBlocks
     from dali_alchemi.store.read.snapshot import ArrayHandle, Snapshot
-    from dali_alchemi.types import CountArray, IndexArray, Level
+    from dali_alchemi.types import CountArray, IndexArray, Level, PtrArray
 
 __all__ = ["DEFAULT_WORKING_SET_BYTES", "BlockEngine", "ReadStats", "RowsRead", "default_threads"]
 
@@ -226,9 +226,9 @@ class BlockEngine:
         atom_starts, edge_starts = atoms_ptr[physical], edges_ptr[physical]
         n_atoms, n_edges = atoms_ptr[physical + 1] - atom_starts, edges_ptr[physical + 1] - edge_starts
         runs, order = sample_runs(physical), None
-        if runs is None:  # shuffled: maybe a few runs all the same (a block shuffle's buffer), read sorted
+        if runs is None:  # shuffled: maybe dense in a few stretches (a block shuffle's window), read sorted
             order = np.argsort(physical, kind="stable")
-            runs = sample_runs(physical[order])
+            runs = covering_runs(physical[order])
         plans: PerLevel[Plan]
         if runs is not None:  # a few runs of consecutive samples: planned by ranges, copied by slices
             plans = PerLevel(
@@ -256,16 +256,19 @@ class BlockEngine:
             return physical
 
         left = names
-        if runs is not None and order is None and runs[0].size == 1:  # one run (store order): the lean way first
-            left = self._read_run(snapshot, names, int(runs[0][0]), int(runs[1][0]), outputs)
+        if runs is not None:  # a few runs (in store order, or covering the window): the lean way first
+            starts = PerLevel(atom=atom_starts, edge=edge_starts, system=physical)
+            counts = PerLevel(atom=n_atoms, edge=n_edges, system=None)
+            wanted = None if order is None else blocks_holding(starts, counts)
+            left = self._read_runs(snapshot, names, *runs, outputs, wanted)
         self._gather(handles, left, plans, outputs, request_rows)
-        if runs is not None and order is not None:  # read in store order: one take per array to request order
-            counts = PerLevel(atom=n_atoms, edge=n_edges, system=np.ones(physical.size, dtype=np.int64))
+        if runs is not None and order is not None:  # runs read in store order: one take per array, the window's rows
+            pointers: PerLevel[PtrArray | None] = PerLevel(atom=atoms_ptr, edge=edges_ptr, system=None)
             positions: dict[Level, NDArray[np.int64]] = {}
             for name in names:
                 level = handles[name].level
                 if level not in positions:
-                    positions[level] = rows_in_request_order(counts[level], order)
+                    positions[level] = rows_in_request_order(*runs, physical, pointers[level])
                 outputs[name] = reorder_rows(outputs[name], positions[level])
         self._packed_reads += 1
         self._samples_read += int(physical.size)
@@ -390,21 +393,34 @@ class BlockEngine:
         for name in routes.to_stitch:
             self.decoder.stitch(name, [job.block for job in routes.jobs if job.handle.name == name])
 
-    def _read_run(self, snapshot: Snapshot, names: Sequence[str], first: int, stop: int, outputs: dict[str, NDArray[Any]]) -> Sequence[str]:
-        """Read samples ``[first, stop)`` of the arrays of a local store the lean way
-        (:mod:`~dali_alchemi.store.read.contiguous`); returns the names left to :meth:`_gather`."""
+    def _read_runs(
+        self,
+        snapshot: Snapshot,
+        names: Sequence[str],
+        first: NDArray[np.int64],
+        stop: NDArray[np.int64],
+        outputs: dict[str, NDArray[Any]],
+        wanted_blocks: Callable[[Level, int], list[int]] | None,
+    ) -> Sequence[str]:
+        """Read sample runs ``[first[k], stop[k])``, one after the other, of the arrays of a local store the lean
+        way (:mod:`~dali_alchemi.store.read.contiguous`); returns the names left to :meth:`_gather`.
+        ``wanted_blocks``: ``None`` for runs that are the window in store order, else (runs covering a
+        shuffled window) the blocks holding the window's own rows, per level and chunking."""
         fetcher = self.decoder.pool.fetcher()
         if not isinstance(fetcher, LocalFetcher) or self.decoder.shares_blocks:
             return names
-        reader = RunReader(self.decoder, fetcher, self._router, self._in_place, self._verified, self.working_set_bytes)
+        reader = RunReader(
+            self.decoder, fetcher, self._router, self._in_place, self._verified, self.working_set_bytes,
+            in_store_order=wanted_blocks is None,
+        )  # fmt: skip
         atoms_ptr, edges_ptr = snapshot.atoms_ptr, snapshot.edges_ptr
-        bounds: dict[Level, tuple[int, int]] = {
-            "atom": (int(atoms_ptr[first]), int(atoms_ptr[stop])),
-            "edge": (int(edges_ptr[first]), int(edges_ptr[stop])),
+        bounds: dict[Level, tuple[NDArray[np.int64], NDArray[np.int64]]] = {
+            "atom": (atoms_ptr[first], atoms_ptr[stop]),
+            "edge": (edges_ptr[first], edges_ptr[stop]),
             "system": (first, stop),
         }
         try:
-            return reader.read(snapshot.handles, names, bounds, outputs)
+            return reader.read(snapshot.handles, names, bounds, outputs, wanted_blocks)
         finally:
             self._files_read += reader.files_read
 

@@ -19,6 +19,7 @@ once per process and store state, and a corrupt one is a :class:`~dali_alchemi.e
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import threading
@@ -265,20 +266,29 @@ class RowReader:
         dests: NDArray[np.int64],
         flat: NDArray[np.uint8],
     ) -> None:
-        """Read the chunks of one file's segments whole, check their checksums once, then copy the segments."""
+        """Read the chunks of one file's segments whole, check their checksums once, then copy the segments.
+
+        Only the chunks the segments lie in are read (one ``preadv`` per run of them stored side by side):
+        a block-order window's segments lie in a few chunks scattered over the shard.
+        """
         chunk_bytes = codec.block_rows * codec.row_nbytes
-        first, stop = int(offsets.min()), int(offsets.max()) + chunk_bytes + CHECKSUM_BYTES
-        data = np.empty(stop - first, dtype=np.uint8)
-        if os.preadv(fd, [data.data], first) != data.size:
-            raise shrank_error(codec, int(blocks[0]), key)
-        corrupt = self._verify(codec, data, blocks, offsets - first, chunk_bytes)
+        stored = chunk_bytes + CHECKSUM_BYTES
+        chunks, first_segment, segment_chunk = np.unique(blocks, return_index=True, return_inverse=True)
+        chunk_at = offsets[first_segment]
+        data = np.empty(chunks.size * stored, dtype=np.uint8)  # chunk k at byte k * stored
+        runs = [0, *(np.flatnonzero(np.diff(chunk_at) != stored) + 1).tolist(), int(chunks.size)]
+        for a, b in itertools.pairwise(runs):  # once per run of chunks side by side
+            if os.preadv(fd, [data[a * stored : b * stored].data], int(chunk_at[a])) != (b - a) * stored:
+                raise shrank_error(codec, int(chunks[a]), key)
+        corrupt = self._verify(codec, data, chunks, np.arange(chunks.size, dtype=np.int64) * stored, chunk_bytes)
         if corrupt is not None:
             raise ChunkDecodeError(
                 f"Array {codec.name!r}: chunk {corrupt} in {key!r} could not be decoded: crc32c checksum mismatch",
                 array=codec.name, chunk=key,
             )  # fmt: skip
         rb = codec.row_nbytes
-        for at, c, d in zip((byte_at - first).tolist(), counts.tolist(), dests.tolist(), strict=True):  # per segment
+        at_in_data = segment_chunk.reshape(-1) * stored + (byte_at - offsets)
+        for at, c, d in zip(at_in_data.tolist(), counts.tolist(), dests.tolist(), strict=True):  # per segment
             flat[d : d + c] = data[at : at + c * rb].reshape(c, rb)
 
     def _read_chunk(self, codec: ArrayCodec, chunk: int, local: NDArray[np.int64], out: NDArray[np.uint8]) -> None:

@@ -7,14 +7,19 @@ in the output), one or two per block touched. Reading a segment is then one slic
 costs per block, not per row, which is what lets a read that misses the cache run near the codec's speed
 (a row plan, :class:`~dali_alchemi.store.read.gather.LevelPlan`, spends more on its index arrays than
 the decode). A window whose samples are a few runs in shuffled order (a block shuffle's buffer) is read by spans
-in store order and put in request order with one take per array. A window of scattered samples (a full
-shuffle) keeps the row plan.
+in store order and put in request order with one take per array. A window that samples a few stretches
+of the store densely (a block shuffle's window, which takes part of a buffer of spans) is read as the
+runs that cover those stretches, through the short gaps between its samples, and its own rows are then
+taken from them with the same one take per array: a few long ranges cost less than hundreds of short
+ones, whose per-run planning and copies cost more than the rows read through. A window of scattered
+samples (a full shuffle) keeps the row plan.
 
 Pure numpy over pointer arrays; no zarr, no I/O.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +30,19 @@ from dali_alchemi.csr import concat_aranges
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-    from dali_alchemi.types import IndexArray, PtrArray
+    from dali_alchemi.types import IndexArray, Level, PerLevel, PtrArray
 
-__all__ = ["MIN_MEAN_RUN", "Segments", "SpanPlan", "rows_in_request_order", "sample_runs"]
+__all__ = [
+    "MAX_GAP",
+    "MAX_OVER_READ",
+    "MIN_MEAN_RUN",
+    "Segments",
+    "SpanPlan",
+    "blocks_holding",
+    "covering_runs",
+    "rows_in_request_order",
+    "sample_runs",
+]
 
 
 MIN_MEAN_RUN = 8
@@ -51,17 +66,52 @@ def sample_runs(physical: IndexArray) -> tuple[NDArray[np.int64], NDArray[np.int
     return first.astype(np.int64, copy=False), last.astype(np.int64) + 1
 
 
-def rows_in_request_order(counts: NDArray[np.int64], order: IndexArray) -> NDArray[np.int64]:
-    """Where each row of a window read in store order goes back to request order.
+MAX_GAP = 32
+"""Samples between two requested ones that a covering run reads through (:func:`covering_runs`)."""
 
-    ``counts`` are the request-ordered samples' rows, ``order`` the stable argsort of their physical
-    indices (the order they were read in). Returns, for each output row in request order, its row in
-    the store-ordered read.
+MAX_OVER_READ = 4
+"""At most this many samples covered per sample requested (:func:`covering_runs`)."""
+
+
+def covering_runs(ordered: IndexArray) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
+    """Runs of consecutive samples that cover ``ordered`` (distinct samples, ascending): ``(first, stop)`` per run.
+
+    A run goes on through gaps of up to :data:`MAX_GAP` samples between requested ones, so samples
+    that lie densely in a few stretches of the store are covered by a few runs. ``None`` when the runs
+    would cover more than :data:`MAX_OVER_READ` samples per sample requested, or are still shorter than
+    :data:`MIN_MEAN_RUN` on average: the window is then read row by row. Samples that are already runs
+    are covered by exactly those runs.
     """
-    sorted_counts = counts[order]
-    start_of = np.empty(order.size, dtype=np.int64)
-    start_of[order] = np.cumsum(sorted_counts) - sorted_counts
-    return concat_aranges(start_of, counts)
+    if ordered.size == 0:
+        return None
+    breaks = np.flatnonzero(np.diff(ordered) > MAX_GAP + 1) + 1
+    first = ordered[np.concatenate(([0], breaks))].astype(np.int64, copy=False)
+    stop = ordered[np.concatenate((breaks - 1, [ordered.size - 1]))].astype(np.int64) + 1
+    covered = int((stop - first).sum())
+    if covered > MAX_OVER_READ * ordered.size or first.size * MIN_MEAN_RUN > max(covered, MIN_MEAN_RUN):
+        return None
+    return first, stop
+
+
+def rows_in_request_order(
+    first: NDArray[np.int64], stop: NDArray[np.int64], physical: IndexArray, ptr: PtrArray | None
+) -> NDArray[np.int64]:
+    """Where each row of the samples ``physical`` (request order) lies in a read of runs ``[first[k], stop[k])``.
+
+    The runs (ascending, disjoint, covering every sample of ``physical``) were read in store order, one
+    after the other, each sample's rows as CSR pointer ``ptr`` gives them (``None``: one row per sample).
+    Returns, for each output row in request order, its row in that read.
+    """
+    run = np.searchsorted(first, physical, side="right") - 1
+    if ptr is None:
+        run_rows = stop - first
+        sample_start, counts = physical, np.ones(physical.size, dtype=np.int64)
+        run_start = first
+    else:
+        run_start, run_rows = ptr[first], ptr[stop] - ptr[first]
+        sample_start, counts = ptr[physical], ptr[physical + 1] - ptr[physical]
+    before = np.cumsum(run_rows) - run_rows
+    return concat_aranges(before[run] + (sample_start - run_start[run]), counts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,3 +232,26 @@ class SpanPlan:
         """Copy the plan's rows of an array held whole into ``out``: one slice per range."""
         for start, stop, dest in zip(self.starts.tolist(), self.stops.tolist(), self.dest.tolist(), strict=True):
             out[dest : dest + stop - start] = whole[start:stop]
+
+
+def blocks_holding(
+    starts: PerLevel[NDArray[np.int64]], counts: PerLevel[NDArray[np.int64] | None]
+) -> Callable[[Level, int], list[int]]:
+    """For a window whose samples' rows start at ``starts`` with ``counts`` rows each (``None``: one), the
+    ``block_rows``-row blocks of a level that hold those rows, ascending (computed once per chunking)."""
+    found: dict[tuple[Level, int], list[int]] = {}
+
+    def blocks(level: Level, block_rows: int) -> list[int]:
+        key = (level, block_rows)
+        if key not in found:
+            first, count = starts[level], counts[level]
+            if count is None:
+                held = np.unique(first // block_rows)
+            else:
+                first, count = first[count > 0], count[count > 0]
+                lo, hi = first // block_rows, (first + count - 1) // block_rows
+                held = np.unique(concat_aranges(lo, hi - lo + 1))
+            found[key] = held.tolist()
+        return found[key]
+
+    return blocks

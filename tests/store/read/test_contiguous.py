@@ -1,4 +1,5 @@
-"""Windows in store order read the lean way: the same values as the general path, every damage still caught."""
+"""Windows in store order, and the runs covering block-order windows, read the lean way: the same values as the
+general path, every damage still caught."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 from dali_alchemi import AtomicDataZarrReader, ChunkDecodeError
 from dali_alchemi.bench.synth import write_synthetic_store
 from dali_alchemi.config import ArrayConfig, WriteConfig
+from dali_alchemi.store.read import spans
+from dali_alchemi.store.read.codecs import ArrayCodec
 from dali_alchemi.store.read.decoder import BlockDecoder
 from dali_alchemi.store.read.rows import RowReader
 
@@ -113,3 +116,86 @@ def test_a_sequential_pass_with_a_big_cache_still_keeps_small_arrays_whole(shard
         reader.read_packed(np.arange(0, 300))
         assert reader.stats().blocks_decoded == decoded  # the second pass decodes nothing
     assert {"positions", "neighbor_list", "energy"} <= set(resident)
+
+
+def _dense_windows() -> list[np.ndarray]:
+    """Shuffled windows dense in a few stretches of a 300-structure store (as a block order's are)."""
+    rng = np.random.default_rng(11)
+    one = rng.permutation(np.arange(40, 160))[:90]
+    two = rng.permutation(np.concatenate([np.arange(220, 290), np.arange(10, 60)]))[:80]
+    ends = rng.permutation(np.concatenate([np.arange(288, 300), np.arange(0, 12), np.arange(145, 157)]))  # store's ends
+    return [one, two, ends, rng.permutation(300)]
+
+
+def _by_rows(path: Path, window: np.ndarray, cache_bytes: int) -> object:
+    """``window`` read row by row: the general path, never as the runs covering it."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(spans, "MAX_OVER_READ", 0)
+        with AtomicDataZarrReader(path, cache_bytes=cache_bytes) as reader:
+            return reader.read_packed(window)
+
+
+@pytest.mark.parametrize("store", ["sharded_store", "raw_sharded"])
+@pytest.mark.parametrize("cache_bytes", [0, 16 << 10, 1 << 30])
+def test_dense_shuffled_windows_read_as_covering_runs_equal_the_row_by_row_read(
+    request: pytest.FixtureRequest, store: str, cache_bytes: int, general_calls: list[str]
+) -> None:
+    path = request.getfixturevalue(store)
+    windows = _dense_windows()
+    assert all(spans.covering_runs(np.sort(window)) is not None for window in windows)
+    with AtomicDataZarrReader(path, cache_bytes=cache_bytes) as reader:
+        got = [reader.read_packed(window) for window in windows + windows]  # cold, then what the cache kept
+        stats = reader.stats()
+    lean_calls = list(general_calls)
+    for window, packed in zip(windows + windows, got, strict=True):
+        want = _by_rows(path, window, cache_bytes)
+        assert packed.fields.keys() == want.fields.keys()  # type: ignore[attr-defined]
+        for name, expected in want.fields.items():  # type: ignore[attr-defined]
+            actual = packed.fields[name]
+            assert actual.dtype == expected.dtype and actual.shape == expected.shape, name
+            np.testing.assert_array_equal(actual, expected, err_msg=name)
+        np.testing.assert_array_equal(packed.n_atoms, want.n_atoms)  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(packed.n_edges, want.n_edges)  # type: ignore[attr-defined]
+    assert lean_calls == []  # every array of every window went the lean way
+    assert stats.files_mapped == 0
+
+
+def test_covering_runs_decode_only_the_blocks_holding_the_windows_rows(
+    sharded_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decoded: list[tuple[str, int]] = []
+    decode_block = ArrayCodec.decode_block
+
+    def record(self: ArrayCodec, block: int, *args: object) -> object:
+        decoded.append((self.name, block))
+        return decode_block(self, block, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ArrayCodec, "decode_block", record)
+    window = np.random.default_rng(2).permutation(np.r_[100:110, 130:142])  # read as the run 100..141, through 110..129
+    assert spans.covering_runs(np.sort(window)) is not None
+    with AtomicDataZarrReader(sharded_store, fields=["positions"], cache_bytes=0) as reader:  # by blocks, never whole
+        packed = reader.read_packed(window)
+        codec = reader._snapshot.handles["positions"].codec
+        ptr = reader.atoms_ptr
+    assert codec is not None
+    rows = np.concatenate([np.arange(ptr[i], ptr[i + 1]) for i in window])
+    wanted = set((rows // codec.block_rows).tolist())
+    through = set(range(int(ptr[100]) // codec.block_rows, int(ptr[142] - 1) // codec.block_rows + 1))
+    assert wanted < through  # the run reads through blocks that hold none of the window's rows
+    assert sorted(block for name, block in decoded if name == "core/positions") == sorted(wanted)  # each once, no other
+    assert packed.fields["positions"].shape == (rows.size, 3)
+
+
+def test_a_corrupt_raw_chunk_in_a_covering_run_is_named(raw_sharded: Path, tmp_path: Path) -> None:
+    path = tmp_path / "store.zarr"
+    shutil.copytree(raw_sharded, path)
+    shard = path / "core" / "positions" / "c" / "0" / "0"
+    data = bytearray(shard.read_bytes())
+    index = np.frombuffer(bytes(data[-(4 * 16 + 4) : -4]), dtype="<u8").reshape(4, 2)
+    data[int(index[1, 0]) + 5 * 12] ^= 0xFF  # a row of inner chunk 1
+    shard.write_bytes(bytes(data))
+    window = np.random.default_rng(3).permutation(np.arange(0, 60))[:45]
+    assert spans.covering_runs(np.sort(window)) is not None
+    with AtomicDataZarrReader(path, fields=["positions"], cache_bytes=0) as reader:
+        with pytest.raises(ChunkDecodeError, match=r"positions.*chunk 1 in 'core/positions/c/0/0'.*crc32c checksum"):
+            reader.read_packed(window)

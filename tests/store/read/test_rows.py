@@ -16,6 +16,7 @@ from dali_alchemi.bench.synth import write_synthetic_store
 from dali_alchemi.config import ArrayConfig, WriteConfig
 from dali_alchemi.store.read import row_io
 from dali_alchemi.store.read import rows as rows_module
+from dali_alchemi.store.read import spans
 from dali_alchemi.store.read.rows import IN_PLACE_SPAN_SIZE
 
 RAW = {  # besides the session's raw_store: 97-row chunks, checksummed
@@ -70,6 +71,13 @@ def test_in_place_rows_equal_the_decoded_ones(
     assert stats.files_read > 0
 
 
+@pytest.fixture()
+def row_by_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shuffled windows read row by row, never as the runs covering them (what these tests are about)."""
+    monkeypatch.setattr(spans, "MAX_OVER_READ", 0)
+
+
+@pytest.mark.usefixtures("row_by_row")
 def test_scattered_rows_are_mapped_and_clustered_rows_are_read(
     raw_stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -82,6 +90,7 @@ def test_scattered_rows_are_mapped_and_clustered_rows_are_read(
         assert raw.stats().files_mapped > 0
 
 
+@pytest.mark.usefixtures("row_by_row")
 def test_both_ways_of_reading_a_file_agree(raw_stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     indices = np.random.default_rng(2).permutation(300)[:120]
     results = []

@@ -15,7 +15,17 @@ from dali_alchemi.csr import exclusive_cumsum
 from dali_alchemi.store.read import spans
 from dali_alchemi.store.read.gather import plan_rows, reorder_rows
 from dali_alchemi.store.read.rows import RowReader
-from dali_alchemi.store.read.spans import MIN_MEAN_RUN, SpanPlan, rows_in_request_order, sample_runs
+from dali_alchemi.store.read.spans import (
+    MAX_GAP,
+    MAX_OVER_READ,
+    MIN_MEAN_RUN,
+    SpanPlan,
+    blocks_holding,
+    covering_runs,
+    rows_in_request_order,
+    sample_runs,
+)
+from dali_alchemi.types import PerLevel
 
 
 def test_sample_runs_of_sequential_block_and_scattered_windows() -> None:
@@ -73,17 +83,51 @@ def test_span_plan_copies_the_rows_of_the_row_plan(counts: list[int], data: st.D
 
 
 def test_rows_read_in_store_order_go_back_to_request_order() -> None:
-    counts = np.array([2, 0, 3, 1], dtype=np.int64)  # request order; physical, say, [7, 5, 9, 6]
-    order = np.array([1, 3, 0, 2])  # argsort of the physical indices: read as samples 5, 6, 7, 9
-    rows = rows_in_request_order(counts, order)
-    # store-ordered read: sample 5 (0 rows), 6 (1 row: 0), 7 (2 rows: 1, 2), 9 (3 rows: 3, 4, 5)
-    assert rows.tolist() == [1, 2, 3, 4, 5, 0]
-    read = np.arange(12, dtype=np.float32).reshape(6, 2)
+    ptr = exclusive_cumsum(np.array([4, 1, 1, 0, 1, 2, 9, 3], dtype=np.int64))  # rows of samples 0..7
+    physical = np.array([7, 5, 2, 4])  # request order
+    first, stop = np.array([2, 4]), np.array([3, 8])  # read as samples 2 | 4, 5, 6, 7 (6 read through)
+    rows = rows_in_request_order(first, stop, physical, ptr)
+    # the read's rows: sample 2 (row 0), 4 (1), 5 (2, 3), 6 (4..12), 7 (13, 14, 15)
+    assert rows.tolist() == [13, 14, 15, 2, 3, 0, 1]
+    assert rows_in_request_order(first, stop, physical, None).tolist() == [4, 2, 0, 1]  # one row a sample
+    exact = rows_in_request_order(np.array([5, 7]), np.array([6, 8]), np.array([7, 5]), ptr)  # runs of the window itself
+    assert exact.tolist() == [2, 3, 4, 0, 1]
+    read = np.arange(32, dtype=np.float32).reshape(16, 2)
     taken = reorder_rows(read, rows)
-    assert taken.dtype == np.float32 and taken.shape == (6, 2)
+    assert taken.dtype == np.float32 and taken.shape == (7, 2)
     assert taken.tolist() == read[rows].tolist()
-    assert reorder_rows(np.arange(6), rows).tolist() == rows.tolist()
+    assert reorder_rows(np.arange(16), rows).tolist() == rows.tolist()
     assert reorder_rows(np.zeros((0, 2)), np.zeros(0, dtype=np.int64)).shape == (0, 2)  # a level with no rows
+
+
+def test_covering_runs_read_through_short_gaps_within_bounds() -> None:
+    assert covering_runs(np.zeros(0, dtype=np.int64)) is None
+    first, stop = covering_runs(np.array([3, 4, 5, 9, 10]))  # type: ignore[misc]
+    assert first.tolist() == [3] and stop.tolist() == [11]  # a gap of 3 read through
+    assert first.dtype == np.int64 and stop.dtype == np.int64
+    far = np.concatenate([np.arange(0, 100, 2), np.arange(1000, 1100, 2)])  # two dense stretches
+    first, stop = covering_runs(far)  # type: ignore[misc]
+    assert first.tolist() == [0, 1000] and stop.tolist() == [99, 1099]
+    for gap, runs in ((MAX_GAP, 1), (MAX_GAP + 1, 2)):  # samples left out between two dense stretches
+        both = np.concatenate([np.arange(0, 100), np.arange(100 + gap, 200 + gap)])
+        first, stop = covering_runs(both)  # type: ignore[misc]
+        assert first.size == runs and int(stop[-1]) == 200 + gap
+    apart = np.arange(0, 200 * (MAX_GAP + 2), MAX_GAP + 2)
+    assert covering_runs(apart) is None  # runs of one sample each: read row by row
+    sparse = np.arange(0, 1000, MAX_GAP)  # read through, but MAX_GAP times the samples asked for
+    assert MAX_GAP > MAX_OVER_READ and covering_runs(sparse) is None
+    first, stop = covering_runs(np.arange(0, 1000, MAX_OVER_READ))  # type: ignore[misc]
+    assert first.tolist() == [0] and stop.tolist() == [1000 - MAX_OVER_READ + 1]  # the limit itself is allowed
+
+
+def test_blocks_holding_a_window_are_the_blocks_of_its_own_rows() -> None:
+    starts = PerLevel(atom=np.array([40, 5, 70]), edge=np.array([0, 0, 30]), system=np.array([9, 0, 30]))
+    counts = PerLevel(atom=np.array([3, 0, 12]), edge=np.array([0, 0, 1]), system=None)
+    blocks = blocks_holding(starts, counts)
+    assert blocks("atom", 10) == [4, 7, 8]  # rows 40..42 and 70..81; the empty sample at 5 holds none
+    assert blocks("atom", 100) == [0]
+    assert blocks("edge", 10) == [3]
+    assert blocks("system", 10) == [0, 3]
 
 
 def test_system_rows_are_one_per_sample() -> None:

@@ -1,7 +1,7 @@
 """Byte-level reads of raw rows from one open file: the system calls under :mod:`~dali_alchemi.store.read.rows`.
 
-Rows in a few clusters are read with one ``preadv`` per cluster (straight into the output where they are
-contiguous), scattered rows are taken from a ``[rows, row bytes]`` view of a mapped file, and the
+Rows are first located (:class:`RowLocations`: each row's chunk and file). Rows in a few clusters are
+read with one ``preadv`` per cluster (straight into the output where they are contiguous), scattered rows are taken from a ``[rows, row bytes]`` view of a mapped file, and the
 segments of a span plan go with one ``preadv`` per cluster into their output rows; chunks about to be read
 are announced to the kernel, and rows of never-written chunks filled. Nothing here knows about caches or
 checksums: the row reader decides what to read and checks what it read.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import stat
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.codecs import ArrayCodec
 
 __all__ = [
-    "CHECKSUM_BYTES", "MAX_GAP_BYTES", "MAX_RUNS", "advise_will_need", "check_lengths", "chunk_file_size",
+    "CHECKSUM_BYTES", "MAX_GAP_BYTES", "MAX_RUNS", "RowLocations", "advise_will_need", "check_lengths", "chunk_file_size",
     "fill_missing", "length_error", "preadv_segments", "read_runs", "regular_size", "shrank_error",
     "stored_chunk_bytes", "take_rows",
 ]  # fmt: skip
@@ -39,6 +40,40 @@ scattered rows (a full shuffle's) are taken from a memory map of the file."""
 
 MAX_GAP_BYTES = 64 << 10
 """Rows less than this far apart in a file are read together (the bytes between them are read too)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RowLocations:
+    """Where ascending ``rows`` lie for one chunking: each row's chunk and row in it, grouped by file."""
+
+    rows: NDArray[np.int64]
+    local: NDArray[np.int64]  # each row's row within its chunk
+    position: NDArray[np.int64]  # each row's chunk, as an index into ``touched``
+    touched: NDArray[np.int64]  # the chunks the rows lie in, ascending
+    files: list[int]  # the files (chunks, or shards) holding them, ascending
+    row_bounds: list[int]  # rows [row_bounds[k], row_bounds[k + 1]) lie in files[k]
+    chunk_bounds: list[int]  # and so do touched[chunk_bounds[k] : chunk_bounds[k + 1]]
+
+    @classmethod
+    def of(cls, rows: NDArray[np.int64], block_rows: int, per_file: int) -> RowLocations:
+        chunk = rows // block_rows
+        new_chunk = np.empty(rows.size, dtype=np.bool_)
+        new_chunk[0] = True
+        np.not_equal(chunk[1:], chunk[:-1], out=new_chunk[1:])
+        first_rows = np.flatnonzero(new_chunk)
+        touched = chunk[first_rows]
+        file_of = touched // per_file
+        file_starts = np.flatnonzero(np.diff(file_of, prepend=-1))
+        return cls(
+            rows=rows,
+            local=rows - chunk * block_rows,
+            position=np.cumsum(new_chunk) - 1,
+            touched=touched,
+            files=file_of[file_starts].tolist(),
+            row_bounds=[*first_rows[file_starts].tolist(), int(rows.size)],
+            chunk_bounds=[*file_starts.tolist(), int(touched.size)],
+        )
+
 
 def regular_size(fd: int, codec: ArrayCodec, key: str) -> int:
     """The size of the open file ``fd``, which must be a regular file (not a directory in a chunk's place)."""

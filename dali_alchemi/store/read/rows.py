@@ -7,14 +7,14 @@ structure then costs its own bytes, not the decode of every chunk it touches: th
 full shuffle fast on a store far larger than the decoded-chunk cache.
 
 The rows of a span plan (:mod:`~dali_alchemi.store.read.spans`) are read segment by segment, with one
-``preadv`` per cluster of segments into their output rows. Other rows of one file are read with one
-``preadv`` per cluster of nearby rows (gaps under :data:`MAX_GAP_BYTES`), or, when they are scattered, with one vectorised take over a read-only memory
-map that is closed before the next file is opened, so a read holds at most one file's pages per thread
-in the process (the data stays in the operating system's page cache, not in this process). Every chunk's
-length is checked against its shape; a trailing ``crc32c`` is checked the first time this reader
-touches the chunk (the whole chunk is read with one ``preadv`` and hashed then: one disk request on
-a cold page cache, where faulting it in through a map took one per page), so each chunk is verified
-once per process and store state, and a corrupt one is a :class:`~dali_alchemi.errors.ChunkDecodeError` as on the decode path.
+``preadv`` per cluster of segments into their output rows. Other rows of one file are read with one ``preadv``
+per cluster of nearby rows (gaps under :data:`MAX_GAP_BYTES`), or, when scattered, with one vectorised take
+over a read-only memory map closed before the next file is opened, so a read holds at most one file's pages
+per thread in the process (the data stays in the operating system's page cache, not in this process).
+Every chunk's length is checked against its shape; a trailing ``crc32c`` is checked the first time this
+reader touches the chunk (the whole chunk is read with one ``preadv`` and hashed then: one disk request on
+a cold page cache, where faulting it in through a map took one per page), so each chunk is verified once
+per process and store state; a corrupt one is a :class:`~dali_alchemi.errors.ChunkDecodeError` as on the decode path.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from dali_alchemi.store.read.row_io import (
     CHECKSUM_BYTES,
     MAX_GAP_BYTES,
     MAX_RUNS,
+    RowLocations,
     advise_will_need,
     check_lengths,
     chunk_file_size,
@@ -71,39 +72,6 @@ def reads_rows(codec: ArrayCodec) -> bool:
     return codec.uncompressed and all(g == 1 for g in codec.trailing_grid) and codec.row_nbytes > 0
 
 
-@dataclass(frozen=True, slots=True)
-class _Locations:
-    """Where ascending ``rows`` lie for one chunking: each row's chunk and row in it, grouped by file."""
-
-    rows: NDArray[np.int64]
-    local: NDArray[np.int64]  # each row's row within its chunk
-    position: NDArray[np.int64]  # each row's chunk, as an index into ``touched``
-    touched: NDArray[np.int64]  # the chunks the rows lie in, ascending
-    files: list[int]  # the files (chunks, or shards) holding them, ascending
-    row_bounds: list[int]  # rows [row_bounds[k], row_bounds[k + 1]) lie in files[k]
-    chunk_bounds: list[int]  # and so do touched[chunk_bounds[k] : chunk_bounds[k + 1]]
-
-    @classmethod
-    def of(cls, rows: NDArray[np.int64], block_rows: int, per_file: int) -> _Locations:
-        chunk = rows // block_rows
-        new_chunk = np.empty(rows.size, dtype=np.bool_)
-        new_chunk[0] = True
-        np.not_equal(chunk[1:], chunk[:-1], out=new_chunk[1:])
-        first_rows = np.flatnonzero(new_chunk)
-        touched = chunk[first_rows]
-        file_of = touched // per_file
-        file_starts = np.flatnonzero(np.diff(file_of, prepend=-1))
-        return cls(
-            rows=rows,
-            local=rows - chunk * block_rows,
-            position=np.cumsum(new_chunk) - 1,
-            touched=touched,
-            files=file_of[file_starts].tolist(),
-            row_bounds=[*first_rows[file_starts].tolist(), int(rows.size)],
-            chunk_bounds=[*file_starts.tolist(), int(touched.size)],
-        )
-
-
 @dataclass(slots=True)
 class RowReader:
     """Reads rows of raw arrays of one local store in place; remembers which chunks passed their checksum.
@@ -120,7 +88,7 @@ class RowReader:
     verified: dict[str, NDArray[np.bool_]] = field(default_factory=dict)
     files_read: int = 0
     files_mapped: int = 0
-    _located: dict[tuple[int, int, int], _Locations] = field(default_factory=dict)
+    _located: dict[tuple[int, int, int], RowLocations] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def read(self, codec: ArrayCodec, rows: NDArray[np.int64]) -> NDArray[Any]:
@@ -154,7 +122,7 @@ class RowReader:
             )
         return out if stored.isnative else out.astype(codec.dtype)
 
-    def prepare(self, codec: ArrayCodec, rows: NDArray[np.int64]) -> _Locations:
+    def prepare(self, codec: ArrayCodec, rows: NDArray[np.int64]) -> RowLocations:
         """Locate ``rows`` for ``codec`` (once per chunking) and fetch the shard indexes they need.
 
         :meth:`read` calls it; calling it first on one thread lets several arrays then be read on others.
@@ -162,17 +130,17 @@ class RowReader:
         key = (id(rows), codec.block_rows, codec.chunks_per_shard[0])
         where = self._located.get(key)
         if where is None or where.rows is not rows:
-            where = self._located[key] = _Locations.of(rows, codec.block_rows, codec.chunks_per_shard[0])
+            where = self._located[key] = RowLocations.of(rows, codec.block_rows, codec.chunks_per_shard[0])
         if codec.sharded:
             load_shard_indexes(self.fetcher, [(codec, codec.shard_key(f)) for f in where.files], self.shard_indexes)
         return where
 
-    def _advise_unverified(self, codec: ArrayCodec, where: _Locations) -> None:
+    def _advise_unverified(self, codec: ArrayCodec, where: RowLocations) -> None:
         """Have the kernel start reading every chunk of ``where`` this reader has not checked yet, all at once.
 
-        Each is then read whole to be checked, one file after another; on a cold page cache the reads
-        find their pages in flight instead of waiting for the disk one by one (a shuffled read of 1,024
-        structures of the 110 M store: 2.2-3.5 s without, 1.3-3.2 s with, medians 2.4 and 1.6). Chunks checked before cost nothing.
+        Each is then read whole to be checked, one file after another; on a cold page cache the reads find
+        their pages in flight instead of waiting for the disk one by one (a shuffled read of 1,024 structures
+        of the 110 M store: 2.2-3.5 s without, 1.3-3.2 s with, medians 2.4 and 1.6). Checked chunks cost nothing.
         """
         done = self.verified.get(codec.name)
         todo = np.ones(where.touched.size, dtype=np.bool_) if done is None else ~done[where.touched]
@@ -184,10 +152,12 @@ class RowReader:
             advise_will_need(os.path.join(self.root, key), offsets[~missing], nbytes)
 
     def read_spans(self, codec: ArrayCodec, segments: Segments, out: NDArray[Any]) -> None:
-        """Copy ``segments`` (of ``codec``'s chunking) of ``codec``'s array straight into ``out``. The rows of a span plan are a few ranges, so each file's are read with one ``preadv`` per
-        cluster of segments (the bytes between them, such as each chunk's checksum, into scratch): no
-        row is planned or taken one by one. A file with chunks whose checksum this reader has not
-        checked yet is read whole first, checked, and copied from. Raises as :meth:`read` does.
+        """Copy ``segments`` (of ``codec``'s chunking) of ``codec``'s array straight into ``out``.
+
+        A span plan's rows are a few ranges, so each file's are read with one ``preadv`` per cluster of segments
+        (the bytes between them, such as each chunk's checksum, into scratch): no row is planned or taken one by
+        one. Chunks this reader has not checked yet are read whole first, checked, and copied from. Raises as
+        :meth:`read` does.
         """
         if segments.block.size == 0:
             return
@@ -266,11 +236,8 @@ class RowReader:
         dests: NDArray[np.int64],
         flat: NDArray[np.uint8],
     ) -> None:
-        """Read the chunks of one file's segments whole, check their checksums once, then copy the segments.
-
-        Only the chunks the segments lie in are read (one ``preadv`` per run of them stored side by side):
-        a block-order window's segments lie in a few chunks scattered over the shard.
-        """
+        """Read the chunks holding one file's segments whole (one ``preadv`` per run of them side by side:
+        a block-order window's lie scattered over the shard), check their checksums once, copy the segments."""
         chunk_bytes = codec.block_rows * codec.row_nbytes
         stored = chunk_bytes + CHECKSUM_BYTES
         chunks, first_segment, segment_chunk = np.unique(blocks, return_index=True, return_inverse=True)
@@ -286,8 +253,7 @@ class RowReader:
                 f"Array {codec.name!r}: chunk {corrupt} in {key!r} could not be decoded: crc32c checksum mismatch",
                 array=codec.name, chunk=key,
             )  # fmt: skip
-        rb = codec.row_nbytes
-        at_in_data = segment_chunk.reshape(-1) * stored + (byte_at - offsets)
+        at_in_data, rb = segment_chunk.reshape(-1) * stored + (byte_at - offsets), codec.row_nbytes
         for at, c, d in zip(at_in_data.tolist(), counts.tolist(), dests.tolist(), strict=True):  # per segment
             flat[d : d + c] = data[at : at + c * rb].reshape(c, rb)
 

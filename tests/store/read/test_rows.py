@@ -14,9 +14,8 @@ import zarr
 from dali_alchemi import AtomicDataZarrReader, ChunkDecodeError
 from dali_alchemi.bench.synth import write_synthetic_store
 from dali_alchemi.config import ArrayConfig, WriteConfig
-from dali_alchemi.store.read import row_io
+from dali_alchemi.store.read import row_io, spans
 from dali_alchemi.store.read import rows as rows_module
-from dali_alchemi.store.read import spans
 from dali_alchemi.store.read.rows import IN_PLACE_SPAN_SIZE
 
 RAW = {  # besides the session's raw_store: 97-row chunks, checksummed

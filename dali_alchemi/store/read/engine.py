@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,7 @@ from dali_alchemi.store.read.gather import (
 )
 from dali_alchemi.store.read.routes import Router
 from dali_alchemi.store.read.rows import RowReader, reads_rows
+from dali_alchemi.store.read.scratch import ScratchRows
 from dali_alchemi.store.read.snapshot import read_through_zarr
 from dali_alchemi.store.read.span_blocks import decode_span_jobs, takes_span_job
 from dali_alchemi.store.read.spans import SpanPlan, blocks_holding, covering_runs, rows_in_request_order, sample_runs
@@ -155,6 +157,7 @@ class BlockEngine:
         self._packed_reads = 0
         self._samples_read = 0
         self._router = Router(self.decoder)
+        self._scratch = ScratchRows()  # the rows of covering runs, kept from window to window
         # Checked LZ4 blocks for the GPU's inflate, within a quarter of the cache budget (they are compressed).
         self._kept_blocks = KeptBlocks(self.cache.capacity_bytes // 4)
 
@@ -243,33 +246,39 @@ class BlockEngine:
             )
         if pointers_read is not None:
             pointers_read()
-        outputs: dict[str, NDArray[Any]] = {}
-        for name in names:
-            handle = handles[name]
-            outputs[name] = np.empty((plans[handle.level].total, *handle.shape[1:]), dtype=handle.dtype)
-
-        def request_rows(level: Level) -> NDArray[np.int64]:
-            if level == "atom":
-                return concat_aranges(atom_starts, n_atoms)
-            if level == "edge":
-                return concat_aranges(edge_starts, n_edges)
-            return physical
-
-        left = names
-        if runs is not None:  # a few runs (in store order, or covering the window): the lean way first
-            starts = PerLevel(atom=atom_starts, edge=edge_starts, system=physical)
-            counts = PerLevel(atom=n_atoms, edge=n_edges, system=None)
-            wanted = None if order is None else blocks_holding(starts, counts)
-            left = self._read_runs(snapshot, names, *runs, outputs, wanted)
-        self._gather(handles, left, plans, outputs, request_rows)
-        if runs is not None and order is not None:  # runs read in store order: one take per array, the window's rows
-            pointers: PerLevel[PtrArray | None] = PerLevel(atom=atoms_ptr, edge=edges_ptr, system=None)
-            positions: dict[Level, NDArray[np.int64]] = {}
+        covered = runs is not None and order is not None  # rows read in store order, then taken from
+        with self._scratch.lend() if covered else nullcontext() as scratch:
+            outputs: dict[str, NDArray[Any]] = {}
             for name in names:
-                level = handles[name].level
-                if level not in positions:
-                    positions[level] = rows_in_request_order(*runs, physical, pointers[level])
-                outputs[name] = reorder_rows(outputs[name], positions[level])
+                handle = handles[name]
+                shape = (plans[handle.level].total, *handle.shape[1:])
+                outputs[name] = (
+                    np.empty(shape, handle.dtype) if scratch is None else scratch.empty(name, shape, handle.dtype)
+                )
+
+            def request_rows(level: Level) -> NDArray[np.int64]:
+                if level == "atom":
+                    return concat_aranges(atom_starts, n_atoms)
+                if level == "edge":
+                    return concat_aranges(edge_starts, n_edges)
+                return physical
+
+            left = names
+            if runs is not None:  # a few runs (in store order, or covering the window): the lean way first
+                starts = PerLevel(atom=atom_starts, edge=edge_starts, system=physical)
+                counts = PerLevel(atom=n_atoms, edge=n_edges, system=None)
+                wanted = None if order is None else blocks_holding(starts, counts)
+                left = self._read_runs(snapshot, names, *runs, outputs, wanted)
+            self._gather(handles, left, plans, outputs, request_rows)
+            if covered:  # runs read in store order: one take per array, the window's rows (out of the scratch)
+                assert runs is not None
+                pointers: PerLevel[PtrArray | None] = PerLevel(atom=atoms_ptr, edge=edges_ptr, system=None)
+                positions: dict[Level, NDArray[np.int64]] = {}
+                for name in names:
+                    level = handles[name].level
+                    if level not in positions:
+                        positions[level] = rows_in_request_order(*runs, physical, pointers[level])
+                    outputs[name] = reorder_rows(outputs[name], positions[level])
         self._packed_reads += 1
         self._samples_read += int(physical.size)
         return RowsRead(fields=outputs, n_atoms=n_atoms, n_edges=n_edges, atom_starts=atom_starts)

@@ -146,8 +146,11 @@ def test_dense_shuffled_windows_read_as_covering_runs_equal_the_row_by_row_read(
     with AtomicDataZarrReader(path, cache_bytes=cache_bytes) as reader:
         got = [reader.read_packed(window) for window in windows + windows]  # cold, then what the cache kept
         stats = reader.stats()
+        kept = [b for buffers in reader._engine._scratch._free for b in buffers.values()]
     lean_calls = list(general_calls)
-    for window, packed in zip(windows + windows, got, strict=True):
+    assert kept  # the covering runs were read into buffers kept from window to window
+    for window, packed in zip(windows + windows, got, strict=True):  # checked after all were read: none overwritten
+        assert not any(np.shares_memory(a, b) for a in packed.fields.values() for b in kept)
         want = _by_rows(path, window, cache_bytes)
         assert packed.fields.keys() == want.fields.keys()  # type: ignore[attr-defined]
         for name, expected in want.fields.items():  # type: ignore[attr-defined]

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.codecs import ArrayCodec
     from dali_alchemi.store.read.decoder import BlockDecoder
     from dali_alchemi.store.read.fetch import LocalFetcher
+    from dali_alchemi.store.read.open_files import OpenFiles
     from dali_alchemi.store.read.routes import Router
     from dali_alchemi.store.read.snapshot import ArrayHandle
     from dali_alchemi.types import Level
@@ -79,7 +80,8 @@ class RunReader:
     which comes back to a block only after the whole store): a block one range covers whole is then
     decoded straight into the output, not kept, when the array outgrows the cache. A window read by
     covering runs (a block order's, whose next windows take the rest of the same stretches) keeps
-    every block it decodes. ``files_read`` counts the files read in place.
+    every block it decodes. Raw arrays are read through ``files``, the engine's descriptors kept open
+    between reads. ``files_read`` counts the files read in place.
     """
 
     decoder: BlockDecoder
@@ -89,9 +91,9 @@ class RunReader:
     verified: dict[str, NDArray[np.bool_]]
     working_set_bytes: int
     in_store_order: bool
+    files: OpenFiles
     files_read: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _files: dict[str, int | None] = field(default_factory=dict)  # key -> open file (``None``: could not open)
 
     def read(
         self,
@@ -136,9 +138,9 @@ class RunReader:
             else:
                 left.append(name)
         try:
+            self.files.begin_read()
             left += [name for name, codec, lo, hi in raw if not self._read_raw_ranges(codec, lo, hi, outputs[name])]
         finally:  # the pool's writes into the outputs are over before anything returns
-            self._close_files()
             errors = errors_of([future for *_, future in decoding])
         if errors:
             raise errors[0]
@@ -236,7 +238,7 @@ class RunReader:
             if codec.chunk_checksum:
                 buffers.append(crcs[k].data)
         expected = sum(b.nbytes for b in buffers)
-        fd = self._open(key)
+        fd = self.files.get(key)
         if fd is None:
             return False
         try:
@@ -255,22 +257,6 @@ class RunReader:
             if crc != int.from_bytes(crcs[k].tobytes(), "little"):
                 return False  # the general path reads the chunk again and names it
         return True
-
-    def _open(self, key: str) -> int | None:
-        """The file ``key``, opened once per read (a window's ranges often lie in the same shard)."""
-        if key not in self._files:
-            try:
-                self._files[key] = os.open(os.path.join(self.fetcher.root, key), os.O_RDONLY)
-            except OSError:
-                self._files[key] = None
-        return self._files[key]
-
-    def _close_files(self) -> None:
-        """Close the files this read opened."""
-        for fd in self._files.values():
-            if fd is not None:
-                os.close(fd)
-        self._files.clear()
 
     # -- compressed arrays, by blocks ----------------------------------------------------------------
     def _plan_blocks(

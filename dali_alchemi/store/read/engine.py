@@ -1,8 +1,9 @@
 """The chunk-block engine: read the rows of a window from a snapshot's arrays, block by block.
 
-A window of one run of consecutive samples (a read in store order) from a local store is read the
-lean way first (:mod:`dali_alchemi.store.read.contiguous`: one range per array, no plan per block);
-what that leaves goes the general way below.
+A window of a few runs of samples from a local store (a read in store order, or the runs that cover a
+block-order window) is read the lean way first (:mod:`dali_alchemi.store.read.contiguous`: a range per
+run and array, no plan per block, the raw arrays' files kept open from read to read by
+:mod:`dali_alchemi.store.read.open_files`); what that leaves goes the general way below.
 
 For each level the window's rows are planned: as ranges when the window is a few runs of consecutive
 samples (:mod:`dali_alchemi.store.read.spans`: a sequential or block-order window), else row by row
@@ -17,10 +18,9 @@ the decoded bytes one read holds; the blocks of a span plan from a local store g
 of the cache is read whole once reads have touched a quarter of its blocks, and kept whole: later reads
 take its rows with one take.
 
-Threads do not survive ``fork`` (DALI's default worker start), so the pool and the fetcher that reads
-on it are rebuilt in a new process (:mod:`dali_alchemi.store.read.pool`). Reconnecting to a non-local
-store after a fork is the reader's job: it owns the store argument, and hands the engine the snapshot
-it reopened.
+Threads do not survive ``fork`` (DALI's default worker start), so the pool and its fetcher are rebuilt in
+a new process (:mod:`dali_alchemi.store.read.pool`). Reconnecting to a non-local store after a fork is the
+reader's job: it owns the store argument, and hands the engine the snapshot it reopened.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from dali_alchemi.store.read.gather import (
     rows_view,
     working_set_groups,
 )
+from dali_alchemi.store.read.open_files import OpenFiles
 from dali_alchemi.store.read.routes import Router
 from dali_alchemi.store.read.rows import RowReader, reads_rows
 from dali_alchemi.store.read.scratch import ScratchRows
@@ -158,6 +159,7 @@ class BlockEngine:
         self._samples_read = 0
         self._router = Router(self.decoder)
         self._scratch = ScratchRows()  # the rows of covering runs, kept from window to window
+        self._open_files: OpenFiles | None = None  # the raw arrays' files, kept open from read to read
         # Checked LZ4 blocks for the GPU's inflate, within a quarter of the cache budget (they are compressed).
         self._kept_blocks = KeptBlocks(self.cache.capacity_bytes // 4)
 
@@ -174,6 +176,8 @@ class BlockEngine:
         self._router.reset()
         self._kept_blocks.clear()
         self._verified = {}
+        if self._open_files is not None:
+            self._open_files.invalidate()
         raw = [h.codec for h in snapshot.handles.values() if h.codec is not None and reads_rows(h.codec)]
         raw_bytes = sum(codec.row_nbytes * codec.shape[0] for codec in raw)
         self._in_place = isinstance(snapshot.location.store, LocalStore) and raw_bytes > self.cache.capacity_bytes // 2
@@ -195,8 +199,10 @@ class BlockEngine:
         )
 
     def close(self) -> None:
-        """Drop the cache and stop this process's threads."""
+        """Drop the cache, close the files kept open and stop this process's threads."""
         self.decoder.close()
+        if self._open_files is not None:
+            self._open_files.close()
 
     def reads_in_place(self, handle: ArrayHandle) -> bool:
         """Whether ``handle``'s rows are read in place instead of through the cache.
@@ -411,16 +417,17 @@ class BlockEngine:
         outputs: dict[str, NDArray[Any]],
         wanted_blocks: Callable[[Level, int], list[int]] | None,
     ) -> Sequence[str]:
-        """Read sample runs ``[first[k], stop[k])``, one after the other, of the arrays of a local store the lean
-        way (:mod:`~dali_alchemi.store.read.contiguous`); returns the names left to :meth:`_gather`.
-        ``wanted_blocks``: ``None`` for runs that are the window in store order, else (runs covering a
-        shuffled window) the blocks holding the window's own rows, per level and chunking."""
+        """Read sample runs ``[first[k], stop[k])`` one after the other the lean way (:mod:`.contiguous`); returns
+        the names left to :meth:`_gather`. ``wanted_blocks``: ``None`` for runs that are the window in store
+        order, else (runs covering a shuffled window) the blocks holding the window's rows, per level and chunking."""
         fetcher = self.decoder.pool.fetcher()
         if not isinstance(fetcher, LocalFetcher) or self.decoder.shares_blocks:
             return names
+        if self._open_files is None or self._open_files.root != fetcher.root:
+            self._open_files = OpenFiles(fetcher.root)
         reader = RunReader(
             self.decoder, fetcher, self._router, self._in_place, self._verified, self.working_set_bytes,
-            in_store_order=wanted_blocks is None,
+            in_store_order=wanted_blocks is None, files=self._open_files,
         )  # fmt: skip
         atoms_ptr, edges_ptr = snapshot.atoms_ptr, snapshot.edges_ptr
         bounds: dict[Level, tuple[NDArray[np.int64], NDArray[np.int64]]] = {

@@ -3,6 +3,7 @@ general path, every damage still caught."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -202,3 +203,37 @@ def test_a_corrupt_raw_chunk_in_a_covering_run_is_named(raw_sharded: Path, tmp_p
     with AtomicDataZarrReader(path, fields=["positions"], cache_bytes=0) as reader:
         with pytest.raises(ChunkDecodeError, match=r"positions.*chunk 1 in 'core/positions/c/0/0'.*crc32c checksum"):
             reader.read_packed(window)
+
+
+def test_raw_files_stay_open_from_read_to_read_and_close_with_the_reader(
+    raw_sharded: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dali_alchemi.store.read import open_files
+
+    opened: list[int] = []
+    real_open = os.open
+
+    def counting_open(path: object, flags: int, *args: object) -> int:
+        fd = real_open(path, flags, *args)  # type: ignore[arg-type]
+        opened.append(fd)
+        return fd
+
+    monkeypatch.setattr(open_files.os, "open", counting_open)
+    reader = AtomicDataZarrReader(raw_sharded, cache_bytes=0)
+    first = reader.read_packed(np.arange(0, 60))
+    n_first = len(opened)
+    assert n_first > 0  # the raw arrays' shards
+    again = reader.read_packed(np.arange(0, 60))
+    assert len(opened) == n_first  # the same shards: nothing opened again
+    for name, values in first.fields.items():
+        np.testing.assert_array_equal(again.fields[name], values, err_msg=name)
+    reader.close()
+    assert not any(_is_open(fd) for fd in opened)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True

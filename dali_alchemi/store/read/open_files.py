@@ -2,16 +2,17 @@
 
 A window's raw rows lie in a few shards, most often the ones the last window read (a sequential pass
 reads each shard for many windows in a row). Opening and closing each of them once per read cost about
-0.1 ms of a 1.3 ms sequential window of 1,024 structures on the 200,000-structure store. Each thread
-keeps its own descriptors, so none is ever closed while another thread reads through it; a new store
-state (:meth:`OpenFiles.invalidate`) makes every thread close its own and open them afresh at its
-next read.
+0.1 ms of a 1.3 ms sequential window of 1,024 structures on the 200,000-structure store, and a metadata
+round trip per file on a network file system. Each thread keeps its own descriptors, so none is ever
+closed while another thread reads through it; a new store state (:meth:`OpenFiles.invalidate`) makes
+every thread close its own and open them afresh at its next read.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import weakref
 from pathlib import Path
 
 __all__ = ["MAX_OPEN_PER_THREAD", "OpenFiles"]
@@ -35,17 +36,36 @@ class _ThreadFiles:
         self.files.clear()
 
 
+class _ProcessFiles:
+    """Every thread's open files in the process that opened them."""
+
+    __slots__ = ("pid", "sets")
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.sets: list[_ThreadFiles] = []
+
+    def close(self) -> None:
+        """Close them, in the process that opened them only: a forked child's copies are left alone, for
+        their numbers may have been closed and reused there by anyone."""
+        if os.getpid() == self.pid:
+            for files in self.sets:
+                files.close()
+        self.sets.clear()
+
+
 class OpenFiles:
-    """Read-only descriptors of the files under ``root``, by key, kept per thread between reads."""
+    """Read-only descriptors of the files under ``root``, by key, kept per thread between reads.
+
+    Closed by :meth:`close`, or when the instance is dropped.
+    """
 
     def __init__(self, root: Path, max_per_thread: int = MAX_OPEN_PER_THREAD) -> None:
         self.root = root
         self.max_per_thread = max_per_thread
-        self._local = threading.local()
-        self._all: list[_ThreadFiles] = []  # every thread's set, for close()
-        self._lock = threading.Lock()
         self._generation = 0
-        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._start_process()
 
     def begin_read(self) -> None:
         """Called by a thread before a read: drops its descriptors of an older state, or too many of them."""
@@ -75,18 +95,20 @@ class OpenFiles:
     def close(self) -> None:
         """Close every thread's descriptors (the reader is closing: no read runs)."""
         with self._lock:
-            for files in self._all:
-                files.close()
+            self._process.close()
+
+    def _start_process(self) -> None:
+        self._local = threading.local()
+        self._process = _ProcessFiles()
+        weakref.finalize(self, self._process.close)  # a reader dropped without close() leaks no descriptor
 
     def _own(self) -> _ThreadFiles:
-        if self._pid != os.getpid():  # a forked child (one thread): close its copies of the parent's descriptors
+        if self._process.pid != os.getpid():  # a forked child (one thread): start afresh, the parent's set aside
             self._lock = threading.Lock()  # the parent's may have been held by one of its threads at the fork
-            for files in self._all:
-                files.close()
-            self._all, self._pid, self._local = [], os.getpid(), threading.local()
+            self._start_process()
         own: _ThreadFiles | None = getattr(self._local, "files", None)
         if own is None:
             own = self._local.files = _ThreadFiles(self._generation)
             with self._lock:
-                self._all.append(own)
+                self._process.sets.append(own)
         return own

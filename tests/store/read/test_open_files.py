@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from pathlib import Path
@@ -94,7 +95,7 @@ def test_a_thread_keeps_at_most_its_bound_between_reads(root: Path) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_forked_child_closes_its_copies_and_the_parent_keeps_its_own(root: Path) -> None:
+def test_a_forked_child_opens_its_own_and_leaves_the_parents_alone(root: Path) -> None:
     files = OpenFiles(root)
     files.begin_read()
     parent_fd = files.get("a")
@@ -104,13 +105,25 @@ def test_a_forked_child_closes_its_copies_and_the_parent_keeps_its_own(root: Pat
         code = 1
         try:
             files.begin_read()
-            closed = not _is_open(parent_fd)  # its copy of the parent's descriptor
             fd = files.get("a")
-            if closed and fd is not None and os.pread(fd, 2, 0) == b"aa":
-                code = 0
+            if fd is not None and fd != parent_fd and os.pread(fd, 2, 0) == b"aa":
+                files.close()  # closes the child's own, never its copy of the parent's
+                if not _is_open(fd) and _is_open(parent_fd):
+                    code = 0
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert _is_open(parent_fd) and os.pread(parent_fd, 2, 0) == b"aa"
     files.close()
+    assert not _is_open(parent_fd)
+
+
+def test_descriptors_of_a_dropped_instance_are_closed(root: Path) -> None:
+    files = OpenFiles(root)
+    files.begin_read()
+    fd = files.get("a")
+    assert fd is not None and _is_open(fd)
+    del files
+    gc.collect()
+    assert not _is_open(fd)

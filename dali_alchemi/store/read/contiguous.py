@@ -80,8 +80,11 @@ class RunReader:
     which comes back to a block only after the whole store): a block one range covers whole is then
     decoded straight into the output, not kept, when the array outgrows the cache. A window read by
     covering runs (a block order's, whose next windows take the rest of the same stretches) keeps
-    every block it decodes. Raw arrays are read through ``files``, the engine's descriptors kept open
-    between reads. ``files_read`` counts the files read in place.
+    every block it decodes. A window in store order that ends inside a block hands that block on to the
+    next (:meth:`~dali_alchemi.store.read.decoder.BlockDecoder.hand_on`: within ``working_set_bytes``), which
+    begins there, so a pass decodes each block once even when a block of every array outgrows the cache.
+    Raw arrays are read through ``files``, the engine's descriptors kept open between reads.
+    ``files_read`` counts the files read in place.
     """
 
     decoder: BlockDecoder
@@ -266,7 +269,8 @@ class RunReader:
         with the byte ranges of those the cache lacks; ``None`` where one of those was never written, or
         they would outgrow the working set."""
         block_rows, cache = codec.block_rows, self.decoder.cache
-        todo = [block for block in blocks if cache.peek((name, block)) is None]
+        carried = {block: self.decoder.carried_block(name, block) for block in blocks}
+        todo = [block for block in blocks if carried[block] is None and cache.peek((name, block)) is None]
         if len(todo) * block_rows * codec.row_nbytes > self.working_set_bytes:
             return None
         requests = self._chunk_requests(codec, todo)
@@ -274,7 +278,7 @@ class RunReader:
             return None
         # Hold the cached blocks from now on (counted as the general path counts them): the pool's other
         # tasks may evict them. One evicted since it was looked at is fetched after all.
-        held = {block: cache.get((name, block)) for block in blocks}
+        held = {block: cache.get((name, block)) if carried[block] is None else carried[block] for block in blocks}
         late = [block for block, data in held.items() if data is None and block not in todo]
         late_requests = self._chunk_requests(codec, late) if late else []
         if late_requests is None:
@@ -314,6 +318,10 @@ class RunReader:
                     job.held[block] = data  # another range may cut the same block
                 dest[...] = data[a - block * block_rows : b - block * block_rows]
             at += hi - lo
+        if self.in_store_order and job.hi:
+            end = job.hi[-1]
+            block = (end - 1) // block_rows
+            self.decoder.hand_on(name, block, job.held.get(block), end, codec, self.working_set_bytes)
         return True
 
     def _chunk_requests(self, codec: ArrayCodec, blocks: list[int]) -> list[ByteRequest] | None:

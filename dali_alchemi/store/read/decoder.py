@@ -67,6 +67,8 @@ class BlockDecoder:
         self.pool = ReadPool(num_threads, max_concurrency)
         self.shard_indexes: dict[tuple[str, str], NDArray[np.uint64]] = {}
         """Parsed shard indexes, by ``(array name, shard key)``."""
+        self.carried: dict[str, tuple[int, NDArray[Any]]] = {}
+        """By field name, ``(block, rows)`` a read in store order ended inside (:meth:`hand_on`)."""
         self.chunks_fetched = 0
         self.blocks_decoded = 0
         self._shared_root = shared
@@ -85,12 +87,29 @@ class BlockDecoder:
         if self._shared_root is not None:
             self._shared = self._shared_root.scoped(snapshot_token(snapshot))
         self.shard_indexes.clear()
+        self.carried.clear()
         self.pool.attach(snapshot.location.store)
 
     def close(self) -> None:
         """Drop the cache and stop this process's threads."""
         self.cache.clear()
+        self.carried.clear()
         self.pool.close()
+
+    def carried_block(self, name: str, block: int) -> NDArray[Any] | None:
+        """Block ``block`` of array ``name`` if the last read in store order handed it on (:meth:`hand_on`)."""
+        carried = self.carried.get(name)
+        return carried[1] if carried is not None and carried[0] == block else None
+
+    def hand_on(self, name: str, block: int, data: NDArray[Any] | None, end: int, codec: Any, bound: int) -> None:
+        """Keep the block a read in store order ended inside (at row ``end`` of ``codec``'s array) for the next
+        read in store order, which begins there: one block per array, at most ``bound`` bytes in all, beside
+        the cache, so a pass decodes each block once even when a block of every array outgrows the cache."""
+        self.carried.pop(name, None)  # (dict operations hold the GIL: pool tasks hand on their arrays at once)
+        if data is None or block != (end - 1) // codec.block_rows or end % codec.block_rows == 0:
+            return  # the read ends with this block, or its last block was never decoded here
+        if end < codec.shape[0] and sum(b.nbytes for _, b in list(self.carried.values())) + data.nbytes <= bound:
+            self.carried[name] = (block, data)
 
     def resident(self, name: str) -> NDArray[Any] | None:
         """Array ``name`` held whole, if it is (looked up without counting a miss)."""
@@ -123,6 +142,8 @@ class BlockDecoder:
         """Give each job its block from the cache, or mapped from the shared folder (then cached too)."""
         for job in jobs:
             job.data = self.cache.get((job.handle.name, job.block))
+            if job.data is None:
+                job.data = self.carried_block(job.handle.name, job.block)
             if job.data is None and shared is not None:
                 job.data = shared.open(job.handle.name, job.block, *block_layout(job))
                 if job.data is not None:
@@ -307,9 +328,11 @@ class BlockDecoder:
         return wholes
 
     def _cached_blocks(self, handle: ArrayHandle) -> dict[int, NDArray[Any]]:
-        """``handle``'s row blocks in the cache, by block number (a whole read copies them instead of decoding)."""
+        """``handle``'s row blocks in the cache, or handed on, by block number (a whole read copies them instead
+        of decoding)."""
         assert handle.codec is not None
         found = {block: self.cache.peek((handle.name, block)) for block in range(handle.codec.n_blocks)}
+        found = {block: self.carried_block(handle.name, block) if data is None else data for block, data in found.items()}
         return {block: data for block, data in found.items() if data is not None}
 
     def stitch(self, name: str, blocks: list[int]) -> None:

@@ -29,7 +29,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import nullcontext
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +53,7 @@ from dali_alchemi.store.read.gather import (
     working_set_groups,
 )
 from dali_alchemi.store.read.open_files import OpenFiles
+from dali_alchemi.store.read.results import ReadStats, RowsRead
 from dali_alchemi.store.read.routes import Router
 from dali_alchemi.store.read.rows import RowReader, reads_rows
 from dali_alchemi.store.read.scratch import ScratchRows
@@ -69,7 +70,7 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.routes import Routes
     from dali_alchemi.store.read.shared import SharedBlocks
     from dali_alchemi.store.read.snapshot import ArrayHandle, Snapshot
-    from dali_alchemi.types import CountArray, IndexArray, Level, PtrArray
+    from dali_alchemi.types import IndexArray, Level, PtrArray
 
 __all__ = ["DEFAULT_WORKING_SET_BYTES", "BlockEngine", "ReadStats", "RowsRead", "default_threads"]
 
@@ -88,32 +89,6 @@ def default_threads() -> int:
     return max(MIN_THREADS, min(MAX_THREADS, os.cpu_count() or MIN_THREADS))
 
 
-@dataclass(frozen=True, slots=True)
-class ReadStats:
-    """Counters for tests and benchmarks: packed reads, chunk payloads fetched, cache behaviour."""
-
-    packed_reads: int
-    samples_read: int
-    chunks_fetched: int
-    blocks_decoded: int
-    cache: CacheStats
-    files_read: int = 0
-    """Files whose rows were read in place (uncompressed arrays of a local store), counted once per read."""
-    files_mapped: int = 0
-    """Of those, the ones whose rows were too scattered for a read per cluster, and were mapped instead."""
-
-
-@dataclass(frozen=True, slots=True)
-class RowsRead:
-    """What :meth:`BlockEngine.read` returns: one flat array per field, and per-sample row counts."""
-
-    fields: dict[str, NDArray[Any]]
-    n_atoms: CountArray
-    n_edges: CountArray
-    atom_starts: NDArray[np.int64]
-    """Each sample's first atom row in the store (what re-bases its atom indices)."""
-
-
 class BlockEngine:
     """Reads rows of a snapshot's arrays through a shared decoded-block cache and a thread pool.
 
@@ -129,9 +104,9 @@ class BlockEngine:
         Decoded bytes one read may hold beyond the cache (``None``: :data:`DEFAULT_WORKING_SET_BYTES`).
         A read's decoded blocks then stay within ``cache_bytes + working_set_bytes`` (or one block).
     shared
-        A folder of decoded blocks shared with other processes (:mod:`dali_alchemi.store.read.shared`): a
-        block another process published is mapped instead of decoded, one it is decoding is waited
-        for, and blocks decoded here are published. ``None``: this process's cache only.
+        A folder of decoded blocks shared with other processes (:mod:`dali_alchemi.store.read.shared`): a block
+        another process published is mapped, not decoded, one it is decoding waited for, and blocks decoded
+        here published. ``None``: this process's cache only.
     """
 
     def __init__(
@@ -275,7 +250,9 @@ class BlockEngine:
                 counts = PerLevel(atom=n_atoms, edge=n_edges, system=None)
                 wanted = None if order is None else blocks_holding(starts, counts)
                 left = self._read_runs(snapshot, names, *runs, outputs, wanted)
-            self._gather(handles, left, plans, outputs, request_rows)
+            last = None if runs is None or order is not None else int(runs[1][-1])  # in store order: where it ends
+            ends = None if last is None else PerLevel(atom=int(atoms_ptr[last]), edge=int(edges_ptr[last]), system=last)
+            self._gather(handles, left, plans, outputs, request_rows, ends)
             if covered:  # runs read in store order: one take per array, the window's rows (out of the scratch)
                 assert runs is not None
                 pointers: PerLevel[PtrArray | None] = PerLevel(atom=atoms_ptr, edge=edges_ptr, system=None)
@@ -307,6 +284,7 @@ class BlockEngine:
         plans: PerLevel[Plan],
         outputs: dict[str, NDArray[Any]],
         request_rows: Callable[[Level], NDArray[np.int64]],
+        ends: PerLevel[int] | None = None,
     ) -> None:
         """Fill ``outputs``: route each array, then read the routes in place, whole, and block by block.
 
@@ -317,7 +295,8 @@ class BlockEngine:
         and the group is released before the next begins. So one read holds at most the cache plus one
         group of decoded blocks, however many blocks of the store it touches. An array that fits in a
         quarter of the cache, once reads have touched a quarter of its blocks, is read whole and kept
-        as one resident array for later calls (:mod:`~dali_alchemi.store.read.routes` decides).
+        as one resident array for later calls (:mod:`~dali_alchemi.store.read.routes` decides). ``ends``: where a
+        read in store order ends, per level; the last block of each array is handed on to the next read.
         """
         in_place = self._row_reader()
         routes = self._router.route(handles, names, plans, in_place is not None)
@@ -339,7 +318,7 @@ class BlockEngine:
             reading = self._read_in_place(in_place, routes.in_place, outputs)
         try:
             self._read_whole(routes)
-            self._read_blocks(routes, outputs, take)
+            self._read_blocks(routes, outputs, take, ends)
         finally:  # the rows read in place, on the pool beside the blocks, are in before anything returns
             errors = errors_of(reading)
         if errors:
@@ -384,7 +363,11 @@ class BlockEngine:
                 routes.resident.append((handle.name, whole))
 
     def _read_blocks(
-        self, routes: Routes, outputs: dict[str, NDArray[Any]], take: Callable[[tuple[str, NDArray[Any]]], None]
+        self,
+        routes: Routes,
+        outputs: dict[str, NDArray[Any]],
+        take: Callable[[tuple[str, NDArray[Any]]], None],
+        ends: PerLevel[int] | None,
     ) -> None:
         """Decode the block jobs group by group (the resident takes with the last), then stitch what was read whole.
 
@@ -396,13 +379,20 @@ class BlockEngine:
         if isinstance(fetcher, LocalFetcher) and not self.decoder.shares_blocks:
             spans = [job for job in jobs if takes_span_job(job)]
             if spans:
-                left = decode_span_jobs(self.decoder, fetcher, spans, outputs, self.working_set_bytes)
+                left = decode_span_jobs(self.decoder, fetcher, spans, outputs, self.working_set_bytes, ends)
                 jobs = left + [job for job in jobs if not takes_span_job(job)]
         groups = working_set_groups(jobs, self.working_set_bytes)
+        last: dict[str, tuple[int, NDArray[Any] | None, ArrayHandle]] = {}  # each array's last block, in store order
         for k, group in enumerate(groups):
             self.decoder.decode_group(group, outputs, routes.resident if k == len(groups) - 1 else [], take)
+            for job in group if ends is not None else ():
+                if job.block >= last.get(job.handle.name, (-1,))[0]:
+                    last[job.handle.name] = (job.block, job.data, job.handle)
             for job in group:  # release the group's decoded blocks (the cache keeps what fits)
                 job.data = job.payloads = None
+        for name, (block, data, handle) in last.items():
+            assert ends is not None and handle.codec is not None
+            self.decoder.hand_on(name, block, data, ends[handle.level], handle.codec, self.working_set_bytes)
         if not groups and routes.resident:
             self.decoder.decode_group([], outputs, routes.resident, take)
         for name in routes.to_stitch:

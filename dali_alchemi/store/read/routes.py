@@ -66,11 +66,13 @@ class Router:
         self._decoder = decoder
         self._block_touches: dict[str, int] = {}  # per array, blocks its reads touched since reset()
         self._whole_failed: set[str] = set()  # arrays with a bad chunk: read block by block
+        self._kept_whole: set[str] = set()  # arrays routed to be kept whole since reset()
 
     def reset(self) -> None:
         """Forget the blocks touched and the arrays that could not be read whole (a new snapshot)."""
         self._block_touches.clear()
         self._whole_failed.clear()
+        self._kept_whole.clear()
 
     def not_whole(self, name: str) -> None:
         """Array ``name`` has a bad chunk: never route it to be read whole again (its good blocks read fine)."""
@@ -129,7 +131,9 @@ class Router:
 
         An array that fits a quarter of the cache (and no shared folder) is kept whole once reads have
         touched 1/:data:`WHOLE_ARRAY_SHARE` of its blocks: read whole with one read per stored object
-        where it can be (and has no bad chunk), else by decoding every block in this read.
+        where it can be (and has no bad chunk), else by decoding every block in this read. Only once: an
+        array kept whole that the cache then evicted (the blocks of bigger arrays streaming through a small
+        cache) is read by blocks from then on, not read whole again window after window.
         """
         name, codec = handle.name, handle.codec
         assert codec is not None
@@ -137,6 +141,8 @@ class Router:
         touches = self._block_touches.get(name, 0) + touched
         capacity = self._decoder.cache.capacity_bytes
         small = WHOLE_ARRAY_SHARE > 0 and nbytes <= capacity // 4 and not self._decoder.shares_blocks
+        if name in self._kept_whole:
+            return "blocks"  # kept whole before, and evicted since (it would be resident otherwise)
         if small and reads_whole(codec) and name not in self._whole_failed:
             if touches * WHOLE_ARRAY_SHARE >= codec.n_blocks:
                 return "whole"
@@ -157,6 +163,8 @@ class Router:
         assert codec is not None
         how = self._blocks_route(handle, int(blocks.size))
         self.touched(name, int(blocks.size))
+        if how != "blocks":
+            self._kept_whole.add(name)
         if how == "whole":
             routes.whole.append((handle, plan, blocks, bounds))  # one read per stored object, then resident
             return

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from dali_alchemi.store.read.decoder import BlockDecoder
     from dali_alchemi.store.read.fetch import LocalFetcher
     from dali_alchemi.store.read.gather import BlockJob
+    from dali_alchemi.types import Level, PerLevel
 
 __all__ = ["THREADS_PER_TASK", "decode_span_jobs", "takes_span_job"]
 
@@ -54,6 +55,7 @@ class _Run:
     """Consecutive jobs of one array: their blocks, segment bounds, and decoded blocks (``None``: to read)."""
 
     name: str
+    level: Level
     codec: ArrayCodec
     plan: SpanPlan
     out: NDArray[Any]
@@ -66,12 +68,18 @@ class _Run:
 
 
 def decode_span_jobs(
-    decoder: BlockDecoder, fetcher: LocalFetcher, jobs: list[BlockJob], outputs: dict[str, NDArray[Any]], working_set_bytes: int
+    decoder: BlockDecoder,
+    fetcher: LocalFetcher,
+    jobs: list[BlockJob],
+    outputs: dict[str, NDArray[Any]],
+    working_set_bytes: int,
+    ends: PerLevel[int] | None = None,
 ) -> list[BlockJob]:
     """Read ``jobs`` (each :func:`takes_span_job`, in array then block order) into ``outputs``.
 
     Returns the jobs left for the general decoder: all of them when the blocks to decode would hold more
-    than ``working_set_bytes`` (that decoder reads them in bounded groups).
+    than ``working_set_bytes`` (that decoder reads them in bounded groups). ``ends``: where a read in store
+    order ends, per level: each array's last block is handed on to the next read (``decoder.hand_on``).
     """
     runs: list[_Run] = []
     for name, group in groupby(jobs, key=lambda job: job.handle.name):
@@ -79,9 +87,10 @@ def decode_span_jobs(
         codec = run_jobs[0].handle.codec
         assert codec is not None and isinstance(run_jobs[0].plan, SpanPlan)
         blocks = [job.block for job in run_jobs]
-        data = [decoder.cache.get((name, block)) for block in blocks]
+        data = [decoder.carried_block(name, block) for block in blocks]
+        data = [decoder.cache.get((name, block)) if d is None else d for block, d in zip(blocks, data, strict=True)]
         stream = codec.row_nbytes * codec.shape[0] > decoder.cache.capacity_bytes
-        runs.append(_Run(name, codec, run_jobs[0].plan, outputs[name], blocks,
+        runs.append(_Run(name, run_jobs[0].handle.level, codec, run_jobs[0].plan, outputs[name], blocks,
                          [(job.lo, job.hi) for job in run_jobs], data, [], stream))  # fmt: skip
     missing = sum(run.codec.block_rows * run.codec.row_nbytes for run in runs for d in run.data if d is None)
     if missing > working_set_bytes:
@@ -97,6 +106,11 @@ def decode_span_jobs(
     errors = errors_of([pool.submit(_finish_all, decoder, fetcher, task) for task in tasks])
     if errors:
         raise errors[0]
+    if ends is not None:
+        for run in runs:  # (a block decoded straight into the output is the output's: not handed on)
+            last = len(run.blocks) - 1
+            block = None if last in run.direct else run.data[last]
+            decoder.hand_on(run.name, run.blocks[last], block, ends[run.level], run.codec, working_set_bytes)
     return []
 
 

@@ -3,12 +3,14 @@ general path, every damage still caught."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+import zarr
 
 from dali_alchemi import AtomicDataZarrReader, ChunkDecodeError
 from dali_alchemi.bench.synth import write_synthetic_store
@@ -117,6 +119,88 @@ def test_a_sequential_pass_with_a_big_cache_still_keeps_small_arrays_whole(shard
         reader.read_packed(np.arange(0, 300))
         assert reader.stats().blocks_decoded == decoded  # the second pass decodes nothing
     assert {"positions", "neighbor_list", "energy"} <= set(resident)
+
+
+@pytest.fixture(scope="module")
+def big_chunks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """300 structures whose core arrays are compressed in unsharded chunks of 2,048 rows (as nvalchemi
+    writes them: a chunk a file, one block of every array bigger than a small cache)."""
+    config = WriteConfig(core=ArrayConfig(chunk_size=2048))
+    path = tmp_path_factory.mktemp("contiguous") / "big.zarr"
+    return write_synthetic_store(path, 300, seed=5, min_atoms=10, max_atoms=40, config=config)
+
+
+@pytest.fixture(scope="module")
+def split_trailing(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``big_chunks``'s store with every core array of trailing dims rechunked one column a chunk, zstd, as
+    nvalchemi's automatic chunking stores them: a block is several chunks, so the general path reads it."""
+    config = WriteConfig(core=ArrayConfig(chunk_size=2048))
+    path = tmp_path_factory.mktemp("contiguous") / "split.zarr"
+    write_synthetic_store(path, 300, seed=5, min_atoms=10, max_atoms=40, config=config)
+    core = zarr.open_group(path / "core", mode="r+")
+    for name in list(core.array_keys()):
+        array = core[name]
+        if array.ndim < 2:
+            continue
+        data, attrs = array[...], dict(array.attrs)
+        names = json.loads((path / "core" / name / "zarr.json").read_text()).get("dimension_names")
+        zarr.create_array(
+            store=str(path / "core"), name=name, shape=array.shape, chunks=(array.chunks[0], *[1] * (array.ndim - 1)),
+            dtype=array.dtype, compressors=zarr.codecs.ZstdCodec(level=1), fill_value=array.fill_value,
+            attributes=attrs, dimension_names=names, overwrite=True, config={"write_empty_chunks": True},
+        )[...] = data  # fmt: skip
+    return path
+
+
+@pytest.fixture(scope="module")
+def implicit_chunks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``big_chunks``'s store with ``atom_categories`` never written (all fill, as nvalchemi leaves an array of
+    zeros) and no promise of complete chunks: the lean reader leaves that array to the general path."""
+    config = WriteConfig(core=ArrayConfig(chunk_size=2048))
+    path = tmp_path_factory.mktemp("contiguous") / "implicit.zarr"
+    write_synthetic_store(path, 300, seed=5, min_atoms=10, max_atoms=40, config=config)
+    root = json.loads((path / "zarr.json").read_text())
+    root["attributes"]["dali_alchemi"]["complete_chunks"] = False
+    (path / "zarr.json").write_text(json.dumps(root))
+    shutil.rmtree(path / "core" / "atom_categories" / "c")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("store", "cache_bytes"),
+    [
+        ("sharded_store", 0),
+        ("sharded_store", 16 << 10),
+        ("big_chunks", 0),
+        ("split_trailing", 0),
+        ("implicit_chunks", 0),
+    ],
+)
+def test_a_pass_in_store_order_decodes_each_block_once_whatever_the_cache(
+    request: pytest.FixtureRequest, store: str, cache_bytes: int
+) -> None:
+    """(At a cache of a few blocks, an array small enough to be kept whole is evicted by the blocks streaming
+    through and read whole again: that is the cache's policy, not what this checks.)"""
+    path = request.getfixturevalue(store)
+    with AtomicDataZarrReader(path, cache_bytes=cache_bytes) as reader:
+        got = [reader.read_packed(np.arange(start, min(start + 7, 300))) for start in range(0, 300, 7)]
+        decoded, per_pass = reader.stats().blocks_decoded, reader.decoded_blocks_per_pass()
+    assert per_pass > 0 and decoded == per_pass  # windows of 7 cut blocks: each cut one is handed on, not decoded again
+    want = _general(path, np.arange(300), 0)
+    for name, expected in want.fields.items():  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(np.concatenate([packed.fields[name] for packed in got]), expected, err_msg=name)
+
+
+def test_a_block_handed_on_is_dropped_when_the_next_read_is_elsewhere(big_chunks: Path) -> None:
+    with AtomicDataZarrReader(big_chunks, cache_bytes=0) as reader:
+        reader.read_packed(np.arange(0, 20))
+        first = reader.stats().blocks_decoded
+        carried = dict(reader._engine.decoder.carried)
+        assert carried and all(block == 0 for block, _ in carried.values())  # each array ends inside its block 0
+        reader.read_packed(np.arange(280, 300))  # ends with the store: nothing handed on
+        assert reader._engine.decoder.carried == {}
+        reader.read_packed(np.arange(20, 40))
+        assert reader.stats().blocks_decoded - first > 0  # block 0 decoded again: it was not kept
 
 
 def _dense_windows() -> list[np.ndarray]:

@@ -314,3 +314,27 @@ def test_sequential_reads_keep_a_small_array_whole_once_a_quarter_of_it_was_read
         assert np.array_equal(got.fields["positions"], _expected(sharded_store, snap, window, "positions", truth))
     assert engine.stats().chunks_fetched == fetched and engine.cache.stats.entries == 1
     engine.close()
+
+
+def test_a_small_array_kept_whole_then_evicted_is_read_by_blocks_not_whole_again(sharded_store: Path) -> None:
+    snap = _snapshot(sharded_store)
+    engine = _engine(cache_bytes=1 << 26)
+    blocks = snap.handles["positions"].codec.n_blocks  # type: ignore[union-attr]
+    windows = np.array_split(np.arange(snap.n_physical), 2 * blocks)
+    truth = _stored(sharded_store, snap, "positions")
+    reads = 0
+    while engine.cache.peek(("positions", RESIDENT)) is None:  # read until it is kept whole
+        engine.read(snap, windows[reads], ["positions"])
+        reads += 1
+    engine.cache.clear()  # evicted, as the blocks of bigger arrays streaming through a small cache evict it
+    decoded = engine.stats().blocks_decoded
+    for window in windows[reads:]:
+        got = engine.read(snap, window, ["positions"])
+        assert np.array_equal(got.fields["positions"], _expected(sharded_store, snap, window, "positions", truth))
+    assert engine.cache.peek(("positions", RESIDENT)) is None  # not read whole again
+    assert engine.stats().blocks_decoded - decoded <= blocks  # the rest of the pass: each block at most once
+    engine.attach(snap)  # a new state: it may be kept whole again
+    for window in windows:
+        engine.read(snap, window, ["positions"])
+    assert engine.cache.peek(("positions", RESIDENT)) is not None
+    engine.close()

@@ -69,15 +69,15 @@ class AtomicDataZarrReader:
         Read only these fields (core or custom; one name, or several). ``None`` reads every array, as
         nvalchemi does.
     cache_bytes
-        Budget of the decoded-chunk cache shared by every array (default 1 GiB; 0 disables it).
+        Budget of the decoded-chunk cache shared by every array (default 1 GiB; 0 disables it; a read in
+        store order still hands the block it ends inside on to the next, one per array).
     num_threads
         Threads that fetch and decode chunks (default: the core count, clamped to 2..8).
     fetch
         Concurrency, retries, back-off and redirects for stores reached over a network (see
-        :class:`~dali_alchemi.config.FetchConfig`); reads that keep failing raise ``RemoteReadError``,
-        a redirect to another host ``RemoteRedirectError``, and a server's answer of other bytes than a
-        range asked for ``RemoteRangeError`` (one that sends whole files is read, with a
-        ``RangeIgnoredWarning``).
+        :class:`~dali_alchemi.config.FetchConfig`); reads that keep failing raise ``RemoteReadError``, a redirect
+        to another host ``RemoteRedirectError``, and a server's answer of other bytes than a range asked for
+        ``RemoteRangeError`` (one that sends whole files is read, with a ``RangeIgnoredWarning``).
     storage_options
         Passed to fsspec when ``store`` is a URL (credentials, ``endpoint_url`` for S3-compatible
         servers, ...).

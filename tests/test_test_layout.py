@@ -11,6 +11,7 @@ PACKAGE = ROOT / "dali_alchemi"
 
 TESTED_BY: dict[str, tuple[str, ...]] = {
     "store/read/row_io.py": ("tests/store/read/test_rows.py", "tests/store/read/test_spans.py"),
+    "store/read/results.py": ("tests/store/read/test_engine.py", "tests/store/read/test_reader.py"),
     "bench/h2d.py": ("tests/scripts/test_gpu_check.py", "tests/test_cli.py"),
     "bench/loaders.py": ("tests/bench/test_runner.py",),
     "bench/plot.py": ("tests/bench/test_runner.py",),

@@ -101,7 +101,9 @@ class BlockDecoder:
         carried = self.carried.get(name)
         return carried[1] if carried is not None and carried[0] == block else None
 
-    def hand_on(self, name: str, block: int, data: NDArray[Any] | None, end: int, codec: Any, bound: int) -> None:
+    def hand_on(
+        self, name: str, block: int, data: NDArray[Any] | None, end: int, codec: ArrayCodec, bound: int
+    ) -> None:
         """Keep the block a read in store order ended inside (at row ``end`` of ``codec``'s array) for the next
         read in store order, which begins there: one block per array, at most ``bound`` bytes in all, beside
         the cache, so a pass decodes each block once even when a block of every array outgrows the cache."""
@@ -332,7 +334,7 @@ class BlockDecoder:
         of decoding)."""
         assert handle.codec is not None
         found = {block: self.cache.peek((handle.name, block)) for block in range(handle.codec.n_blocks)}
-        found = {block: self.carried_block(handle.name, block) if data is None else data for block, data in found.items()}
+        found = {b: self.carried_block(handle.name, b) if data is None else data for b, data in found.items()}
         return {block: data for block, data in found.items() if data is not None}
 
     def stitch(self, name: str, blocks: list[int]) -> None:

@@ -69,3 +69,12 @@ def shm_mappings(pids: Iterable[int]) -> set[str]:
 def shm_names(segments: Iterable[str]) -> set[str]:
     """The ``/dev/shm`` entry names of ``shm_mappings`` results."""
     return {segment.rsplit("/", 1)[1] for segment in segments}
+
+
+def fd_is_open(fd: int) -> bool:
+    """Whether descriptor ``fd`` is open in this process."""
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True

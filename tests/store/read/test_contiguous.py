@@ -19,6 +19,7 @@ from dali_alchemi.store.read import spans
 from dali_alchemi.store.read.codecs import ArrayCodec
 from dali_alchemi.store.read.decoder import BlockDecoder
 from dali_alchemi.store.read.rows import RowReader
+from tests.processes import fd_is_open
 
 _general_decode = BlockDecoder.decode_group
 _general_spans = RowReader.read_spans
@@ -56,6 +57,17 @@ def _general(path: Path, window: np.ndarray, cache_bytes: int) -> object:
         return reader.read_packed(window[::-1]).take(np.arange(window.size)[::-1])
 
 
+def _assert_same(packed: object, want: object) -> None:
+    """The same fields (dtype, shape, values) and per-sample counts."""
+    assert packed.fields.keys() == want.fields.keys()  # type: ignore[attr-defined]
+    for name, expected in want.fields.items():  # type: ignore[attr-defined]
+        actual = packed.fields[name]  # type: ignore[attr-defined]
+        assert actual.dtype == expected.dtype and actual.shape == expected.shape, name
+        np.testing.assert_array_equal(actual, expected, err_msg=name)
+    np.testing.assert_array_equal(packed.n_atoms, want.n_atoms)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(packed.n_edges, want.n_edges)  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("store", ["sharded_store", "raw_sharded"])
 @pytest.mark.parametrize("cache_bytes", [0, 16 << 10, 1 << 30])
 def test_windows_in_store_order_equal_the_general_path_without_going_through_it(
@@ -69,12 +81,7 @@ def test_windows_in_store_order_equal_the_general_path_without_going_through_it(
     lean_calls = list(general_calls)
     for window, packed in zip(windows, got, strict=True):
         want = _general(path, window, cache_bytes)
-        assert packed.fields.keys() == want.fields.keys()  # type: ignore[attr-defined]
-        for name, expected in want.fields.items():  # type: ignore[attr-defined]
-            actual = packed.fields[name]
-            assert actual.dtype == expected.dtype and actual.shape == expected.shape, name
-            np.testing.assert_array_equal(actual, expected, err_msg=name)
-        np.testing.assert_array_equal(packed.n_atoms, want.n_atoms)  # type: ignore[attr-defined]
+        _assert_same(packed, want)
     assert lean_calls == []  # no array of a window in store order went the general way
     assert stats.files_mapped == 0
     if store == "raw_sharded" and cache_bytes < (1 << 30):
@@ -237,13 +244,7 @@ def test_dense_shuffled_windows_read_as_covering_runs_equal_the_row_by_row_read(
     for window, packed in zip(windows + windows, got, strict=True):  # checked after all were read: none overwritten
         assert not any(np.shares_memory(a, b) for a in packed.fields.values() for b in kept)
         want = _by_rows(path, window, cache_bytes)
-        assert packed.fields.keys() == want.fields.keys()  # type: ignore[attr-defined]
-        for name, expected in want.fields.items():  # type: ignore[attr-defined]
-            actual = packed.fields[name]
-            assert actual.dtype == expected.dtype and actual.shape == expected.shape, name
-            np.testing.assert_array_equal(actual, expected, err_msg=name)
-        np.testing.assert_array_equal(packed.n_atoms, want.n_atoms)  # type: ignore[attr-defined]
-        np.testing.assert_array_equal(packed.n_edges, want.n_edges)  # type: ignore[attr-defined]
+        _assert_same(packed, want)
     assert lean_calls == []  # every array of every window went the lean way
     assert stats.files_mapped == 0
 
@@ -312,12 +313,4 @@ def test_raw_files_stay_open_from_read_to_read_and_close_with_the_reader(
     for name, values in first.fields.items():
         np.testing.assert_array_equal(again.fields[name], values, err_msg=name)
     reader.close()
-    assert not any(_is_open(fd) for fd in opened)
-
-
-def _is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
+    assert not any(fd_is_open(fd) for fd in opened)

@@ -10,14 +10,7 @@ from pathlib import Path
 import pytest
 
 from dali_alchemi.store.read.open_files import OpenFiles
-
-
-def _is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
+from tests.processes import fd_is_open
 
 
 @pytest.fixture()
@@ -35,7 +28,7 @@ def test_a_file_opened_once_is_read_through_the_same_descriptor_at_the_next_read
     files.begin_read()
     assert files.get("a") == fd
     files.close()
-    assert not _is_open(fd)
+    assert not fd_is_open(fd)
 
 
 def test_a_new_store_state_closes_the_old_descriptors_at_the_next_read(root: Path) -> None:
@@ -47,7 +40,7 @@ def test_a_new_store_state_closes_the_old_descriptors_at_the_next_read(root: Pat
     (root / "a").write_bytes(b"new bytes")  # replaced, as a rewrite replaces a file
     files.invalidate()
     files.begin_read()
-    assert not _is_open(old)
+    assert not fd_is_open(old)
     fd = files.get("a")
     assert fd is not None and os.pread(fd, 3, 0) == b"new"
     files.close()
@@ -79,18 +72,18 @@ def test_each_thread_reads_through_its_own_descriptors(root: Path) -> None:
     thread.start()
     thread.join(timeout=10)
     assert theirs and theirs[0] is not None and theirs[0] != mine
-    assert mine is not None and _is_open(mine)
+    assert mine is not None and fd_is_open(mine)
     files.close()
-    assert not _is_open(mine) and not _is_open(theirs[0])
+    assert not fd_is_open(mine) and not fd_is_open(theirs[0])
 
 
 def test_a_thread_keeps_at_most_its_bound_between_reads(root: Path) -> None:
     files = OpenFiles(root, max_per_thread=2)
     files.begin_read()
     opened = [files.get(name) for name in ("a", "b", "c")]
-    assert all(fd is not None and _is_open(fd) for fd in opened)  # within a read, all stay open
+    assert all(fd is not None and fd_is_open(fd) for fd in opened)  # within a read, all stay open
     files.begin_read()  # over the bound: all closed
-    assert not any(_is_open(fd) for fd in opened if fd is not None)
+    assert not any(fd_is_open(fd) for fd in opened if fd is not None)
     files.close()
 
 
@@ -108,22 +101,22 @@ def test_a_forked_child_opens_its_own_and_leaves_the_parents_alone(root: Path) -
             fd = files.get("a")
             if fd is not None and fd != parent_fd and os.pread(fd, 2, 0) == b"aa":
                 files.close()  # closes the child's own, never its copy of the parent's
-                if not _is_open(fd) and _is_open(parent_fd):
+                if not fd_is_open(fd) and fd_is_open(parent_fd):
                     code = 0
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert _is_open(parent_fd) and os.pread(parent_fd, 2, 0) == b"aa"
+    assert fd_is_open(parent_fd) and os.pread(parent_fd, 2, 0) == b"aa"
     files.close()
-    assert not _is_open(parent_fd)
+    assert not fd_is_open(parent_fd)
 
 
 def test_descriptors_of_a_dropped_instance_are_closed(root: Path) -> None:
     files = OpenFiles(root)
     files.begin_read()
     fd = files.get("a")
-    assert fd is not None and _is_open(fd)
+    assert fd is not None and fd_is_open(fd)
     del files
     gc.collect()
-    assert not _is_open(fd)
+    assert not fd_is_open(fd)

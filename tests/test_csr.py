@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -80,6 +81,14 @@ def test_first_out_of_range_matches_the_loop(
                 expected = (r, i)
         row += edges
     assert first_out_of_range(values, n_atoms, n_edges) == expected
+
+
+@pytest.mark.parametrize("trailing", [(), (3,), (2, 2)])
+def test_rebase_shifts_every_column_of_each_row(trailing: tuple[int, ...]) -> None:
+    counts = np.array([2, 0, 3], dtype=np.int64)
+    values = np.arange(int(counts.sum()) * int(np.prod(trailing, dtype=np.int64)), dtype=np.int64).reshape(-1, *trailing)
+    expected = values + np.repeat([10, 20, 30], counts).reshape((-1,) + (1,) * len(trailing))
+    assert rebase(values, np.array([10, 20, 30]), counts).tolist() == expected.tolist()
 
 
 def test_rebase_of_a_view_shifts_the_view_in_place() -> None:

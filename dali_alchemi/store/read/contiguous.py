@@ -36,8 +36,8 @@ import numpy as np
 from dali_alchemi.store.read.block_reads import load_shard_indexes
 from dali_alchemi.store.read.codecs import MISSING_CHUNK
 from dali_alchemi.store.read.decoder import errors_of
-from dali_alchemi.store.read.fetch import ByteRequest
-from dali_alchemi.store.read.row_io import CHECKSUM_BYTES, stored_chunk_bytes
+from dali_alchemi.store.read.fetch import MERGE_BYTES, MERGE_GAP, ByteRequest
+from dali_alchemi.store.read.row_io import CHECKSUM_BYTES, side_by_side_runs, stored_chunk_bytes
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -198,13 +198,16 @@ class RunReader:
     def _first_chunk_offset(self, codec: ArrayCodec, key: str, file: int, c0: int, c1: int) -> int | None:
         """Where chunk ``c0`` starts in its file, when chunks ``[c0, c1)`` are all there, of their shape's length
         and side by side (``None`` otherwise)."""
-        index = self._shard_index(codec, key)
+        runs = self.decoder.raw_runs.get((codec.name, key))
+        if runs is None:
+            runs = self.decoder.raw_runs[(codec.name, key)] = side_by_side_runs(
+                self._shard_index(codec, key), stored_chunk_bytes(codec)
+            )
         base = file * codec.chunks_per_shard[0]
-        entries = index[c0 - base : c1 - base].astype(np.int64)
-        stored = stored_chunk_bytes(codec)
-        if (entries[:, 1] != stored).any() or (np.diff(entries[:, 0]) != stored).any():
+        offsets, ends = runs
+        if ends[c0 - base] < c1 - base:
             return None  # a missing chunk (its entries are all ones), a bad length, or chunks out of order
-        return int(entries[0, 0])
+        return offsets[c0 - base]
 
     def _read_file(
         self,
@@ -291,8 +294,8 @@ class RunReader:
         output; ``False`` (nothing copied) when a chunk's file is missing."""
         codec, out, name = job.codec, job.out, job.name
         block_rows, cache = codec.block_rows, self.decoder.cache
-        payloads = self.fetcher.read(list(job.requests.values())) if job.requests else []
-        if any(payload is None for payload in payloads):
+        payloads = self._fetch_chunks(list(job.requests.values())) if job.requests else []
+        if payloads is None:
             return False
         fetched = dict(zip(job.requests, payloads, strict=True))
         with self._lock:
@@ -323,6 +326,35 @@ class RunReader:
             block = (end - 1) // block_rows
             self.decoder.hand_on(name, block, job.held.get(block), end, codec, self.working_set_bytes)
         return True
+
+    def _fetch_chunks(self, requests: list[ByteRequest]) -> list[memoryview] | None:
+        """The chunks' bytes, read through the kept files with one ``pread`` per run of neighbouring chunks of a
+        file; ``None`` where a file is missing or unreadable, or reads short: the general path then says which."""
+        self.files.begin_read()  # on a pool thread: its own descriptors, of the store's current state
+        out: list[memoryview] = []
+        i, n = 0, len(requests)
+        while i < n:  # once per run of chunks (one or two a shard), or per chunk of an unsharded array
+            first = requests[i]
+            fd = self.files.get(first.key)
+            if fd is None:
+                return None
+            j, stop = i + 1, first.stop
+            while stop is not None and j < n and (nxt := requests[j]).key == first.key and nxt.stop is not None:
+                if nxt.start < stop or nxt.start - stop > MERGE_GAP or nxt.stop - first.start > MERGE_BYTES:
+                    break
+                stop, j = nxt.stop, j + 1
+            try:
+                if stop is None:  # a chunk a file: the whole file
+                    stop = os.fstat(fd).st_size
+                data = os.pread(fd, stop - first.start, first.start)
+            except OSError:  # a directory in the file's place, or a read error
+                return None
+            if len(data) != stop - first.start:
+                return None  # a truncated shard
+            whole = memoryview(data)
+            out.extend(whole[r.start - first.start : (stop if r.stop is None else r.stop) - first.start] for r in requests[i:j])
+            i = j
+        return out
 
     def _chunk_requests(self, codec: ArrayCodec, blocks: list[int]) -> list[ByteRequest] | None:
         """The byte range of each of ``blocks`` (one chunk each) in its shard; ``None`` if one was never written."""

@@ -67,6 +67,9 @@ class BlockDecoder:
         self.pool = ReadPool(num_threads, max_concurrency)
         self.shard_indexes: dict[tuple[str, str], NDArray[np.uint64]] = {}
         """Parsed shard indexes, by ``(array name, shard key)``."""
+        self.raw_runs: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+        """A raw array's shard index as runs of whole chunks side by side, by ``(array name, shard key)``
+        (:func:`~dali_alchemi.store.read.row_io.side_by_side_runs`)."""
         self.carried: dict[str, tuple[int, NDArray[Any]]] = {}
         """By field name, ``(block, rows)`` a read in store order ended inside (:meth:`hand_on`)."""
         self.chunks_fetched = 0
@@ -87,6 +90,7 @@ class BlockDecoder:
         if self._shared_root is not None:
             self._shared = self._shared_root.scoped(snapshot_token(snapshot))
         self.shard_indexes.clear()
+        self.raw_runs.clear()
         self.carried.clear()
         self.pool.attach(snapshot.location.store)
 

@@ -90,6 +90,22 @@ def stored_chunk_bytes(codec: ArrayCodec) -> int:
     return codec.block_rows * codec.row_nbytes + (CHECKSUM_BYTES if codec.chunk_checksum else 0)
 
 
+def side_by_side_runs(index: NDArray[np.uint64], stored: int) -> tuple[list[int], list[int]]:
+    """Each inner chunk's offset in its shard, and where the run of whole raw chunks stored side by side
+    that starts at it ends (exclusive; the chunk itself where it is missing or of another length), from
+    the shard's parsed ``index`` and a full chunk's ``stored`` bytes. Chunks ``[c0, c1)`` can then be read
+    with one ``preadv`` from ``offsets[c0]`` exactly when ``ends[c0] >= c1``: two list look-ups a read."""
+    entries = index.astype(np.int64)
+    n = entries.shape[0]
+    whole = entries[:, 1] == stored
+    follows = np.zeros(n, dtype=np.bool_)  # chunk k starts where chunk k - 1 ends
+    follows[1:] = whole[1:] & whole[:-1] & (entries[1:, 0] == entries[:-1, 0] + stored)
+    breaks = np.full(n, n, dtype=np.int64)  # at c: c + 1 where chunk c + 1 does not follow c
+    breaks[:-1] = np.where(follows[1:], n, np.arange(1, n))
+    ends = np.minimum.accumulate(breaks[::-1])[::-1]
+    return entries[:, 0].tolist(), np.where(whole, ends, np.arange(n)).tolist()
+
+
 def check_lengths(
     codec: ArrayCodec,
     key: str,

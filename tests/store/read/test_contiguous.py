@@ -314,3 +314,61 @@ def test_raw_files_stay_open_from_read_to_read_and_close_with_the_reader(
         np.testing.assert_array_equal(again.fields[name], values, err_msg=name)
     reader.close()
     assert not any(fd_is_open(fd) for fd in opened)
+
+
+def test_compressed_shards_stay_open_from_read_to_read_in_store_order(
+    sharded_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dali_alchemi.store.read import fetch, open_files
+
+    opened: list[str] = []
+    fetched: list[object] = []
+    real_open, real_read = os.open, fetch.LocalFetcher.read
+
+    def counting_open(path: object, flags: int, *args: object) -> int:
+        opened.append(str(path))
+        return real_open(path, flags, *args)  # type: ignore[arg-type]
+
+    def counting_read(self: fetch.LocalFetcher, requests: list[fetch.ByteRequest]) -> list[object]:
+        fetched.extend(requests)
+        return real_read(self, requests)  # type: ignore[return-value]
+
+    monkeypatch.setattr(open_files.os, "open", counting_open)  # (the one os module: every open counts)
+    monkeypatch.setattr(fetch.LocalFetcher, "read", counting_read)
+    with AtomicDataZarrReader(sharded_store, cache_bytes=0, num_threads=1) as reader:  # one set of kept files
+        reader.read_packed(np.arange(0, 60))  # reads the shard indexes through the fetcher, once
+        assert any("neighbor_list" in path for path in opened)
+        assert all(request.suffix is not None for request in fetched)  # indexes only: chunks through kept files
+        opened.clear()
+        fetched.clear()
+        second = reader.read_packed(np.arange(0, 60))  # the same shards: nothing opened or fetched again
+        assert opened == [] and fetched == []
+    _assert_same(second, _general(sharded_store, np.arange(0, 60), 0))
+
+
+def test_a_compressed_shard_truncated_between_reads_in_store_order_is_named(sharded_store: Path, tmp_path: Path) -> None:
+    path = tmp_path / "store.zarr"
+    shutil.copytree(sharded_store, path)
+    shard = path / "core" / "neighbor_list" / "c" / "0" / "0"  # rows 0-255: structures 0-3
+    with AtomicDataZarrReader(path, cache_bytes=0) as reader:
+        reader.read_packed(np.arange(0, 1))  # the shard's index is read and kept, and the file stays open
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 3])
+        with pytest.raises(ChunkDecodeError, match=r"core/neighbor_list") as caught:
+            reader.read_packed(np.arange(1, 4))
+    assert "core/neighbor_list/c/0/0" in str(caught.value)
+
+
+def test_a_compressed_shard_removed_under_a_reader_is_read_as_it_was_or_named_missing(
+    sharded_store: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "store.zarr"
+    shutil.copytree(sharded_store, path)
+    with AtomicDataZarrReader(path, cache_bytes=0) as reader:
+        reader.read_packed(np.arange(0, 1))
+        (path / "core" / "neighbor_list" / "c" / "0" / "0").unlink()
+        try:  # a thread that holds the shard open reads it as it was; one that does not finds it missing
+            got = reader.read_packed(np.arange(1, 4))
+        except ChunkDecodeError as err:
+            assert "core/neighbor_list/c/0/0" in str(err) and "is missing" in str(err)
+        else:
+            _assert_same(got, _general(sharded_store, np.arange(1, 4), 0))

@@ -309,3 +309,21 @@ def test_a_shuffled_read_announces_the_chunks_it_will_check_and_only_those(
         assert announced == []  # chunks checked before are not announced again
     np.testing.assert_array_equal(first.fields["positions"], again.fields["positions"])
     row_io.advise_will_need(str(tmp_path / "absent"), np.array([0]), 10)  # a hint: nothing to open is no error
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_side_by_side_runs_say_which_chunk_ranges_one_read_can_take(seed: int) -> None:
+    stored, n = 10, 12
+    rng = np.random.default_rng(seed)
+    lengths = np.where(rng.random(n) < 0.15, 7, stored)  # a few of another length
+    offsets = np.cumsum(lengths) - lengths
+    offsets[rng.random(n) < 0.15] += 3  # a few not right after the one before
+    index = np.stack([offsets, lengths], axis=1).astype(np.uint64)
+    index[rng.random(n) < 0.1] = np.iinfo(np.uint64).max  # a few never written
+    starts, ends = row_io.side_by_side_runs(index, stored)
+    assert starts == index[:, 0].astype(np.int64).tolist()
+    entries = index.astype(np.int64)
+    for c0 in range(n):
+        for c1 in range(c0 + 1, n + 1):
+            plain = bool((entries[c0:c1, 1] == stored).all() and (np.diff(entries[c0:c1, 0]) == stored).all())
+            assert (ends[c0] >= c1) == plain, (c0, c1)

@@ -69,17 +69,16 @@ def counts(ptr: NDArray[np.int64], physical: IndexArray) -> CountArray:
 def check_read_size(
     snap: Snapshot, logical: IndexArray, physical: IndexArray, names: Sequence[str], *, budget: int, source: str
 ) -> None:
-    """Refuse, before allocating anything, a read whose output could not fit in memory.
+    """Refuse, before allocating anything, a read of distinct samples whose output could not fit in memory.
 
     ``budget`` is the most bytes a read may claim (half of this machine's memory); ``source`` names the
-    store in the message.
+    store in the message. Where the whole store would fit, so does every such read: nothing is counted.
 
     Raises
     ------
     ReadTooLargeError
         Naming the read's size and its largest sample (logical and physical index, atoms, edges).
     """
-    atoms, edges = counts(snap.atoms_ptr, physical), counts(snap.edges_ptr, physical)
     handles = [snap.handles[name] for name in names]
 
     def field_bytes(level: Level) -> int:
@@ -90,6 +89,10 @@ def check_read_size(
         edge=INDEX_PLAN_BYTES + field_bytes("edge"),
         system=field_bytes("system"),
     )
+    whole = int(snap.atoms_ptr[-1]) * row_bytes.atom + int(snap.edges_ptr[-1]) * row_bytes.edge
+    if whole + (snap.atoms_ptr.size - 1) * row_bytes.system <= budget:
+        return
+    atoms, edges = counts(snap.atoms_ptr, physical), counts(snap.edges_ptr, physical)
     per_sample = atoms * row_bytes.atom + edges * row_bytes.edge + row_bytes.system
     if int(per_sample.sum(dtype=np.float64)) <= budget:
         return

@@ -290,11 +290,10 @@ class AtomicDataZarrReader:
         self._check_process()
         names = self._fields if fields is None else narrow_fields(fields, self._fields, self._snapshot)
         logical = self.normalize_indices(indices)
-        unique, inverse = np.unique(logical, return_inverse=True)
-        if unique.size < logical.size:
-            # Repeated samples are read once and then copied into place.
-            packed = self._read_unique(unique, names)
-            return replace(packed.take(inverse.reshape(-1)), logical_indices=logical)
+        if logical.size > 1 and not bool((logical[1:] > logical[:-1]).all()):  # ascending ones are distinct
+            unique, inverse = np.unique(logical, return_inverse=True)
+            if unique.size < logical.size:  # repeated samples are read once, then copied into place
+                return replace(self._read_unique(unique, names).take(inverse.reshape(-1)), logical_indices=logical)
         return self._read_unique(logical, names)
 
     def read_compressed(self, indices: Sequence[int] | NDArray[Any], *, fields: Iterable[str]) -> CompressedWindow:

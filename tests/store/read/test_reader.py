@@ -348,3 +348,17 @@ def test_sample_chunk_bounds_of_a_sharded_store_follow_its_inner_chunks(sharded_
         block = reader.atoms_ptr[:-1] // 64  # 64-row inner chunks in 256-row shards
         expected = np.concatenate(([0], np.flatnonzero(np.diff(block)) + 1, [len(reader)]))
         assert reader.sample_chunk_bounds().tolist() == expected.tolist()
+
+
+def test_a_read_bigger_than_the_memory_budget_is_refused_naming_its_largest_sample(small_store: Path) -> None:
+    from dali_alchemi.errors import ReadTooLargeError
+
+    with AtomicDataZarrReader(small_store, cache_bytes=0) as reader:
+        everything = reader.read_packed(np.arange(len(reader)))
+        stored = sum(values.nbytes for values in everything.fields.values())
+        reader._max_read_bytes = 10 * stored  # the whole store fits: any read goes ahead
+        assert len(reader.read_packed(np.arange(len(reader)))) == len(reader)
+        reader._max_read_bytes = stored // 2  # it does not: half the store is too much, a window is not
+        assert len(reader.read_packed(np.arange(10))) == 10
+        with pytest.raises(ReadTooLargeError, match=rf"reading {len(reader)} samples needs .* GiB.*the largest, sample \d+"):
+            reader.read_packed(np.arange(len(reader)))

@@ -361,13 +361,20 @@ class RunReader:
         if not codec.sharded:
             return [ByteRequest(codec.shard_key(block)) for block in blocks]
         per_shard = codec.chunks_per_shard[0]
-        requests = []
-        for block in blocks:
-            key = codec.shard_key(block // per_shard)
-            offset, nbytes = (int(v) for v in self._shard_index(codec, key)[block % per_shard])
-            if offset == MISSING_CHUNK and nbytes == MISSING_CHUNK:
-                return None
-            requests.append(ByteRequest(key, offset, offset + nbytes))
+        requests: list[ByteRequest] = []
+        k = 0
+        while k < len(blocks):  # once per stretch of blocks in one shard (one a shard: they ascend)
+            shard = blocks[k] // per_shard
+            j = k + 1
+            while j < len(blocks) and blocks[j] // per_shard == shard:
+                j += 1
+            key = codec.shard_key(shard)
+            inner = [block - shard * per_shard for block in blocks[k:j]]
+            for offset, nbytes in self._shard_index(codec, key)[inner].tolist():
+                if offset == MISSING_CHUNK and nbytes == MISSING_CHUNK:
+                    return None
+                requests.append(ByteRequest(key, offset, offset + nbytes))
+            k = j
         return requests
 
     def _shard_index(self, codec: ArrayCodec, key: str) -> NDArray[np.uint64]:

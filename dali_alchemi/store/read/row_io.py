@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CHECKSUM_BYTES", "MAX_GAP_BYTES", "MAX_RUNS", "RowLocations", "advise_will_need", "check_lengths", "chunk_file_size",
     "fill_missing", "length_error", "preadv_segments", "read_runs", "regular_size", "shrank_error",
-    "stored_chunk_bytes", "take_rows",
+    "side_by_side_runs", "stored_chunk_bytes", "take_rows",
 ]  # fmt: skip
 
 

@@ -58,13 +58,28 @@ def rebase(values: NDArray[Any], offsets: NDArray[Any], n_edges: CountArray, *, 
         else:
             values += shift
     elif values.size:
-        # One flat pass: each sample's offset repeated over all its values (a row's columns included), since
-        # a strided pass per column or a broadcast over the rows costs 2-3 times as much.
+        # Flat passes: each sample's offset repeated over all its values (a row's columns included), since a
+        # strided pass per column or a broadcast over the rows costs 2-3 times as much. A group of samples at
+        # a time keeps the repeated offsets small: a temporary the size of a window's values is mapped afresh
+        # by the allocator on every call, and faulting its pages in cost more than the pass itself.
+        op = np.subtract if sign < 0 else np.add
         width = values.size // values.shape[0]
-        shift = np.repeat(offsets.astype(values.dtype, copy=False), np.asarray(n_edges) * width)
-        flat = values.reshape(-1)
-        (np.subtract if sign < 0 else np.add)(flat, shift, out=flat)
+        flat, shifts = values.reshape(-1), offsets.astype(values.dtype, copy=False)
+        counts = np.asarray(n_edges) * width
+        ends = np.cumsum(counts)
+        cuts = np.searchsorted(ends, np.arange(REBASE_GROUP, int(ends[-1]), REBASE_GROUP), side="right")
+        first = 0
+        for last in [*np.unique(cuts).tolist(), len(counts)]:  # once per group of samples
+            lo, hi = (int(ends[first - 1]) if first else 0), (int(ends[last - 1]) if last else 0)
+            if hi > lo:
+                piece = flat[lo:hi]
+                op(piece, np.repeat(shifts[first:last], counts[first:last]), out=piece)
+            first = last
     return values
+
+
+REBASE_GROUP = 1 << 15
+"""Values :func:`rebase` shifts in one pass, about (whole samples): its temporary stays this size."""
 
 
 def first_out_of_range(values: NDArray[Any], n_atoms: CountArray, n_edges: CountArray) -> tuple[int, int] | None:

@@ -91,6 +91,18 @@ def test_rebase_shifts_every_column_of_each_row(trailing: tuple[int, ...]) -> No
     assert rebase(values, np.array([10, 20, 30]), counts).tolist() == expected.tolist()
 
 
+@pytest.mark.parametrize("group", [1, 3, 5, 1 << 15])
+def test_rebase_in_groups_of_samples_equals_one_pass(group: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dali_alchemi.csr as csr_module
+
+    monkeypatch.setattr(csr_module, "REBASE_GROUP", group)
+    counts = np.array([0, 2, 7, 0, 1, 3, 0], dtype=np.int64)  # a sample bigger than a group, empty ones between
+    offsets = np.arange(counts.size, dtype=np.int64) * 1000
+    values = np.arange(2 * int(counts.sum()), dtype=np.int32).reshape(-1, 2)
+    expected = values - np.repeat(offsets, counts)[:, None].astype(np.int32)
+    assert rebase(values, offsets, counts, sign=-1).tolist() == expected.tolist()
+
+
 def test_rebase_of_a_view_shifts_the_view_in_place() -> None:
     base = np.zeros((4, 3), dtype=np.int64)
     view = base[:, :2]  # not contiguous: rows are walked through the view

@@ -10,8 +10,8 @@ segment plan, block job or byte request per chunk, only a little work per range:
   chunk's checksum into scratch). A chunk this reader has not checked yet is read whole in the same
   ``preadv`` (the rows before and after the window into scratch) and its crc32c computed over those
   pieces, so the bytes are checked in the pass that copies them;
-- a compressed array's chunks the cache lacks are fetched with one ``pread`` per shard and decoded once
-  each, straight into the output where one range covers a chunk that the cache could not keep anyway.
+- a compressed array's chunks the cache lacks are read with one ``pread`` per shard (through the same kept
+  files) and decoded once each, straight into the output where one range covers a chunk that the cache could not keep anyway.
 
 Only the plain case is taken here: chunks present, of their shape's length and (for raw arrays) stored
 side by side, with matching checksums. Any other array (a missing, short or corrupt raw chunk, a

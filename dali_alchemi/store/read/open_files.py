@@ -1,7 +1,8 @@
 """Files of a local store kept open from one read to the next, each set by the thread that reads them.
 
-A window's raw rows lie in a few shards, most often the ones the last window read (a sequential pass
-reads each shard for many windows in a row). Opening and closing each of them once per read cost about
+A window's rows lie in a few shards of each array, most often the ones the last window read (a sequential
+pass reads each shard for many windows in a row); the lean reads take both raw rows and compressed chunks
+through these files. Opening and closing each of them once per read cost about
 0.1 ms of a 1.3-1.5 ms sequential window of 1,024 structures on the 200,000-structure store, and a metadata
 round trip per file on a network file system. Each thread keeps its own descriptors, so none is ever
 closed while another thread reads through it; a new store state (:meth:`OpenFiles.invalidate`) makes

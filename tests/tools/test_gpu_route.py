@@ -115,7 +115,7 @@ def test_corruption_after_arrival_and_a_wrong_wheel_checksum_stop_the_assembly(t
     receive_all(tmp_path / "parts", tmp_path / "received")
     part = tmp_path / "received" / "part-01-of-03.bin"
     original = part.read_bytes()
-    part.write_bytes(b"x" + original[1:])
+    part.write_bytes(bytes([original[0] ^ 0xFF]) + original[1:])  # a changed first byte, whatever it was
     with pytest.raises(route.RouteError, match=r"part-01-of-03\.bin: sha256 mismatch"):
         route.assemble(tmp_path / "received", tmp_path / "out")
     part.write_bytes(original)

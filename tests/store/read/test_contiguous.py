@@ -19,6 +19,7 @@ from dali_alchemi.store.read import spans
 from dali_alchemi.store.read.codecs import ArrayCodec
 from dali_alchemi.store.read.decoder import BlockDecoder
 from dali_alchemi.store.read.rows import RowReader
+from tests.packed import assert_same_packed
 from tests.processes import fd_is_open
 
 _general_decode = BlockDecoder.decode_group
@@ -57,17 +58,6 @@ def _general(path: Path, window: np.ndarray, cache_bytes: int) -> object:
         return reader.read_packed(window[::-1]).take(np.arange(window.size)[::-1])
 
 
-def _assert_same(packed: object, want: object) -> None:
-    """The same fields (dtype, shape, values) and per-sample counts."""
-    assert packed.fields.keys() == want.fields.keys()  # type: ignore[attr-defined]
-    for name, expected in want.fields.items():  # type: ignore[attr-defined]
-        actual = packed.fields[name]  # type: ignore[attr-defined]
-        assert actual.dtype == expected.dtype and actual.shape == expected.shape, name
-        np.testing.assert_array_equal(actual, expected, err_msg=name)
-    np.testing.assert_array_equal(packed.n_atoms, want.n_atoms)  # type: ignore[attr-defined]
-    np.testing.assert_array_equal(packed.n_edges, want.n_edges)  # type: ignore[attr-defined]
-
-
 @pytest.mark.parametrize("store", ["sharded_store", "raw_sharded"])
 @pytest.mark.parametrize("cache_bytes", [0, 16 << 10, 1 << 30])
 def test_windows_in_store_order_equal_the_general_path_without_going_through_it(
@@ -81,7 +71,7 @@ def test_windows_in_store_order_equal_the_general_path_without_going_through_it(
     lean_calls = list(general_calls)
     for window, packed in zip(windows, got, strict=True):
         want = _general(path, window, cache_bytes)
-        _assert_same(packed, want)
+        assert_same_packed(packed, want)
     assert lean_calls == []  # no array of a window in store order went the general way
     assert stats.files_mapped == 0
     if store == "raw_sharded" and cache_bytes < (1 << 30):
@@ -244,7 +234,7 @@ def test_dense_shuffled_windows_read_as_covering_runs_equal_the_row_by_row_read(
     for window, packed in zip(windows + windows, got, strict=True):  # checked after all were read: none overwritten
         assert not any(np.shares_memory(a, b) for a in packed.fields.values() for b in kept)
         want = _by_rows(path, window, cache_bytes)
-        _assert_same(packed, want)
+        assert_same_packed(packed, want)
     assert lean_calls == []  # every array of every window went the lean way
     assert stats.files_mapped == 0
 
@@ -345,10 +335,12 @@ def test_compressed_shards_stay_open_from_read_to_read_in_store_order(
         fetched.clear()
         second = reader.read_packed(np.arange(0, 60))  # the same shards: nothing opened or fetched again
         assert opened == [] and fetched == []
-    _assert_same(second, _general(sharded_store, np.arange(0, 60), 0))
+    assert_same_packed(second, _general(sharded_store, np.arange(0, 60), 0))
 
 
-def test_a_compressed_shard_truncated_between_reads_in_store_order_is_named(sharded_store: Path, tmp_path: Path) -> None:
+def test_a_compressed_shard_truncated_between_reads_in_store_order_is_named(
+    sharded_store: Path, tmp_path: Path
+) -> None:
     path = tmp_path / "store.zarr"
     shutil.copytree(sharded_store, path)
     shard = path / "core" / "neighbor_list" / "c" / "0" / "0"  # rows 0-255: structures 0-3
@@ -373,4 +365,4 @@ def test_a_compressed_shard_removed_under_a_reader_is_read_as_it_was_or_named_mi
         except ChunkDecodeError as err:
             assert "core/neighbor_list/c/0/0" in str(err) and "is missing" in str(err)
         else:
-            _assert_same(got, _general(sharded_store, np.arange(1, 4), 0))
+            assert_same_packed(got, _general(sharded_store, np.arange(1, 4), 0))

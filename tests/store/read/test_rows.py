@@ -17,6 +17,7 @@ from dali_alchemi.config import ArrayConfig, WriteConfig
 from dali_alchemi.store.read import row_io, spans
 from dali_alchemi.store.read import rows as rows_module
 from dali_alchemi.store.read.rows import IN_PLACE_SPAN_SIZE
+from tests.packed import assert_same_packed
 
 RAW = {  # besides the session's raw_store: 97-row chunks, checksummed
     "plain": WriteConfig(core=ArrayConfig(compressors=(), chunk_size=97, checksum=False)),
@@ -43,15 +44,6 @@ def raw_copy(raw_stores: dict[str, Path], tmp_path: Path) -> Path:
     return path
 
 
-def _assert_same(got: object, want: object) -> None:
-    for name, expected in want.fields.items():  # type: ignore[attr-defined]
-        actual = got.fields[name]  # type: ignore[attr-defined]
-        assert actual.dtype == expected.dtype and actual.shape == expected.shape, name
-        np.testing.assert_array_equal(actual, expected, err_msg=name)
-    np.testing.assert_array_equal(got.n_atoms, want.n_atoms)  # type: ignore[attr-defined]
-    np.testing.assert_array_equal(got.n_edges, want.n_edges)  # type: ignore[attr-defined]
-
-
 @pytest.mark.parametrize("layout", ["crc32c", *sorted(RAW)])
 @pytest.mark.parametrize("order", ["shuffled", "sequential", "duplicates"])
 def test_in_place_rows_equal_the_decoded_ones(
@@ -64,7 +56,7 @@ def test_in_place_rows_equal_the_decoded_ones(
         "duplicates": np.array([7, 299, 7, 0, -1, 150, 151, 150]),
     }[order]
     with AtomicDataZarrReader(raw_stores[layout], cache_bytes=0) as raw:
-        _assert_same(raw.read_packed(indices), reader.read_packed(indices))
+        assert_same_packed(raw.read_packed(indices), reader.read_packed(indices))
         stats = raw.stats()
     assert stats.chunks_fetched == 0 and stats.blocks_decoded == 0  # core arrays: nothing decoded
     assert stats.files_read > 0
@@ -103,7 +95,7 @@ def test_both_ways_of_reading_a_file_agree(raw_stores: dict[str, Path], monkeypa
             if layout == "sharded-plain":  # nothing to verify: the setting alone picks the way
                 assert (mapped > 0) == (max_runs == 0)
     for other in results[1:]:
-        _assert_same(other, results[0])
+        assert_same_packed(other, results[0])
 
 
 def test_spans_of_a_store_read_in_place_do_not_follow_chunks(raw_stores: dict[str, Path], small_store: Path) -> None:
@@ -129,8 +121,8 @@ def test_a_store_that_fits_half_the_cache_is_kept_decoded_instead(
     assert stats.files_read == 0 and stats.blocks_decoded > 0 and stats.cache.hits > 0  # through the cache
     with AtomicDataZarrReader(small_store) as decoded:
         np.testing.assert_array_equal(spans, decoded.sample_chunk_bounds())  # spans follow chunks again
-        _assert_same(first, decoded.read_packed(indices))
-    _assert_same(second, first)
+        assert_same_packed(first, decoded.read_packed(indices))
+    assert_same_packed(second, first)
     with AtomicDataZarrReader(raw_stores["crc32c"], cache_bytes=2 * raw_bytes - 1024) as in_place:
         in_place.read_packed(indices)
         assert in_place.stats().files_read > 0 and in_place.stats().chunks_fetched == 0

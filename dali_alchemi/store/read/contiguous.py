@@ -36,7 +36,7 @@ import numpy as np
 from dali_alchemi.store.read.block_reads import load_shard_indexes
 from dali_alchemi.store.read.codecs import MISSING_CHUNK
 from dali_alchemi.store.read.decoder import errors_of
-from dali_alchemi.store.read.fetch import MERGE_BYTES, MERGE_GAP, ByteRequest
+from dali_alchemi.store.read.fetch import ByteRequest
 from dali_alchemi.store.read.row_io import CHECKSUM_BYTES, side_by_side_runs, stored_chunk_bytes
 
 if TYPE_CHECKING:
@@ -294,8 +294,9 @@ class RunReader:
         output; ``False`` (nothing copied) when a chunk's file is missing."""
         codec, out, name = job.codec, job.out, job.name
         block_rows, cache = codec.block_rows, self.decoder.cache
-        payloads = self._fetch_chunks(list(job.requests.values())) if job.requests else []
-        if payloads is None:
+        self.files.begin_read()  # on a pool thread: its own descriptors, of the store's current state
+        payloads = self.fetcher.read(list(job.requests.values()), kept=self.files) if job.requests else []
+        if any(payload is None for payload in payloads):
             return False
         fetched = dict(zip(job.requests, payloads, strict=True))
         with self._lock:
@@ -326,35 +327,6 @@ class RunReader:
             block = (end - 1) // block_rows
             self.decoder.hand_on(name, block, job.held.get(block), end, codec, self.working_set_bytes)
         return True
-
-    def _fetch_chunks(self, requests: list[ByteRequest]) -> list[memoryview] | None:
-        """The chunks' bytes, read through the kept files with one ``pread`` per run of neighbouring chunks of a
-        file; ``None`` where a file is missing or unreadable, or reads short: the general path then says which."""
-        self.files.begin_read()  # on a pool thread: its own descriptors, of the store's current state
-        out: list[memoryview] = []
-        i, n = 0, len(requests)
-        while i < n:  # once per run of chunks (one or two a shard), or per chunk of an unsharded array
-            first = requests[i]
-            fd = self.files.get(first.key)
-            if fd is None:
-                return None
-            j, stop = i + 1, first.stop
-            while stop is not None and j < n and (nxt := requests[j]).key == first.key and nxt.stop is not None:
-                if nxt.start < stop or nxt.start - stop > MERGE_GAP or nxt.stop - first.start > MERGE_BYTES:
-                    break
-                stop, j = nxt.stop, j + 1
-            try:
-                if stop is None:  # a chunk a file: the whole file
-                    stop = os.fstat(fd).st_size
-                data = os.pread(fd, stop - first.start, first.start)
-            except OSError:  # a directory in the file's place, or a read error
-                return None
-            if len(data) != stop - first.start:
-                return None  # a truncated shard
-            whole = memoryview(data)
-            out.extend(whole[r.start - first.start : (stop if r.stop is None else r.stop) - first.start] for r in requests[i:j])
-            i = j
-        return out
 
     def _chunk_requests(self, codec: ArrayCodec, blocks: list[int]) -> list[ByteRequest] | None:
         """The byte range of each of ``blocks`` (one chunk each) in its shard; ``None`` if one was never written."""

@@ -31,6 +31,7 @@ __all__ = [
     "READ_TASKS",
     "ByteFetcher",
     "ByteRequest",
+    "KeptFiles",
     "LocalFetcher",
     "StoreFetcher",
 ]
@@ -60,6 +61,12 @@ class ByteRequest:
     suffix: int | None = None
 
 
+class KeptFiles(Protocol):
+    """Descriptors kept open by their owner, by key (``None`` where the file cannot be opened)."""
+
+    def get(self, key: str) -> int | None: ...
+
+
 class ByteFetcher(Protocol):
     """Reads many objects of one store concurrently; a missing object gives ``None``."""
 
@@ -85,13 +92,14 @@ class LocalFetcher:
     def _read(self, request: ByteRequest) -> bytes | memoryview | None:
         return self.read([request])[0]
 
-    def read(self, requests: Sequence[ByteRequest]) -> list[bytes | memoryview | None]:
+    def read(self, requests: Sequence[ByteRequest], kept: KeptFiles | None = None) -> list[bytes | memoryview | None]:
         """Read requests in order on the calling thread, opening each object once.
 
         Inner chunks of a shard share a file, and a run of consecutive requests for nearby ranges of
         one file (gaps of at most :data:`MERGE_GAP` bytes, :data:`MERGE_BYTES` in all) is read with one
         ``pread``; its payloads are then ``memoryview`` slices of that read. A range past the end of
-        the file reads short (or empty), exactly as a separate read would.
+        the file reads short (or empty), exactly as a separate read would. ``kept``: files kept open from
+        read to read (:class:`~dali_alchemi.store.read.open_files.OpenFiles`), read through and left open.
         """
         out: list[bytes | memoryview | None] = []
         fds: dict[str, int | None] = {}
@@ -102,7 +110,10 @@ class LocalFetcher:
                 key = request.key
                 if key not in fds:
                     try:
-                        fds[key] = os.open(os.path.join(self.root, key), os.O_RDONLY)
+                        if kept is None:
+                            fds[key] = os.open(os.path.join(self.root, key), os.O_RDONLY)
+                        else:
+                            fds[key] = kept.get(key)
                     except (FileNotFoundError, NotADirectoryError):
                         fds[key] = None
                     except IsADirectoryError:  # where opening a directory read-only fails
@@ -141,7 +152,7 @@ class LocalFetcher:
                     out.extend(whole[r.start - start : max(r.start, r.stop or 0) - start] for r in requests[i - 1 : j])
                     i = j
         finally:
-            for fd in fds.values():
+            for fd in fds.values() if kept is None else ():
                 if fd is not None:
                     os.close(fd)
         return out
